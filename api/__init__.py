@@ -1,0 +1,1 @@
+"""The HTTP boundary: FastAPI app, wire models, settings, plan store."""

@@ -1,0 +1,131 @@
+"""Wire models <-> planner dataclasses. Validation that needs domain knowledge lives here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from api.schemas import Cluster, GpuObject, HfConfigModel, ModelArchitecture, Plan, PlanRequest
+from cost_models.efficiency import SoftwareConfig, fitted_efficiency
+from cost_models.hardware import GpuSpec, gpu_preset, gpu_preset_names
+from cost_models.layout import Hardware, Workload
+from cost_models.model_spec import HfConfigError, ModelSpec, model_from_hf_config, model_preset, model_preset_names
+from planner.devices import build_cluster_state
+from planner.errors import PlanningError
+from planner.problem import PlanningProblem
+from planner.result import PlanResult
+
+# A custom GPU without HBM bandwidth gets A100-80GB's bytes per FLOP.
+_REFERENCE_GPU = "A100-80GB"
+
+
+def resolve_gpu(gpu: str | GpuObject) -> GpuSpec:
+    if isinstance(gpu, str):
+        try:
+            return gpu_preset(gpu)
+        except KeyError:
+            raise PlanningError(f"unknown GPU preset {gpu!r}; known presets: {', '.join(gpu_preset_names())}, "
+                                'or give {"name", "peak_tflops", "memory_gib"}') from None
+    reference = gpu_preset(_REFERENCE_GPU)
+    ratio = gpu.peak_tflops / reference.peak_tflops
+    return GpuSpec(
+        name=gpu.name,
+        peak_tflops=gpu.peak_tflops,
+        memory_gib=gpu.memory_gib,
+        hbm_bandwidth_gb_s=gpu.hbm_bandwidth_gb_s or reference.hbm_bandwidth_gb_s * ratio,
+        intra_node_bandwidth_gb_s=reference.intra_node_bandwidth_gb_s,
+        inter_node_bandwidth_gb_s=reference.inter_node_bandwidth_gb_s,
+    )
+
+
+def resolve_hardware(cluster: Cluster) -> Hardware:
+    gpu = resolve_gpu(cluster.gpu)
+    return Hardware(
+        gpu=gpu,
+        gpus_per_node=cluster.gpus_per_node,
+        intra_node_bandwidth_gb_s=cluster.intra_node_bandwidth_gb_s or gpu.intra_node_bandwidth_gb_s,
+        inter_node_bandwidth_gb_s=cluster.inter_node_bandwidth_gb_s or gpu.inter_node_bandwidth_gb_s,
+    )
+
+
+def resolve_model(model: str | ModelArchitecture | HfConfigModel) -> ModelSpec:
+    if isinstance(model, str):
+        try:
+            return model_preset(model)
+        except KeyError:
+            raise PlanningError(f"unknown model preset {model!r}; known presets: {', '.join(model_preset_names())}, "
+                                'or give an architecture object or {"hf_config": {...}}') from None
+    if isinstance(model, HfConfigModel):
+        try:
+            spec = model_from_hf_config(model.hf_config)
+        except (HfConfigError, TypeError, ValueError) as error:
+            raise PlanningError(f"hf_config: {error}") from None
+        _check_shape(spec)
+        return spec
+    spec = ModelSpec(
+        name=model.name,
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_kv_heads=model.num_kv_heads or model.num_attention_heads,
+        vocab_size=model.vocab_size,
+        swiglu=model.swiglu,
+        tied_embeddings=model.tied_embeddings,
+    )
+    _check_shape(spec)
+    return spec
+
+
+def _check_shape(spec: ModelSpec) -> None:
+    positive = {"num_layers": spec.num_layers, "hidden_size": spec.hidden_size, "ffn_hidden_size": spec.ffn_hidden_size,
+                "num_attention_heads": spec.num_attention_heads, "num_kv_heads": spec.num_kv_heads, "vocab_size": spec.vocab_size}
+    for name, value in positive.items():
+        if value < 1:
+            raise PlanningError(f"model {name} must be at least 1, got {value}")
+    if spec.hidden_size % spec.num_attention_heads:
+        raise PlanningError(f"model hidden_size {spec.hidden_size} is not divisible by num_attention_heads {spec.num_attention_heads}")
+    if spec.num_attention_heads % spec.num_kv_heads:
+        raise PlanningError(f"model num_attention_heads {spec.num_attention_heads} is not a multiple of num_kv_heads {spec.num_kv_heads}")
+
+
+def model_label(model: str | ModelArchitecture | HfConfigModel, spec: ModelSpec) -> str:
+    return model if isinstance(model, str) else spec.name
+
+
+def to_problem(request: PlanRequest) -> PlanningProblem:
+    """Validate a request against the domain and build the planner's problem."""
+    cluster = request.cluster
+    hardware = resolve_hardware(cluster)
+    model = resolve_model(request.model)
+    training = request.training
+    if training.micro_batch_size is not None and training.global_batch_size % training.micro_batch_size:
+        raise PlanningError(
+            f"global_batch_size {training.global_batch_size} is not a multiple of micro_batch_size {training.micro_batch_size}"
+        )
+    state = build_cluster_state(
+        cluster.num_nodes,
+        cluster.gpus_per_node,
+        request.failures.failed,
+        [(s.device, s.speed) for s in request.failures.slow],
+    )
+    software = SoftwareConfig(grad_reduce_bytes=4 if training.precision == "bf16" else 2)
+    return PlanningProblem(
+        hardware=hardware,
+        cluster=state,
+        workload=Workload(model, training.seq_length, training.global_batch_size, training.zero_stage),
+        model_name=model_label(request.model, model),
+        micro_batch_size=training.micro_batch_size,
+        recompute=training.recompute,
+        precision=training.precision,
+        stock_layouts_only=not request.options.allow_non_uniform,
+        time_limit_s=request.options.time_limit_s,
+        random_seed=request.options.random_seed,
+        efficiency=fitted_efficiency(),
+        software=software,
+    )
+
+
+def to_wire(result: PlanResult, plan_id: str, **extra) -> Plan:
+    return Plan.model_validate({"plan_id": plan_id, **asdict(result), **extra})
+
+

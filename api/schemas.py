@@ -1,0 +1,218 @@
+"""Wire models of API.md v1. Field names here are the public contract.
+
+These models import only pydantic, so the CLI and adapter clients use them
+without FastAPI.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEVICE_PATTERN = re.compile(r"^(\d+):(\d+|\*)$")
+
+MAX_NODES = 16_384
+MAX_GPUS_PER_NODE = 72
+MAX_LIST_LENGTH = 131_072
+
+
+class _Strict(BaseModel):
+    """Unknown fields are rejected so a typo is an error, not a silent default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuObject(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    peak_tflops: float = Field(gt=0, le=100_000, description="Dense bf16 TFLOP/s per GPU.")
+    memory_gib: float = Field(gt=0, le=4096, description="HBM capacity per GPU, GiB.")
+    hbm_bandwidth_gb_s: float | None = Field(
+        default=None, gt=0, le=100_000, description="HBM bandwidth GB/s; default scales A100's by peak FLOP/s."
+    )
+
+
+class Cluster(_Strict):
+    num_nodes: int = Field(ge=1, le=MAX_NODES)
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
+    gpu: str | GpuObject = Field(description="A preset name (A100-40GB, A100-80GB, H100-SXM, H200, B200) or an object.")
+    intra_node_bandwidth_gb_s: float | None = Field(
+        default=None, gt=0, le=100_000, description="Unidirectional NVLink GB/s per GPU; default from the GPU preset."
+    )
+    inter_node_bandwidth_gb_s: float | None = Field(
+        default=None, gt=0, le=100_000, description="Unidirectional network GB/s per GPU; default from the GPU preset."
+    )
+
+
+class SlowDevice(_Strict):
+    device: str = Field(description='"<node>:<gpu>"')
+    speed: float = Field(gt=0, le=1, description="Fraction of healthy speed still delivered, in (0, 1].")
+
+    @field_validator("device")
+    @classmethod
+    def _device_form(cls, value: str) -> str:
+        match = DEVICE_PATTERN.match(value)
+        if not match or match.group(2) == "*":
+            raise ValueError(f'slow device {value!r} must look like "<node>:<gpu>", e.g. "9:2"')
+        return value
+
+
+class Failures(_Strict):
+    failed: list[str] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
+    slow: list[SlowDevice] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
+
+    @field_validator("failed")
+    @classmethod
+    def _failed_form(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not DEVICE_PATTERN.match(value):
+                raise ValueError(f'failed device {value!r} must look like "<node>:<gpu>" or "<node>:*", e.g. "3:5"')
+        return values
+
+
+class ModelArchitecture(_Strict):
+    num_layers: int = Field(ge=1, le=1024)
+    hidden_size: int = Field(ge=1, le=262_144)
+    ffn_hidden_size: int = Field(ge=1, le=1_048_576)
+    num_attention_heads: int = Field(ge=1, le=4096)
+    num_kv_heads: int | None = Field(default=None, ge=1, le=4096, description="Defaults to num_attention_heads.")
+    vocab_size: int = Field(ge=1, le=4_194_304)
+    swiglu: bool = True
+    tied_embeddings: bool = False
+    name: str = Field(default="custom", max_length=128)
+
+    @model_validator(mode="after")
+    def _shape(self) -> ModelArchitecture:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
+            )
+        kv = self.num_kv_heads or self.num_attention_heads
+        if self.num_attention_heads % kv:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not a multiple of num_kv_heads {kv}")
+        return self
+
+
+class HfConfigModel(_Strict):
+    hf_config: dict[str, Any] = Field(description="A Hugging Face config.json, as-is.")
+
+
+Recompute = Literal["none", "selective", "full", "auto"]
+Schedule = Literal["1f1b", "interleaved"]
+
+
+class Training(_Strict):
+    global_batch_size: int = Field(ge=1, le=1_048_576, description="Sequences per iteration.")
+    seq_length: int = Field(ge=1, le=1_048_576, description="Tokens per sequence.")
+    micro_batch_size: int | None = Field(default=None, ge=1, le=4096, description="null: the planner chooses.")
+    precision: Literal["bf16", "fp16"] = "bf16"
+    zero_stage: Literal[0, 1] = 1
+    recompute: Recompute = "auto"
+
+
+class Options(_Strict):
+    time_limit_s: float = Field(default=10.0, gt=0, le=3600, description="Solver wall-time budget, seconds.")
+    allow_non_uniform: bool = True
+    random_seed: int = Field(default=0, ge=0, le=2**31 - 1, description="CP-SAT seed; fixed for reproducible plans.")
+
+
+ModelField = Annotated[
+    str | ModelArchitecture | HfConfigModel,
+    Field(description="A preset name, an architecture object, or {\"hf_config\": {...}}."),
+]
+
+
+class PlanRequest(_Strict):
+    cluster: Cluster
+    failures: Failures = Field(default_factory=Failures)
+    model: ModelField
+    training: Training
+    options: Options = Field(default_factory=Options)
+
+
+class Layout(_Strict):
+    tp: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
+    pp: int = Field(ge=1, le=1024)
+    micro_batch_size: int = Field(default=1, ge=1, le=4096)
+    virtual_stages: int = Field(default=1, ge=1, le=64)
+    schedule: Schedule = "1f1b"
+    recompute: Literal["none", "selective", "full"] = "selective"
+    layers_per_stage: list[int] | None = Field(default=None, max_length=1024)
+    dp: int | None = Field(default=None, ge=1, description="Replicas; default as many as the healthy devices allow.")
+
+
+class EstimateRequest(PlanRequest):
+    layout: Layout
+
+
+class Stage(BaseModel):
+    id: int
+    layers: tuple[int, int] = Field(description="Half-open [first, last) transformer layers.")
+    devices: list[str]
+    tp: int
+    memory_gib: float
+    forward_ms: float
+    backward_ms: float
+    speed: float = Field(default=1.0, description="Slowest member's speed.")
+
+
+class Replica(BaseModel):
+    id: int
+    num_microbatches: int
+    stages: list[Stage]
+
+
+class Breakdown(BaseModel):
+    compute_s: float
+    pipeline_bubble_s: float
+    tp_comm_s: float
+    dp_comm_s: float
+    pp_comm_s: float = 0.0
+    optimizer_s: float = 0.0
+
+
+class Predicted(BaseModel):
+    iteration_time_s: float
+    tokens_per_s: float
+    mfu: float
+    breakdown: Breakdown
+
+
+class SolverReport(BaseModel):
+    status: str
+    wall_time_s: float
+    gap: float
+    objective_ms: float | None = None
+    bound_ms: float | None = None
+    candidates_total: int | None = None
+    candidates_solved: int | None = None
+
+
+class Migration(BaseModel):
+    bytes_moved: int
+    devices_changed: list[str]
+    estimated_s: float
+
+
+class Plan(BaseModel):
+    plan_id: str
+    status: str
+    uniform: bool
+    micro_batch_size: int
+    schedule: str
+    virtual_stages: int
+    recompute: str
+    zero_stage: int
+    replicas: list[Replica]
+    unused_devices: list[str]
+    excluded_devices: list[str]
+    predicted: Predicted
+    solver: SolverReport
+    model: str | None = None
+    parent_plan_id: str | None = None
+    migration: Migration | None = None
+
+
+class ErrorDetail(BaseModel):
+    detail: str | list[Any]

@@ -1,0 +1,208 @@
+"""Execution time of one transformer layer (and the embedding / head) on one TP group.
+
+Time = GEMM FLOPs at an achieved efficiency that falls for narrow shards
++ attention core (fused flash kernel, or batched GEMMs plus softmax/dropout
+traffic over HBM) + memory-bound elementwise traffic over HBM + a fixed
+per-layer overhead. Tensor-parallel collectives are timed in `tp_comm`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.comm import NVLINK_STEP_LATENCY_S, ring_all_reduce_s
+from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+from cost_models.flops import BACKWARD_TO_FORWARD, layer_attention_forward_flops
+from cost_models.hardware import GpuSpec
+from cost_models.model_spec import ModelSpec
+
+# A causal fused-attention kernel skips the upper triangle of the scores.
+CAUSAL_EXECUTED_FRACTION = 0.5
+# FlashAttention-2's backward recomputes the scores: 2.5x its forward FLOPs.
+FLASH_BACKWARD_TO_FORWARD = 2.5
+# Bytes per score element moved by unfused attention (write QK^T, softmax
+# read+write, attention-probs read for scores x V) and by attention dropout
+# (read, write, 1-byte mask).
+SCORE_BYTES_NO_DROPOUT = 8.0
+SCORE_BYTES_DROPOUT = 5.0
+# Elementwise elements per token per layer, in units of h: two norms (read +
+# write) and two residual adds (two reads, one write); dropout adds a read, a
+# write of the fused kernel's mask.
+NORM_RESIDUAL_ELEMENTS = 4.0 + 6.0
+DROPOUT_ELEMENTS = 1.0
+BYTES_PER_ELEMENT = 2.0  # bf16 / fp16 activations
+
+
+def gemm_efficiency(width: float, efficiency: EfficiencyParams) -> float:
+    """Fraction of peak a GEMM reaches whose smaller non-token dimension is `width`."""
+    return efficiency.gemm_peak_fraction * width / (width + efficiency.gemm_half_width)
+
+
+def gemm_time_s(flops: float, width: float, gpu: GpuSpec, efficiency: EfficiencyParams) -> float:
+    return flops / (gpu.peak_tflops * 1e12 * gemm_efficiency(width, efficiency))
+
+
+def hbm_time_s(bytes_moved: float, gpu: GpuSpec, efficiency: EfficiencyParams) -> float:
+    return bytes_moved / (gpu.hbm_bandwidth_gb_s * 1e9 * efficiency.hbm_fraction)
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """One layer, one microbatch, one GPU of its TP group, at full speed (ms)."""
+
+    forward_compute_ms: float
+    backward_compute_ms: float
+    forward_tp_comm_ms: float
+    backward_tp_comm_ms: float
+
+    @property
+    def forward_ms(self) -> float:
+        return self.forward_compute_ms + self.forward_tp_comm_ms
+
+    @property
+    def backward_ms(self) -> float:
+        return self.backward_compute_ms + self.backward_tp_comm_ms
+
+
+def _projection_gemms_s(
+    model: ModelSpec, tokens: int, tp: int, gpu: GpuSpec, efficiency: EfficiencyParams
+) -> float:
+    """QKV, output projection and MLP GEMMs, each with its own shard width."""
+    h = model.hidden_size
+    qkv_out = (h + 2 * model.kv_width) / tp
+    fc1_out = (2 if model.swiglu else 1) * model.ffn_hidden_size / tp
+    gemms = (
+        (2 * tokens * h * qkv_out, min(h, qkv_out)),
+        (2 * tokens * (h / tp) * h, min(h, h / tp)),
+        (2 * tokens * h * fc1_out, min(h, fc1_out)),
+        (2 * tokens * (model.ffn_hidden_size / tp) * h, min(h, model.ffn_hidden_size / tp)),
+    )
+    return sum(gemm_time_s(flops, width, gpu, efficiency) for flops, width in gemms)
+
+
+def _attention_core_forward_s(
+    model: ModelSpec,
+    seq_length: int,
+    micro_batch: int,
+    tp: int,
+    gpu: GpuSpec,
+    efficiency: EfficiencyParams,
+    software: SoftwareConfig,
+) -> float:
+    flops = layer_attention_forward_flops(model, seq_length, micro_batch) / tp
+    if software.flash_attention:
+        return gemm_time_s(flops * CAUSAL_EXECUTED_FRACTION, model.head_dim, gpu, efficiency)
+    score_elements = model.num_attention_heads * seq_length * seq_length * micro_batch / tp
+    score_bytes = SCORE_BYTES_NO_DROPOUT + (SCORE_BYTES_DROPOUT if software.dropout else 0.0)
+    return gemm_time_s(flops, model.head_dim, gpu, efficiency) + hbm_time_s(score_elements * score_bytes, gpu, efficiency)
+
+
+def _elementwise_forward_s(
+    model: ModelSpec, tokens: int, tp: int, gpu: GpuSpec, efficiency: EfficiencyParams, software: SoftwareConfig
+) -> float:
+    h = model.hidden_size
+    replicated = NORM_RESIDUAL_ELEMENTS + (DROPOUT_ELEMENTS if software.dropout else 0.0)
+    activation_fn = (3.0 if model.swiglu else 2.0) * model.ffn_hidden_size / h
+    sp_divisor = tp if software.sequence_parallel else 1
+    elements = tokens * h * (replicated / sp_divisor + activation_fn / tp)
+    return hbm_time_s(elements * BYTES_PER_ELEMENT, gpu, efficiency)
+
+
+def tp_all_reduce_ms(
+    model: ModelSpec, tokens: int, tp: int, intra_bandwidth_gb_s: float, efficiency: EfficiencyParams
+) -> float:
+    """One all-reduce (or all-gather + reduce-scatter with SP) of the layer's activations."""
+    bytes_total = tokens * model.hidden_size * BYTES_PER_ELEMENT
+    bandwidth = intra_bandwidth_gb_s * efficiency.nvlink_fraction
+    return 1e3 * ring_all_reduce_s(bytes_total, tp, bandwidth, NVLINK_STEP_LATENCY_S)
+
+
+def layer_time(
+    model: ModelSpec,
+    seq_length: int,
+    micro_batch: int,
+    tp: int,
+    recompute: str,
+    gpu: GpuSpec,
+    intra_bandwidth_gb_s: float,
+    efficiency: EfficiencyParams,
+    software: SoftwareConfig,
+) -> LayerTime:
+    """Forward and backward time of one layer for one microbatch (Megatron-style TP).
+
+    Forward and backward each run two TP all-reduces (attention and MLP
+    outputs). Full recompute repeats the whole forward, collectives included,
+    inside the backward; selective recompute repeats the attention core.
+    """
+    tokens = seq_length * micro_batch
+    gemm_s = _projection_gemms_s(model, tokens, tp, gpu, efficiency)
+    attention_s = _attention_core_forward_s(model, seq_length, micro_batch, tp, gpu, efficiency, software)
+    elementwise_s = _elementwise_forward_s(model, tokens, tp, gpu, efficiency, software)
+    overhead_s = efficiency.layer_overhead_ms / 1e3
+    attention_backward_ratio = FLASH_BACKWARD_TO_FORWARD if software.flash_attention else BACKWARD_TO_FORWARD
+
+    forward_compute_s = gemm_s + attention_s + elementwise_s + overhead_s
+    backward_compute_s = (
+        BACKWARD_TO_FORWARD * (gemm_s + elementwise_s + overhead_s) + attention_backward_ratio * attention_s
+    )
+    comm_ms = 2.0 * tp_all_reduce_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency)
+    backward_comm_ms = comm_ms
+    if recompute == "full":
+        backward_compute_s += forward_compute_s
+        backward_comm_ms += comm_ms
+    elif recompute == "selective":
+        backward_compute_s += attention_s
+    return LayerTime(
+        forward_compute_ms=1e3 * forward_compute_s,
+        backward_compute_ms=1e3 * backward_compute_s,
+        forward_tp_comm_ms=comm_ms,
+        backward_tp_comm_ms=backward_comm_ms,
+    )
+
+
+def head_time(
+    model: ModelSpec,
+    seq_length: int,
+    micro_batch: int,
+    tp: int,
+    gpu: GpuSpec,
+    efficiency: EfficiencyParams,
+) -> LayerTime:
+    """Final norm, vocabulary projection and cross-entropy on the last stage.
+
+    The loss reads bf16 logits, writes and re-reads them in fp32 (12 bytes per
+    logit forward, twice that backward).
+    """
+    tokens = seq_length * micro_batch
+    vocab_shard = model.vocab_size / tp
+    gemm_s = gemm_time_s(2 * tokens * model.hidden_size * vocab_shard, min(model.hidden_size, vocab_shard), gpu, efficiency)
+    loss_s = hbm_time_s(12.0 * tokens * vocab_shard, gpu, efficiency)
+    norm_s = hbm_time_s(4.0 * tokens * model.hidden_size, gpu, efficiency)
+    forward_s = gemm_s + loss_s + norm_s
+    return LayerTime(
+        forward_compute_ms=1e3 * forward_s,
+        backward_compute_ms=1e3 * BACKWARD_TO_FORWARD * forward_s,
+        forward_tp_comm_ms=0.0,
+        backward_tp_comm_ms=0.0,
+    )
+
+
+def embedding_time(
+    model: ModelSpec,
+    seq_length: int,
+    micro_batch: int,
+    tp: int,
+    gpu: GpuSpec,
+    intra_bandwidth_gb_s: float,
+    efficiency: EfficiencyParams,
+) -> LayerTime:
+    """Vocabulary-parallel embedding lookup: a write of s b h and one TP all-reduce."""
+    tokens = seq_length * micro_batch
+    lookup_s = hbm_time_s(2.0 * tokens * model.hidden_size, gpu, efficiency)
+    comm_ms = tp_all_reduce_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency)
+    return LayerTime(
+        forward_compute_ms=1e3 * lookup_s,
+        backward_compute_ms=1e3 * BACKWARD_TO_FORWARD * lookup_s,
+        forward_tp_comm_ms=comm_ms,
+        backward_tp_comm_ms=0.0,
+    )

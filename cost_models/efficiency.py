@@ -1,0 +1,91 @@
+"""The fitted physical efficiencies, and the software settings that are not fitted.
+
+Six numbers are fitted to ../shared/calibration (see benchmarks/fidelity.py);
+everything else in the cost model is counted from first principles: FLOPs,
+bytes moved over HBM, NVLink and the network, and activation bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from functools import cache
+from importlib import resources
+
+
+@dataclass(frozen=True)
+class EfficiencyParams:
+    """Achieved fractions of hardware peaks.
+
+    gemm_peak_fraction: fraction of peak FLOP/s a wide GEMM reaches.
+    gemm_half_width: GEMM width (elements, the smaller of N and K per GPU)
+        at which a GEMM reaches half of gemm_peak_fraction; narrow TP shards
+        run less efficiently.
+    hbm_fraction: fraction of HBM bandwidth memory-bound kernels (norms,
+        activations, dropout, softmax) reach.
+    nvlink_fraction: fraction of NVLink bandwidth NCCL collectives reach.
+    network_fraction: fraction of per-GPU network bandwidth collectives and
+        point-to-point transfers reach.
+    layer_overhead_ms: fixed host and launch time per layer per microbatch
+        forward (backward pays it twice).
+    """
+
+    gemm_peak_fraction: float = 0.80
+    gemm_half_width: float = 64.0
+    hbm_fraction: float = 0.70
+    nvlink_fraction: float = 0.75
+    network_fraction: float = 0.80
+    layer_overhead_ms: float = 0.05
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@cache
+def fitted_efficiency() -> EfficiencyParams:
+    """The parameters last fitted by `benchmarks/fidelity.py --fit` (package data)."""
+    path = resources.files(__package__).joinpath("presets/fitted_efficiency.json")
+    if not path.is_file():
+        return EfficiencyParams()
+    values = json.loads(path.read_text())["params"]
+    return EfficiencyParams(**{name: float(values[name]) for name in EfficiencyParams.field_names()})
+
+
+@dataclass(frozen=True)
+class SoftwareConfig:
+    """How the trainer runs kernels; set by what the framework does, never fitted.
+
+    flash_attention: fused attention; the s x s score matrix is never stored
+        and the causal half is skipped.
+    sequence_parallel: norms and dropout sharded over TP (Korthikanti et al.).
+    dropout: dropout layers present (GPT-3 era); Llama-style training has none.
+    overlap_grad_reduce: data-parallel gradient reduction overlaps the last
+        microbatch's backward pass, bucket by bucket.
+    grad_reduce_bytes: bytes per gradient element on the wire (4 when bf16
+        training reduces in fp32, Megatron's default; 2 for fp16).
+    scatter_gather_p2p: pipeline sends split over the TP group (SC'21 sec. 4.1).
+    """
+
+    flash_attention: bool = True
+    sequence_parallel: bool = True
+    dropout: bool = False
+    overlap_grad_reduce: bool = True
+    grad_reduce_bytes: int = 4
+    scatter_gather_p2p: bool = True
+    ddp_bucket_params: int = 40_000_000
+
+
+# Megatron-LM of 2021-2022 (the calibration runs): no flash attention, dropout
+# on, gradient all-reduce after the backward pass, fp16 gradients.
+MEGATRON_2021 = SoftwareConfig(
+    flash_attention=False,
+    sequence_parallel=False,
+    dropout=True,
+    overlap_grad_reduce=False,
+    grad_reduce_bytes=2,
+    scatter_gather_p2p=True,
+)

@@ -1,0 +1,48 @@
+"""GPU specifications and presets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model and its links.
+
+    peak_tflops: dense bf16 TFLOP/s.
+    memory_gib: HBM capacity in GiB.
+    hbm_bandwidth_gb_s: HBM bandwidth, GB/s (memory-bound kernels).
+    intra_node_bandwidth_gb_s: unidirectional NVLink/NVSwitch GB/s per GPU.
+    inter_node_bandwidth_gb_s: unidirectional network GB/s per GPU.
+    """
+
+    name: str
+    peak_tflops: float
+    memory_gib: float
+    hbm_bandwidth_gb_s: float
+    intra_node_bandwidth_gb_s: float
+    inter_node_bandwidth_gb_s: float
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+
+@cache
+def _gpu_table() -> dict[str, dict]:
+    text = resources.files(__package__).joinpath("presets/gpus.json").read_text()
+    return {name: spec for name, spec in json.loads(text).items() if not name.startswith("_")}
+
+
+def gpu_preset_names() -> list[str]:
+    return sorted(_gpu_table())
+
+
+def gpu_preset(name: str) -> GpuSpec:
+    """The preset GPU called `name`; KeyError if there is none."""
+    return GpuSpec(name=name, **_gpu_table()[name])

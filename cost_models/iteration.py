@@ -1,0 +1,125 @@
+"""Iteration time of one layout: stage times, pipeline, gradient sync, optimizer.
+
+    iteration = pipeline_time(stage times) + max over stages of the exposed
+                data-parallel sync + max over stages of the optimizer step
+
+Exposed sync: without overlap the whole all-reduce; with overlap it runs
+under the last microbatch's backward, bucket by bucket, so at least the last
+bucket is exposed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cost_models.pipeline import pipeline_time_ms
+from cost_models.stage_costs import StageCostTerms, stage_memory_bytes
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """One stage position, per microbatch, at the stage's speed (ms)."""
+
+    forward_ms: float
+    backward_ms: float
+    compute_ms: float  # forward + backward compute part
+    tp_comm_ms: float
+    p2p_ms: float
+    params: float  # per GPU
+    memory_bytes: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.forward_ms + self.backward_ms
+
+
+@dataclass(frozen=True)
+class IterationEstimate:
+    stages: tuple[StageTime, ...]
+    pipeline_ms: float
+    dp_exposed_ms: float
+    optimizer_ms: float
+    bottleneck_stage: int
+    num_microbatches: int
+
+    @property
+    def iteration_ms(self) -> float:
+        return self.pipeline_ms + self.dp_exposed_ms + self.optimizer_ms
+
+    @property
+    def breakdown_s(self) -> dict[str, float]:
+        """Seconds on the bottleneck stage's critical path; the parts sum to the iteration."""
+        slowest = self.stages[self.bottleneck_stage]
+        m = self.num_microbatches
+        steady_ms = m * slowest.total_ms
+        return {
+            "compute_s": m * slowest.compute_ms / 1e3,
+            "tp_comm_s": m * slowest.tp_comm_ms / 1e3,
+            "pp_comm_s": m * slowest.p2p_ms / 1e3,
+            "pipeline_bubble_s": (self.pipeline_ms - steady_ms) / 1e3,
+            "dp_comm_s": self.dp_exposed_ms / 1e3,
+            "optimizer_s": self.optimizer_ms / 1e3,
+        }
+
+
+def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.0) -> StageTime:
+    """Stage `stage` holding `layers` layers; compute slows with `speed`, links do not."""
+    last = terms.shape.pp - 1
+    parts = [(terms.layer, layers)]
+    if stage == 0:
+        parts.append((terms.embedding, 1))
+    if stage == last:
+        parts.append((terms.head, 1))
+    forward_compute = sum(part.time.forward_compute_ms * count for part, count in parts) / speed
+    backward_compute = sum(part.time.backward_compute_ms * count for part, count in parts) / speed
+    forward_comm = sum(part.time.forward_tp_comm_ms * count for part, count in parts)
+    backward_comm = sum(part.time.backward_tp_comm_ms * count for part, count in parts)
+    params = sum(part.params * count for part, count in parts)
+    half_p2p = terms.p2p_ms / 2.0
+    return StageTime(
+        forward_ms=forward_compute + forward_comm + half_p2p,
+        backward_ms=backward_compute + backward_comm + half_p2p,
+        compute_ms=forward_compute + backward_compute,
+        tp_comm_ms=forward_comm + backward_comm,
+        p2p_ms=terms.p2p_ms,
+        params=params,
+        memory_bytes=stage_memory_bytes(terms, stage, layers),
+    )
+
+
+def exposed_dp_sync_ms(terms: StageCostTerms, stage: StageTime) -> float:
+    if terms.shape.dp <= 1:
+        return 0.0
+    full_ms = terms.dp_sync_ms(stage.params)
+    if not terms.overlap_grad_reduce:
+        return full_ms
+    last_bucket_ms = terms.dp_sync_ms(min(terms.bucket_params, stage.params))
+    return max(full_ms - stage.backward_ms, last_bucket_ms)
+
+
+def estimate_iteration(
+    terms: StageCostTerms,
+    layers_per_stage: Sequence[int],
+    stage_speeds: Sequence[float] | None = None,
+) -> IterationEstimate:
+    """Evaluate one pipeline (the slowest replica of a uniform layout)."""
+    speeds = list(stage_speeds) if stage_speeds is not None else [1.0] * len(layers_per_stage)
+    stages = tuple(stage_time(terms, i, n, speeds[i]) for i, n in enumerate(layers_per_stage))
+    totals = [s.total_ms for s in stages]
+    m = terms.num_microbatches
+    pipeline_ms = pipeline_time_ms(totals, m, terms.shape.virtual_stages)
+    # Gradient sync waits for the full-speed peers' backward too; their
+    # shorter backward hides less of it, so use the speed-1 stage times.
+    healthy = [stage_time(terms, i, n) for i, n in enumerate(layers_per_stage)]
+    dp_ms = max(exposed_dp_sync_ms(terms, s) for s in healthy)
+    optimizer_ms = max(s.params for s in stages) * terms.optimizer_ms_per_param
+    bottleneck = max(range(len(totals)), key=lambda i: totals[i])
+    return IterationEstimate(
+        stages=stages,
+        pipeline_ms=pipeline_ms,
+        dp_exposed_ms=dp_ms,
+        optimizer_ms=optimizer_ms,
+        bottleneck_stage=bottleneck,
+        num_microbatches=m,
+    )

@@ -1,0 +1,54 @@
+"""The inputs of an iteration estimate: hardware, workload and one parallel layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.hardware import GpuSpec
+from cost_models.model_spec import ModelSpec
+
+SCHEDULES = ("1f1b", "interleaved")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A homogeneous cluster's GPU and links (bandwidths unidirectional GB/s per GPU)."""
+
+    gpu: GpuSpec
+    gpus_per_node: int
+    intra_node_bandwidth_gb_s: float
+    inter_node_bandwidth_gb_s: float
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one iteration trains: global_batch_size sequences of seq_length tokens."""
+
+    model: ModelSpec
+    seq_length: int
+    global_batch_size: int
+    zero_stage: int = 1
+
+
+@dataclass(frozen=True)
+class ParallelShape:
+    """The discrete choices of a uniform layout, everything but the layer split.
+
+    schedule: "1f1b", or "interleaved" with virtual_stages > 1 model chunks
+    per pipeline rank. num_microbatches is per replica.
+    """
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch_size: int
+    recompute: str
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+
+    def num_microbatches(self, global_batch_size: int) -> int:
+        return global_batch_size // (self.dp * self.micro_batch_size)
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.dp

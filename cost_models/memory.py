@@ -1,0 +1,103 @@
+"""Memory per GPU: model state (weights, gradients, optimizer) and activations.
+
+Activation bytes follow Korthikanti et al. 2022 ("Reducing Activation
+Recomputation"), generalized from ffn = 4h, MHA, GELU to any FFN width, GQA
+and SwiGLU by counting the same stored tensors.
+"""
+
+from __future__ import annotations
+
+from cost_models.efficiency import SoftwareConfig
+from cost_models.model_spec import ModelSpec
+
+# bf16/fp16 weights (2) + fp32 gradients (4) + fp32 master weights, Adam m, v (12).
+WEIGHT_AND_GRAD_BYTES_PER_PARAM = 6.0
+OPTIMIZER_BYTES_PER_PARAM = 12.0
+
+# CUDA context, NCCL buffers and allocator fragmentation kept free per GPU.
+RESERVED_BYTES = 2.0 * 1024**3
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def state_bytes_per_param(zero_stage: int, data_parallel: int) -> float:
+    """18 bytes per parameter, or 6 + 12/d with optimizer states sharded over d replicas."""
+    if zero_stage >= 1:
+        return WEIGHT_AND_GRAD_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM / max(1, data_parallel)
+    return WEIGHT_AND_GRAD_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM
+
+
+def _layer_activation_terms(model: ModelSpec, software: SoftwareConfig) -> tuple[float, float, float]:
+    """Stored bytes per layer per token, as multiples of h: (replicated, tp_sharded, score_per_s).
+
+    Replicated (unless sequence parallel): the two norm inputs (4), QKV and
+    first MLP inputs (2 + 2), dropout masks (1 each). TP-sharded: Q, K, V, the
+    output-projection input, the activation-function input(s) and the second
+    MLP input. score_per_s: softmax output, its dropout mask and output
+    (5 a s / h per token, with flash attention none of it is stored).
+    """
+    h = model.hidden_size
+    masks = 2.0 if software.dropout else 0.0
+    replicated = 4.0 + 2.0 + 2.0 + masks
+    qkv = 2.0 + 2.0 * 2.0 * model.kv_width / h
+    out_proj_input = 2.0
+    ffn_ratio = model.ffn_hidden_size / h
+    activation_inputs = (2.0 * 2.0 if model.swiglu else 2.0) * ffn_ratio
+    fc2_input = 2.0 * ffn_ratio
+    sharded = qkv + out_proj_input + activation_inputs + fc2_input
+    score_per_s = 0.0 if software.flash_attention else (2.0 + (3.0 if software.dropout else 0.0))
+    return replicated, sharded, score_per_s
+
+
+def layer_activation_bytes(
+    model: ModelSpec,
+    seq_length: int,
+    micro_batch: int,
+    tp: int,
+    recompute: str,
+    software: SoftwareConfig,
+) -> float:
+    """Activation bytes one layer keeps per in-flight microbatch on one GPU of a TP group.
+
+    For GPT-3 shapes this is sbh (10 + 24/t + 5 a s/(h t)) without sequence
+    parallelism, sbh/t (34 + 5 a s/h) with it, 34 sbh/t with selective
+    recompute, and 2 sbh/t with full recompute.
+    """
+    sbh = float(seq_length * micro_batch * model.hidden_size)
+    sp_divisor = tp if software.sequence_parallel else 1
+    if recompute == "full":
+        return 2.0 * sbh / sp_divisor
+    replicated, sharded, score_per_s = _layer_activation_terms(model, software)
+    linear = sbh * (replicated / sp_divisor + sharded / tp)
+    if recompute == "selective":
+        return linear
+    heads = model.num_attention_heads
+    scores = score_per_s * heads * seq_length * seq_length * micro_batch / tp
+    return linear + scores
+
+
+def head_activation_bytes(model: ModelSpec, seq_length: int, micro_batch: int, tp: int) -> float:
+    """Logits kept on the last stage for the loss: fp32, vocabulary split over TP, one microbatch."""
+    return 4.0 * seq_length * micro_batch * model.vocab_size / tp
+
+
+def embedding_activation_bytes(model: ModelSpec, seq_length: int, micro_batch: int, tp: int, sp: bool) -> float:
+    """Embedding output kept on the first stage per in-flight microbatch."""
+    return 2.0 * seq_length * micro_batch * model.hidden_size / (tp if sp else 1)
+
+
+def in_flight_microbatches(schedule: str, stage: int, stages: int, microbatches: int, virtual_stages: int) -> float:
+    """Microbatches whose activations a stage holds at its peak, in units of its full layer set.
+
+    1F1B: stage i holds p - i. Interleaved 1F1B (v chunks): rank r warms up
+    2 (p - r - 1) + (v - 1) p chunks and holds one more, each chunk 1/v of its
+    layers, so the first stage holds p (1 + (p - 1)/(p v)) layer sets,
+    Korthikanti's factor. GPipe holds all m.
+    """
+    if schedule == "gpipe":
+        return float(microbatches)
+    if schedule == "interleaved" and virtual_stages > 1:
+        chunks = 2 * (stages - stage - 1) + (virtual_stages - 1) * stages + 1
+        chunks = min(chunks, microbatches * virtual_stages)
+        return chunks / virtual_stages
+    return float(min(stages - stage, microbatches))

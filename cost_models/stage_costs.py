@@ -1,0 +1,172 @@
+"""Per-layer and per-end (embedding, head) cost terms of one parallel shape.
+
+Every quantity a stage needs is affine in its layer count, so the planner
+can put these coefficients straight into a linear CP-SAT model and the
+evaluator (`iteration.py`) can use the very same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.comm import (
+    NETWORK_STEP_LATENCY_S,
+    NVLINK_STEP_LATENCY_S,
+    hierarchical_all_reduce_s,
+    point_to_point_s,
+)
+from cost_models.compute import LayerTime, embedding_time, head_time, layer_time
+from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+from cost_models.layout import Hardware, ParallelShape, Workload
+from cost_models.memory import (
+    RESERVED_BYTES,
+    embedding_activation_bytes,
+    head_activation_bytes,
+    in_flight_microbatches,
+    layer_activation_bytes,
+    state_bytes_per_param,
+)
+
+# Adam step traffic per parameter: read fp32 master, grad, m, v (16); write
+# master, m, v (12), the bf16 weight (2) and zero the gradient (4).
+ADAM_STEP_BYTES_PER_PARAM = 34.0
+
+
+@dataclass(frozen=True)
+class PartCosts:
+    """Costs of one part (a layer, the embedding or the head) on one GPU of its stage."""
+
+    time: LayerTime
+    params: float  # parameters held per GPU (already divided by tp)
+    activation_bytes: float  # per in-flight microbatch
+
+
+@dataclass(frozen=True)
+class StageCostTerms:
+    """Coefficients of a shape; stage quantities are affine in its layer count."""
+
+    shape: ParallelShape
+    num_microbatches: int
+    layer: PartCosts
+    embedding: PartCosts
+    head: PartCosts
+    p2p_ms: float  # per microbatch per stage: v sends forward, v backward
+    state_bytes_per_param: float
+    grad_bytes_per_param: float
+    in_flight: tuple[float, ...]  # per stage position, in layer-set units
+    dp_bandwidth_intra_gb_s: float
+    dp_bandwidth_inter_gb_s: float
+    dp_ranks_per_node: int
+    optimizer_ms_per_param: float
+    bucket_params: float
+    overlap_grad_reduce: bool
+
+    def dp_sync_ms(self, params: float) -> float:
+        """Gradient all-reduce (or reduce-scatter + all-gather with ZeRO-1) of `params` per GPU."""
+        return 1e3 * hierarchical_all_reduce_s(
+            params * self.grad_bytes_per_param,
+            self.shape.dp,
+            self.dp_ranks_per_node,
+            self.dp_bandwidth_intra_gb_s,
+            self.dp_bandwidth_inter_gb_s,
+        )
+
+
+def stage_cost_terms(
+    workload: Workload,
+    hardware: Hardware,
+    shape: ParallelShape,
+    efficiency: EfficiencyParams,
+    software: SoftwareConfig,
+) -> StageCostTerms:
+    model = workload.model
+    seq, mbs, tp = workload.seq_length, shape.micro_batch_size, shape.tp
+    gpu = hardware.gpu
+    intra = hardware.intra_node_bandwidth_gb_s
+    microbatches = shape.num_microbatches(workload.global_batch_size)
+
+    layer = PartCosts(
+        time=layer_time(model, seq, mbs, tp, shape.recompute, gpu, intra, efficiency, software),
+        params=model.params_per_layer / tp,
+        activation_bytes=layer_activation_bytes(model, seq, mbs, tp, shape.recompute, software),
+    )
+    embedding = PartCosts(
+        time=embedding_time(model, seq, mbs, tp, gpu, intra, efficiency),
+        params=model.embedding_params / tp,
+        activation_bytes=embedding_activation_bytes(model, seq, mbs, tp, software.sequence_parallel),
+    )
+    # With pp == 1 a tied head shares the embedding's weights; otherwise the
+    # last stage holds its own copy (Megatron keeps the two in sync).
+    head_params = 0 if (model.tied_embeddings and shape.pp == 1) else model.head_params / tp
+    head = PartCosts(
+        time=head_time(model, seq, mbs, tp, gpu, efficiency),
+        params=head_params + model.hidden_size,
+        activation_bytes=head_activation_bytes(model, seq, mbs, tp),
+    )
+
+    # Megatron's rank order is tp, dp, pp (fastest first): data-parallel
+    # peers share a node while they fit, pipeline neighbours cross nodes
+    # unless the whole job fits in one.
+    groups_per_node = max(1, hardware.gpus_per_node // tp)
+    dp_per_node = min(shape.dp, groups_per_node)
+    same_node_p2p = shape.devices <= hardware.gpus_per_node
+    p2p_ms = 0.0
+    if shape.pp > 1:
+        p2p_bytes = 2.0 * seq * mbs * model.hidden_size / (tp if software.scatter_gather_p2p else 1)
+        if same_node_p2p:
+            bandwidth, latency = intra * efficiency.nvlink_fraction, NVLINK_STEP_LATENCY_S
+        else:
+            bandwidth, latency = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction, NETWORK_STEP_LATENCY_S
+        # Every model chunk sends its output on and its input gradient back,
+        # so interleaving multiplies the transfers by v.
+        transfers = 2.0 * shape.virtual_stages
+        p2p_ms = transfers * 1e3 * point_to_point_s(p2p_bytes, bandwidth, latency)
+
+    optimizer_params_share = 1.0 / shape.dp if workload.zero_stage >= 1 else 1.0
+    optimizer_ms_per_param = (
+        1e3 * ADAM_STEP_BYTES_PER_PARAM * optimizer_params_share / (gpu.hbm_bandwidth_gb_s * 1e9 * efficiency.hbm_fraction)
+    )
+    in_flight = tuple(
+        in_flight_microbatches(shape.schedule, stage, shape.pp, microbatches, shape.virtual_stages)
+        for stage in range(shape.pp)
+    )
+    return StageCostTerms(
+        shape=shape,
+        num_microbatches=microbatches,
+        layer=layer,
+        embedding=embedding,
+        head=head,
+        p2p_ms=p2p_ms,
+        state_bytes_per_param=state_bytes_per_param(workload.zero_stage, shape.dp),
+        grad_bytes_per_param=float(software.grad_reduce_bytes),
+        in_flight=in_flight,
+        dp_bandwidth_intra_gb_s=intra * efficiency.nvlink_fraction,
+        dp_bandwidth_inter_gb_s=hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction,
+        dp_ranks_per_node=dp_per_node,
+        optimizer_ms_per_param=optimizer_ms_per_param,
+        bucket_params=float(software.ddp_bucket_params),
+        overlap_grad_reduce=software.overlap_grad_reduce,
+    )
+
+
+def stage_memory_bytes(terms: StageCostTerms, stage: int, layers: int) -> float:
+    """Peak memory of one GPU of `stage` holding `layers` layers."""
+    last = terms.shape.pp - 1
+    params = layers * terms.layer.params
+    activation = layers * terms.layer.activation_bytes * terms.in_flight[stage]
+    if stage == 0:
+        params += terms.embedding.params
+        activation += terms.embedding.activation_bytes * terms.in_flight[stage]
+    if stage == last:
+        params += terms.head.params
+        activation += terms.head.activation_bytes
+    return params * terms.state_bytes_per_param + activation + RESERVED_BYTES
+
+
+def max_layers_fitting(terms: StageCostTerms, stage: int, memory_bytes: float) -> int:
+    """Most layers `stage` can hold within `memory_bytes` (may be < 1: nothing fits)."""
+    fixed = stage_memory_bytes(terms, stage, 0)
+    per_layer = terms.layer.params * terms.state_bytes_per_param + terms.layer.activation_bytes * terms.in_flight[stage]
+    return int((memory_bytes - fixed) // per_layer)
+
+

@@ -1,0 +1,135 @@
+"""Turn a search result into concrete device assignments and predicted figures.
+
+Placement follows Megatron's rank order (tp fastest, then dp, then pp): the
+same stage of consecutive replicas shares a node, which is what the cost
+model assumes for the data-parallel all-reduce. Degraded TP groups go where
+the search put them: packed into the first replicas, middle stages first.
+"""
+
+from __future__ import annotations
+
+from cost_models.flops import iteration_model_flops
+from cost_models.hardware import GIB
+from cost_models.iteration import stage_time
+from planner.devices import Slot, damaged_node_slots, device_id
+from planner.problem import PlanningProblem
+from planner.result import PlanResult, PredictedResult, ReplicaResult, SolverResult, StageResult
+from planner.search import SearchResult
+
+
+def _full_speed_slots(problem: PlanningProblem, tp: int) -> list[Slot]:
+    cluster = problem.cluster
+    damaged = cluster.damaged_nodes
+    groups = cluster.gpus_per_node // tp
+    slots: list[Slot] = []
+    for node in range(cluster.num_nodes):
+        if node in damaged:
+            slots.extend(s for s in damaged_node_slots(cluster, node, tp) if s.speed >= 1.0)
+        else:
+            slots.extend(Slot(node, tuple(range(g * tp, (g + 1) * tp)), 1.0) for g in range(groups))
+    return slots
+
+
+def _degraded_slots(problem: PlanningProblem, tp: int) -> list[Slot]:
+    slots = [
+        s for node in sorted(problem.cluster.damaged_nodes) for s in damaged_node_slots(problem.cluster, node, tp)
+        if s.speed < 1.0
+    ]
+    slots.sort(key=lambda s: (-s.speed, s.node, s.devices))
+    return slots
+
+
+def place_slots(problem: PlanningProblem, tp: int, pp: int, dp: int) -> list[list[Slot]]:
+    """slots[replica][stage] for the fastest dp * pp TP groups."""
+    full = _full_speed_slots(problem, tp)
+    needed_degraded = max(0, dp * pp - len(full))
+    degraded = sorted(_degraded_slots(problem, tp)[:needed_degraded], key=lambda s: s.speed)
+    grid: list[list[Slot | None]] = [[None] * pp for _ in range(dp)]
+    positions = list(range(1, pp - 1)) + ([0, pp - 1] if pp > 1 else [0])
+    queue = list(degraded)
+    for replica in range(dp):
+        for stage in positions:
+            if not queue:
+                break
+            grid[replica][stage] = queue.pop(0)
+    remaining = iter(full)
+    for stage in range(pp):
+        for replica in range(dp):
+            if grid[replica][stage] is None:
+                grid[replica][stage] = next(remaining)
+    return [[slot for slot in row if slot is not None] for row in grid]
+
+
+def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
+    terms = found.candidate.terms
+    shape = terms.shape
+    cluster = problem.cluster
+    grid = place_slots(problem, shape.tp, shape.pp, shape.dp)
+
+    bounds = []
+    first = 0
+    for count in found.layers_per_stage:
+        bounds.append((first, first + count))
+        first += count
+
+    used: set[tuple[int, int]] = set()
+    replicas = []
+    for replica_id, row in enumerate(grid):
+        stages = []
+        for stage_id, slot in enumerate(row):
+            timing = stage_time(terms, stage_id, found.layers_per_stage[stage_id], slot.speed)
+            used.update((slot.node, g) for g in slot.devices)
+            stages.append(StageResult(
+                id=stage_id,
+                layers=bounds[stage_id],
+                devices=tuple(device_id(slot.node, g) for g in slot.devices),
+                tp=shape.tp,
+                memory_gib=round(timing.memory_bytes / GIB, 3),
+                forward_ms=round(timing.forward_ms, 3),
+                backward_ms=round(timing.backward_ms, 3),
+                speed=slot.speed,
+            ))
+        replicas.append(ReplicaResult(id=replica_id, num_microbatches=terms.num_microbatches, stages=tuple(stages)))
+
+    excluded = sorted(cluster.failed)
+    unused = [
+        (node, gpu)
+        for node in range(cluster.num_nodes)
+        for gpu in range(cluster.gpus_per_node)
+        if (node, gpu) not in used and (node, gpu) not in cluster.failed
+    ]
+
+    workload = problem.workload
+    iteration_s = found.objective_ms / 1e3
+    model_flops = iteration_model_flops(workload.model, workload.seq_length, workload.global_batch_size)
+    peak_flops = len(used) * problem.hardware.gpu.peak_tflops * 1e12
+    predicted = PredictedResult(
+        iteration_time_s=round(iteration_s, 6),
+        tokens_per_s=round(workload.global_batch_size * workload.seq_length / iteration_s, 1),
+        mfu=round(model_flops / (iteration_s * peak_flops), 4),
+        breakdown={k: round(v, 6) for k, v in found.estimate.breakdown_s.items()},
+    )
+    solver = SolverResult(
+        status="OPTIMAL" if found.optimal else "FEASIBLE",
+        wall_time_s=round(found.wall_time_s, 3),
+        gap=round(found.gap, 6),
+        objective_ms=round(found.objective_ms, 3),
+        bound_ms=round(found.bound_ms, 3),
+        candidates_total=found.candidates_total,
+        candidates_solved=found.candidates_solved,
+    )
+    return PlanResult(
+        status="optimal" if found.optimal else "feasible",
+        uniform=True,
+        micro_batch_size=shape.micro_batch_size,
+        schedule=shape.schedule,
+        virtual_stages=shape.virtual_stages,
+        recompute=shape.recompute,
+        zero_stage=workload.zero_stage,
+        replicas=tuple(replicas),
+        unused_devices=tuple(device_id(n, g) for n, g in unused),
+        excluded_devices=tuple(device_id(n, g) for n, g in excluded),
+        predicted=predicted,
+        solver=solver,
+        model=problem.model_name,
+    )

@@ -1,0 +1,110 @@
+"""Device ids, failure expansion, and TP-group slots (using node symmetry).
+
+A slot is a TP group of `tp` healthy GPUs inside one node. Healthy nodes are
+interchangeable, so they are counted, not listed; only damaged nodes (with a
+failed or slow GPU) get individual slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import PlanningError
+from planner.problem import ClusterState
+
+
+def device_id(node: int, gpu: int) -> str:
+    return f"{node}:{gpu}"
+
+
+def parse_device(text: str, num_nodes: int, gpus_per_node: int) -> tuple[int, int | None]:
+    """(node, gpu) from "node:gpu", gpu None for "node:*"; PlanningError if out of range."""
+    node_text, _, gpu_text = text.partition(":")
+    node = int(node_text)
+    if node >= num_nodes:
+        raise PlanningError(f"device {text!r} names node {node}, but the cluster has nodes 0..{num_nodes - 1}")
+    if gpu_text == "*":
+        return node, None
+    gpu = int(gpu_text)
+    if gpu >= gpus_per_node:
+        raise PlanningError(f"device {text!r} names GPU {gpu}, but each node has GPUs 0..{gpus_per_node - 1}")
+    return node, gpu
+
+
+def build_cluster_state(
+    num_nodes: int, gpus_per_node: int, failed: list[str], slow: list[tuple[str, float]]
+) -> ClusterState:
+    failed_set: set[tuple[int, int]] = set()
+    for text in failed:
+        node, gpu = parse_device(text, num_nodes, gpus_per_node)
+        if gpu is None:
+            failed_set.update((node, g) for g in range(gpus_per_node))
+        else:
+            failed_set.add((node, gpu))
+    slow_map: dict[tuple[int, int], float] = {}
+    for text, speed in slow:
+        node, gpu = parse_device(text, num_nodes, gpus_per_node)
+        if (node, gpu) in slow_map and slow_map[(node, gpu)] != speed:
+            raise PlanningError(f"slow device {text!r} is listed twice with different speeds")
+        slow_map[(node, gpu)] = speed
+    slow_items = tuple(
+        sorted(((d, s) for d, s in slow_map.items() if d not in failed_set and s < 1.0), key=lambda item: item[0])
+    )
+    return ClusterState(num_nodes, gpus_per_node, frozenset(failed_set), slow_items)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A TP group: `devices` on one node, as fast as its slowest member."""
+
+    node: int
+    devices: tuple[int, ...]
+    speed: float
+
+
+def damaged_node_slots(cluster: ClusterState, node: int, tp: int) -> list[Slot]:
+    """Slots of one damaged node: healthy GPUs fastest first, grouped consecutively.
+
+    Grouping in speed order keeps slow GPUs together, so they drag down as
+    few groups as possible; leftover GPUs (fewer than tp) stay unused.
+    """
+    healthy = [g for g in range(cluster.gpus_per_node) if (node, g) not in cluster.failed]
+    healthy.sort(key=lambda g: (-cluster.speed_of(node, g), g))
+    slots = []
+    for start in range(0, len(healthy) - tp + 1, tp):
+        members = tuple(sorted(healthy[start : start + tp]))
+        slots.append(Slot(node, members, min(cluster.speed_of(node, g) for g in members)))
+    return slots
+
+
+@dataclass(frozen=True)
+class SlotInventory:
+    """Slots for one TP size: full-speed ones counted, degraded ones listed fastest first."""
+
+    tp: int
+    full_speed_count: int
+    degraded: tuple[Slot, ...]
+
+    @property
+    def total(self) -> int:
+        return self.full_speed_count + len(self.degraded)
+
+    def speeds_of_first(self, count: int) -> list[float]:
+        """Speeds of the `count` fastest slots (full-speed first)."""
+        extra = max(0, count - self.full_speed_count)
+        return [1.0] * min(count, self.full_speed_count) + [s.speed for s in self.degraded[:extra]]
+
+
+def slot_inventory(cluster: ClusterState, tp: int) -> SlotInventory:
+    per_healthy_node = cluster.gpus_per_node // tp
+    damaged = cluster.damaged_nodes
+    full_speed = (cluster.num_nodes - len(damaged)) * per_healthy_node
+    degraded: list[Slot] = []
+    for node in sorted(damaged):
+        for slot in damaged_node_slots(cluster, node, tp):
+            if slot.speed >= 1.0:
+                full_speed += 1
+            else:
+                degraded.append(slot)
+    degraded.sort(key=lambda s: (-s.speed, s.node, s.devices))
+    return SlotInventory(tp, full_speed, tuple(degraded))

@@ -1,0 +1,74 @@
+"""Why nothing fits, in the user's terms and with the numbers."""
+
+from __future__ import annotations
+
+from cost_models.hardware import GIB
+from cost_models.layout import ParallelShape
+from cost_models.memory import OPTIMIZER_BYTES_PER_PARAM, WEIGHT_AND_GRAD_BYTES_PER_PARAM
+from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
+from planner.candidates import tensor_parallel_sizes
+from planner.devices import slot_inventory
+from planner.problem import PlanningProblem
+
+
+def format_bytes(value: float) -> str:
+    if value >= 1024 * GIB:
+        return f"{value / (1024 * GIB):.1f} TiB"
+    return f"{value / GIB:.0f} GiB"
+
+
+def _leanest_layout(problem: PlanningProblem) -> tuple[float, ParallelShape] | None:
+    """The layout needing the least memory on its fullest GPU: most stages, mbs 1, full recompute."""
+    layers = problem.workload.model.num_layers
+    best: tuple[float, ParallelShape] | None = None
+    for tp in tensor_parallel_sizes(problem):
+        slots = slot_inventory(problem.cluster, tp).total
+        if slots == 0:
+            continue
+        pp = min(layers, slots)
+        shape = ParallelShape(tp, pp, 1, 1, "full" if "full" in problem.recompute_modes else problem.recompute_modes[0])
+        terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
+        base, extra = divmod(layers, pp)
+        need = max(stage_memory_bytes(terms, i, base + (1 if i < extra else 0)) for i in range(pp))
+        if best is None or need < best[0]:
+            best = (need, shape)
+    return best
+
+
+def explain_infeasible(problem: PlanningProblem) -> str:
+    cluster = problem.cluster
+    model = problem.workload.model
+    gpu = problem.hardware.gpu
+    surviving = cluster.total_devices - len(cluster.failed)
+    if surviving == 0:
+        return f"all {cluster.total_devices} GPUs are listed as failed; nothing is left to train on"
+    tps = tensor_parallel_sizes(problem)
+    usable = [tp for tp in tps if slot_inventory(cluster, tp).total > 0]
+    if not usable:
+        return (
+            f"no tensor-parallel size fits: sizes dividing {model.num_attention_heads} attention heads and "
+            f"{model.num_kv_heads} KV heads are {tps}, but no node has that many healthy GPUs"
+        )
+    state = model.total_params * (WEIGHT_AND_GRAD_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM)
+    capacity = surviving * gpu.memory_bytes
+    if state > capacity:
+        return (
+            f"{problem.model_name} needs at least {format_bytes(state)} for weights, gradients and optimizer state "
+            f"({model.total_params / 1e9:.1f}B parameters x 18 bytes); the {surviving} surviving {gpu.name} GPUs "
+            f"hold {format_bytes(capacity)}"
+        )
+    leanest = _leanest_layout(problem)
+    if leanest is not None:
+        need, shape = leanest
+        if need > gpu.memory_bytes:
+            return (
+                f"no layout fits in memory: even the leanest (tp={shape.tp}, pp={shape.pp}, micro_batch_size=1, "
+                f"recompute={shape.recompute}) needs {need / GIB:.1f} GiB on its fullest GPU, and a {gpu.name} "
+                f"holds {gpu.memory_gib:.0f} GiB at seq_length {problem.workload.seq_length}"
+            )
+    batch = problem.workload.global_batch_size
+    sizes = problem.micro_batch_sizes
+    return (
+        f"no layout fits: global_batch_size {batch} cannot be split into micro-batches of {list(sizes)} "
+        f"over the replicas that fit in memory on {surviving} surviving GPUs"
+    )

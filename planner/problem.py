@@ -1,0 +1,73 @@
+"""The validated planning problem: frozen dataclasses built once from a request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+from cost_models.layout import Hardware, Workload
+
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+MICRO_BATCH_CHOICES = (1, 2, 4, 8)
+MAX_VIRTUAL_STAGES = 8
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """Which devices exist, which are dead, how fast the slow ones still are.
+
+    failed: (node, gpu) pairs, whole-node failures already expanded.
+    slow: ((node, gpu), speed) pairs with speed in (0, 1), failed ones removed.
+    """
+
+    num_nodes: int
+    gpus_per_node: int
+    failed: frozenset[tuple[int, int]] = frozenset()
+    slow: tuple[tuple[tuple[int, int], float], ...] = ()
+
+    @property
+    def total_devices(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def damaged_nodes(self) -> frozenset[int]:
+        return frozenset(node for node, _ in self.failed) | frozenset(node for (node, _), _ in self.slow)
+
+    def speed_of(self, node: int, gpu: int) -> float:
+        for device, speed in self.slow:
+            if device == (node, gpu):
+                return speed
+        return 1.0
+
+
+@dataclass(frozen=True)
+class PlanningProblem:
+    """Everything the planner needs, already validated.
+
+    micro_batch_size / recompute: None / "auto" let the planner choose.
+    stock_layouts_only: restrict to layouts stock Megatron-LM, DeepSpeed and
+        torchtitan run unchanged (equal middle stages, uneven first/last only).
+    """
+
+    hardware: Hardware
+    cluster: ClusterState
+    workload: Workload
+    model_name: str
+    micro_batch_size: int | None = None
+    recompute: str = "auto"
+    precision: str = "bf16"
+    stock_layouts_only: bool = False
+    time_limit_s: float = 10.0
+    random_seed: int = 0
+    efficiency: EfficiencyParams = field(default_factory=EfficiencyParams)
+    software: SoftwareConfig = field(default_factory=SoftwareConfig)
+
+    @property
+    def recompute_modes(self) -> tuple[str, ...]:
+        return RECOMPUTE_CHOICES if self.recompute == "auto" else (self.recompute,)
+
+    @property
+    def micro_batch_sizes(self) -> tuple[int, ...]:
+        if self.micro_batch_size is not None:
+            return (self.micro_batch_size,)
+        return tuple(b for b in MICRO_BATCH_CHOICES if b <= self.workload.global_batch_size)
