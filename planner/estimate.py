@@ -1,0 +1,129 @@
+"""One fixed layout, no search: "how fast is the configuration I run today?"."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from cost_models.hardware import GIB
+from cost_models.layout import ParallelShape
+from cost_models.stage_costs import max_layers_fitting, stage_cost_terms, stage_memory_bytes
+from planner.assemble import assemble_plan
+from planner.candidates import Candidate, replica_speed_vectors
+from planner.devices import slot_inventory
+from planner.errors import InfeasibleError, PlanningError
+from planner.problem import PlanningProblem
+from planner.result import PlanResult
+from planner.search import SearchResult, evaluate
+
+
+@dataclass(frozen=True)
+class FixedLayout:
+    """A layout as a user states it. dp None: as many replicas as the healthy devices hold."""
+
+    tp: int
+    pp: int
+    micro_batch_size: int = 1
+    virtual_stages: int = 1
+    schedule: str = "1f1b"
+    recompute: str = "selective"
+    layers_per_stage: tuple[int, ...] | None = None
+    dp: int | None = None
+
+
+def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, tuple[int, ...]]:
+    """(dp, layer split), or PlanningError saying what is wrong."""
+    model = problem.workload.model
+    cluster = problem.cluster
+    layers = model.num_layers
+    if layout.tp > cluster.gpus_per_node:
+        raise PlanningError(f"tp {layout.tp} exceeds gpus_per_node {cluster.gpus_per_node}: a TP group must fit in one node")
+    if model.num_attention_heads % layout.tp or model.num_kv_heads % layout.tp:
+        raise PlanningError(
+            f"tp {layout.tp} must divide the {model.num_attention_heads} attention heads and {model.num_kv_heads} KV heads"
+        )
+    if layout.schedule == "1f1b" and layout.virtual_stages != 1:
+        raise PlanningError("schedule 1f1b runs one model chunk per stage: set virtual_stages to 1 or use interleaved")
+    if layout.schedule == "interleaved" and (layout.virtual_stages < 2 or layout.pp < 2):
+        raise PlanningError("the interleaved schedule needs pp >= 2 and virtual_stages >= 2")
+    if layout.pp > layers:
+        raise PlanningError(f"pp {layout.pp} exceeds the model's {layers} layers")
+    if layout.layers_per_stage is not None:
+        split = tuple(layout.layers_per_stage)
+        if len(split) != layout.pp or min(split) < 1 or sum(split) != layers:
+            raise PlanningError(
+                f"layers_per_stage {list(split)} must list pp={layout.pp} positive counts summing to num_layers={layers}"
+            )
+        if layout.virtual_stages > 1 and len(set(split)) != 1:
+            raise PlanningError("the interleaved schedule needs equal layers per stage")
+    else:
+        if layers % layout.pp:
+            raise PlanningError(
+                f"pp {layout.pp} does not divide num_layers {layers}; give layers_per_stage for an uneven split"
+            )
+        split = (layers // layout.pp,) * layout.pp
+    if layout.virtual_stages > 1 and (layers // layout.pp) % layout.virtual_stages:
+        raise PlanningError(
+            f"{layers // layout.pp} layers per stage cannot be cut into virtual_stages={layout.virtual_stages} equal chunks"
+        )
+    slots = slot_inventory(cluster, layout.tp).total
+    max_dp = slots // layout.pp
+    if max_dp < 1:
+        raise PlanningError(
+            f"tp {layout.tp} x pp {layout.pp} needs {layout.pp} TP groups of {layout.tp} healthy GPUs; the cluster has {slots}"
+        )
+    dp = layout.dp if layout.dp is not None else max_dp
+    if dp > max_dp:
+        raise PlanningError(f"dp {dp} needs {dp * layout.pp} TP groups of {layout.tp} healthy GPUs; the cluster has {slots}")
+    batch = problem.workload.global_batch_size
+    if layout.dp is None:
+        while dp > 1 and batch % (dp * layout.micro_batch_size):
+            dp -= 1
+    if batch % (dp * layout.micro_batch_size):
+        raise PlanningError(
+            f"global_batch_size {batch} is not divisible by dp {dp} x micro_batch_size {layout.micro_batch_size}"
+        )
+    microbatches = batch // (dp * layout.micro_batch_size)
+    if layout.virtual_stages > 1 and microbatches % layout.pp:
+        raise PlanningError(
+            f"the interleaved schedule needs the {microbatches} microbatches per replica to be a multiple of pp {layout.pp}"
+        )
+    return dp, split
+
+
+def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult:
+    started = time.monotonic()
+    dp, split = _check_layout(problem, layout)
+    shape = ParallelShape(
+        layout.tp, layout.pp, dp, layout.micro_batch_size, layout.recompute, layout.schedule, layout.virtual_stages
+    )
+    terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
+    capacity = problem.hardware.gpu.memory_bytes
+    for stage, count in enumerate(split):
+        need = stage_memory_bytes(terms, stage, count)
+        if need > capacity:
+            raise InfeasibleError(
+                f"stage {stage} ({count} layers, tp={layout.tp}, micro_batch_size={layout.micro_batch_size}, "
+                f"recompute={layout.recompute}) needs {need / GIB:.1f} GiB per GPU; a {problem.hardware.gpu.name} "
+                f"holds {problem.hardware.gpu.memory_gib:.0f} GiB"
+            )
+    candidate = Candidate(
+        terms=terms,
+        replica_speeds=replica_speed_vectors(slot_inventory(problem.cluster, layout.tp), shape.pp, dp),
+        max_layers=tuple(max_layers_fitting(terms, i, capacity) for i in range(shape.pp)),
+        lower_bound_ms=0.0,
+    )
+    estimate = evaluate(candidate, split)
+    found = SearchResult(
+        candidate=candidate,
+        layers_per_stage=split,
+        estimate=estimate,
+        objective_ms=estimate.iteration_ms,
+        bound_ms=estimate.iteration_ms,
+        optimal=True,
+        wall_time_s=time.monotonic() - started,
+        candidates_total=1,
+        candidates_feasible=1,
+        candidates_solved=0,
+    )
+    return assemble_plan(problem, found)

@@ -1,0 +1,88 @@
+"""API.md's seven plan invariants, checked independently of the planner's code.
+
+The compute floor (invariant 7) is recomputed here from the published
+formula's ingredients, not taken from cost_models.flops.
+"""
+
+from __future__ import annotations
+
+from api.schemas import Plan, PlanRequest
+from cost_models.hardware import GpuSpec
+from cost_models.model_spec import ModelSpec
+
+
+def expand_failed(request: PlanRequest) -> set[str]:
+    gpus = request.cluster.gpus_per_node
+    out: set[str] = set()
+    for text in request.failures.failed:
+        node, gpu = text.split(":")
+        if gpu == "*":
+            out.update(f"{node}:{g}" for g in range(gpus))
+        else:
+            out.add(f"{int(node)}:{int(gpu)}")
+    return out
+
+
+def independent_model_flops(model: ModelSpec, seq: int, batch: int) -> float:
+    """3 x forward: per layer 2 s h (h + 2 kv) + 2 s h h + (3 or 2) 2 s h f + 4 s^2 h; head 2 s h V."""
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.num_kv_heads * (model.hidden_size // model.num_attention_heads)
+    per_layer = 2 * seq * h * (h + 2 * kv) + 2 * seq * h * h + (6 if model.swiglu else 4) * seq * h * f + 4 * seq * seq * h
+    return 3.0 * batch * (model.num_layers * per_layer + 2 * seq * h * model.vocab_size)
+
+
+def check_invariants(plan: Plan, request: PlanRequest, model: ModelSpec, gpu: GpuSpec, speeds: dict[str, float]) -> None:
+    """Raise AssertionError naming the first violated invariant."""
+    cluster = request.cluster
+    all_devices = {f"{n}:{g}" for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)}
+    failed = expand_failed(request)
+    assert plan.replicas, "plan has no replicas"
+
+    # 1. Each replica's stages cover [0, L) contiguously, in order.
+    for replica in plan.replicas:
+        cursor = 0
+        for index, stage in enumerate(replica.stages):
+            assert stage.id == index, f"replica {replica.id}: stage ids out of order"
+            first, last = stage.layers
+            assert first == cursor and last > first, f"replica {replica.id} stage {stage.id}: layers {stage.layers} not contiguous from {cursor}"
+            cursor = last
+        assert cursor == model.num_layers, f"replica {replica.id} covers {cursor} of {model.num_layers} layers"
+
+    # 2. tp == len(devices), one node, tp divides the heads.
+    for replica in plan.replicas:
+        for stage in replica.stages:
+            assert stage.tp == len(stage.devices), f"stage tp {stage.tp} != {len(stage.devices)} devices"
+            nodes = {d.split(":")[0] for d in stage.devices}
+            assert len(nodes) == 1, f"stage spans nodes {nodes}"
+            assert model.num_attention_heads % stage.tp == 0, f"tp {stage.tp} does not divide {model.num_attention_heads} heads"
+
+    # 3. Partition of the cluster: stages, unused, excluded; failed never used.
+    used = [d for r in plan.replicas for s in r.stages for d in s.devices]
+    assert len(used) == len(set(used)), "a device appears in two stages"
+    assert not (set(used) & failed), f"failed devices used: {sorted(set(used) & failed)}"
+    assert set(plan.excluded_devices) == failed, "excluded_devices must be exactly the failed devices"
+    unused = set(plan.unused_devices)
+    assert len(unused) == len(plan.unused_devices), "unused_devices has duplicates"
+    assert not (unused & set(used)) and not (unused & failed), "unused overlaps used or failed"
+    assert set(used) | unused | failed == all_devices, "some device is in none of stage / unused / excluded"
+
+    # 4. Microbatches times micro-batch size is the global batch.
+    total = sum(r.num_microbatches for r in plan.replicas) * plan.micro_batch_size
+    assert total == request.training.global_batch_size, f"{total} sequences != global_batch_size"
+
+    # 5. Memory fits.
+    for replica in plan.replicas:
+        for stage in replica.stages:
+            assert 0 < stage.memory_gib <= gpu.memory_gib + 1e-9, f"stage needs {stage.memory_gib} GiB > {gpu.memory_gib}"
+
+    # 6. uniform flag is exact.
+    def signature(replica):
+        return (len(replica.stages), tuple(s.tp for s in replica.stages), tuple(tuple(s.layers) for s in replica.stages), replica.num_microbatches)
+
+    is_uniform = len({signature(r) for r in plan.replicas}) == 1
+    assert plan.uniform == is_uniform, f"uniform={plan.uniform} but replicas {'are' if is_uniform else 'are not'} identical"
+
+    # 7. Never faster than the compute floor of the devices used.
+    flops = independent_model_flops(model, request.training.seq_length, request.training.global_batch_size)
+    peak = sum(gpu.peak_tflops * 1e12 * speeds.get(d, 1.0) for d in used)
+    floor_s = flops / peak
+    assert plan.predicted.iteration_time_s >= floor_s * (1 - 1e-9), f"iteration {plan.predicted.iteration_time_s} s below floor {floor_s} s"
