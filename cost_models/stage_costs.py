@@ -53,13 +53,17 @@ class StageCostTerms:
     p2p_ms: float  # per microbatch per stage: v sends forward, v backward
     state_bytes_per_param: float
     grad_bytes_per_param: float
-    in_flight: tuple[float, ...]  # per stage position, in layer-set units
     dp_bandwidth_intra_gb_s: float
     dp_bandwidth_inter_gb_s: float
     dp_ranks_per_node: int
     optimizer_ms_per_param: float
     bucket_params: float
     overlap_grad_reduce: bool
+
+    def in_flight(self, stage: int) -> float:
+        """Microbatches whose activations `stage` holds at its peak, in layer-set units."""
+        shape = self.shape
+        return in_flight_microbatches(shape.schedule, stage, shape.pp, self.num_microbatches, shape.virtual_stages)
 
     def dp_sync_ms(self, params: float) -> float:
         """Gradient all-reduce (or reduce-scatter + all-gather with ZeRO-1) of `params` per GPU."""
@@ -72,19 +76,26 @@ class StageCostTerms:
         )
 
 
-def stage_cost_terms(
+@dataclass(frozen=True)
+class PartSet:
+    """Layer, embedding and head costs: they depend on tp, micro-batch size and recompute only."""
+
+    layer: PartCosts
+    embedding: PartCosts
+    head: PartCosts
+
+
+def part_costs(
     workload: Workload,
     hardware: Hardware,
     shape: ParallelShape,
     efficiency: EfficiencyParams,
     software: SoftwareConfig,
-) -> StageCostTerms:
+) -> PartSet:
     model = workload.model
     seq, mbs, tp = workload.seq_length, shape.micro_batch_size, shape.tp
     gpu = hardware.gpu
     intra = hardware.intra_node_bandwidth_gb_s
-    microbatches = shape.num_microbatches(workload.global_batch_size)
-
     layer = PartCosts(
         time=layer_time(model, seq, mbs, tp, shape.recompute, gpu, intra, efficiency, software),
         params=model.params_per_layer / tp,
@@ -95,14 +106,34 @@ def stage_cost_terms(
         params=model.embedding_params / tp,
         activation_bytes=embedding_activation_bytes(model, seq, mbs, tp, software.sequence_parallel),
     )
-    # With pp == 1 a tied head shares the embedding's weights; otherwise the
-    # last stage holds its own copy (Megatron keeps the two in sync).
-    head_params = 0 if (model.tied_embeddings and shape.pp == 1) else model.head_params / tp
     head = PartCosts(
         time=head_time(model, seq, mbs, tp, gpu, efficiency),
-        params=head_params + model.hidden_size,
+        params=model.head_params / tp + model.hidden_size,
         activation_bytes=head_activation_bytes(model, seq, mbs, tp),
     )
+    return PartSet(layer, embedding, head)
+
+
+def stage_cost_terms(
+    workload: Workload,
+    hardware: Hardware,
+    shape: ParallelShape,
+    efficiency: EfficiencyParams,
+    software: SoftwareConfig,
+    parts: PartSet | None = None,
+) -> StageCostTerms:
+    """Cost coefficients of `shape`; pass `parts` (from `part_costs`) to reuse layer costs across shapes."""
+    model = workload.model
+    seq, mbs, tp = workload.seq_length, shape.micro_batch_size, shape.tp
+    gpu = hardware.gpu
+    intra = hardware.intra_node_bandwidth_gb_s
+    microbatches = shape.num_microbatches(workload.global_batch_size)
+    parts = parts or part_costs(workload, hardware, shape, efficiency, software)
+    layer, embedding, head = parts.layer, parts.embedding, parts.head
+    if model.tied_embeddings and shape.pp == 1:
+        # With pp == 1 a tied head shares the embedding's weights; otherwise
+        # the last stage holds its own copy (Megatron keeps the two in sync).
+        head = PartCosts(head.time, float(model.hidden_size), head.activation_bytes)
 
     # Megatron's rank order is tp, dp, pp (fastest first): data-parallel
     # peers share a node while they fit, pipeline neighbours cross nodes
@@ -126,10 +157,6 @@ def stage_cost_terms(
     optimizer_ms_per_param = (
         1e3 * ADAM_STEP_BYTES_PER_PARAM * optimizer_params_share / (gpu.hbm_bandwidth_gb_s * 1e9 * efficiency.hbm_fraction)
     )
-    in_flight = tuple(
-        in_flight_microbatches(shape.schedule, stage, shape.pp, microbatches, shape.virtual_stages)
-        for stage in range(shape.pp)
-    )
     return StageCostTerms(
         shape=shape,
         num_microbatches=microbatches,
@@ -139,7 +166,6 @@ def stage_cost_terms(
         p2p_ms=p2p_ms,
         state_bytes_per_param=state_bytes_per_param(workload.zero_stage, shape.dp),
         grad_bytes_per_param=float(software.grad_reduce_bytes),
-        in_flight=in_flight,
         dp_bandwidth_intra_gb_s=intra * efficiency.nvlink_fraction,
         dp_bandwidth_inter_gb_s=hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction,
         dp_ranks_per_node=dp_per_node,
@@ -153,10 +179,10 @@ def stage_memory_bytes(terms: StageCostTerms, stage: int, layers: int) -> float:
     """Peak memory of one GPU of `stage` holding `layers` layers."""
     last = terms.shape.pp - 1
     params = layers * terms.layer.params
-    activation = layers * terms.layer.activation_bytes * terms.in_flight[stage]
+    activation = layers * terms.layer.activation_bytes * terms.in_flight(stage)
     if stage == 0:
         params += terms.embedding.params
-        activation += terms.embedding.activation_bytes * terms.in_flight[stage]
+        activation += terms.embedding.activation_bytes * terms.in_flight(stage)
     if stage == last:
         params += terms.head.params
         activation += terms.head.activation_bytes
@@ -166,7 +192,7 @@ def stage_memory_bytes(terms: StageCostTerms, stage: int, layers: int) -> float:
 def max_layers_fitting(terms: StageCostTerms, stage: int, memory_bytes: float) -> int:
     """Most layers `stage` can hold within `memory_bytes` (may be < 1: nothing fits)."""
     fixed = stage_memory_bytes(terms, stage, 0)
-    per_layer = terms.layer.params * terms.state_bytes_per_param + terms.layer.activation_bytes * terms.in_flight[stage]
+    per_layer = terms.layer.params * terms.state_bytes_per_param + terms.layer.activation_bytes * terms.in_flight(stage)
     return int((memory_bytes - fixed) // per_layer)
 
 

@@ -2,10 +2,10 @@
 
 A candidate fixes tp, pp, dp, micro-batch size, recompute and schedule
 (1F1B, or interleaved with v chunks); the inner CP-SAT model then chooses the
-layer split. Candidates are pruned when no split fits in memory (exact: each
-stage's memory is affine in its layer count) and ordered by a lower bound
-that holds for every split, so branch and bound can stop early without
-losing the optimum.
+layer split. Candidates are ordered by a lower bound that holds for every
+split, so branch and bound can stop early without losing the optimum; a
+candidate it reaches is dropped when no split fits in memory (exact: each
+stage's memory is affine in its layer count).
 """
 
 from __future__ import annotations
@@ -14,21 +14,30 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cost_models.layout import ParallelShape
-from cost_models.stage_costs import StageCostTerms, max_layers_fitting, stage_cost_terms
+from cost_models.stage_costs import PartSet, StageCostTerms, max_layers_fitting, part_costs, stage_cost_terms
 from planner.devices import SlotInventory, slot_inventory
 from planner.problem import MAX_VIRTUAL_STAGES, PlanningProblem
 
 
 @dataclass(frozen=True)
 class Candidate:
+    """One outer choice; built cheaply for every shape, examined further only if its bound is promising."""
+
     terms: StageCostTerms
-    replica_speeds: tuple[tuple[float, ...], ...]  # distinct per-position speed vectors in use
-    max_layers: tuple[int, ...]  # per stage position, from memory
+    inventory: SlotInventory
     lower_bound_ms: float
 
     @property
     def shape(self) -> ParallelShape:
         return self.terms.shape
+
+    @property
+    def replica_speeds(self) -> tuple[tuple[float, ...], ...]:
+        return replica_speed_vectors(self.inventory, self.shape.pp, self.shape.dp)
+
+    def max_layers(self, memory_bytes: float) -> tuple[int, ...]:
+        """Per stage position, the most layers that fit in `memory_bytes`."""
+        return tuple(max_layers_fitting(self.terms, stage, memory_bytes) for stage in range(self.shape.pp))
 
 
 def tensor_parallel_sizes(problem: PlanningProblem) -> list[int]:
@@ -46,14 +55,14 @@ def _divisors(value: int) -> list[int]:
 
 
 def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int) -> tuple[tuple[float, ...], ...]:
-    """Per-position speeds of the replicas that hold degraded slots (plus one healthy one if any).
+    """Per-position speeds of the replicas that hold degraded slots (plus one full-speed one if any).
 
     The fastest dp * pp slots are used; degraded ones are packed into as few
-    replicas as possible, in middle positions first (the ends carry the
-    embedding and the head).
+    replicas as possible, slowest first, in middle positions first (the ends
+    carry the embedding and the head).
     """
-    speeds = inventory.speeds_of_first(pp * dp)
-    slow = sorted((s for s in speeds if s < 1.0))
+    degraded_used = max(0, pp * dp - inventory.full_speed_count)
+    slow = sorted(s.speed for s in inventory.degraded[:degraded_used])
     positions = list(range(1, pp - 1)) + ([0, pp - 1] if pp > 1 else [0])
     vectors: list[tuple[float, ...]] = []
     while slow:
@@ -69,12 +78,18 @@ def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int) -> tuple[t
 
 
 def _lower_bound_ms(terms: StageCostTerms, layers: int) -> float:
-    """A bound below every split: the balanced continuous pipeline at full speed, plus the sync floors."""
+    """A bound below every split, at full speed, plus the sync floors.
+
+    The slowest stage takes at least the mean stage time, and at least the
+    time of ceil(L / p) layers (some stage holds that many). The pipeline
+    time m M + (W - M) / v grows with M for a fixed total W.
+    """
     p, m, v = terms.shape.pp, terms.num_microbatches, terms.shape.virtual_stages
     layer_ms = terms.layer.time.forward_ms + terms.layer.time.backward_ms
     ends_ms = sum(part.time.forward_ms + part.time.backward_ms for part in (terms.embedding, terms.head))
     work = layers * layer_ms + ends_ms + p * terms.p2p_ms
-    pipeline = m * work / p + work * (p - 1) / (p * v)
+    slowest = max(work / p, -(-layers // p) * layer_ms + terms.p2p_ms)
+    pipeline = m * slowest + (work - slowest) / v
     mean_params = (layers * terms.layer.params + terms.embedding.params + terms.head.params) / p
     dp_floor = 0.0
     if terms.shape.dp > 1:
@@ -83,16 +98,17 @@ def _lower_bound_ms(terms: StageCostTerms, layers: int) -> float:
     return pipeline + dp_floor + mean_params * terms.optimizer_ms_per_param
 
 
-def _split_fits(shape: ParallelShape, max_layers: tuple[int, ...], layers: int, stock_only: bool) -> bool:
+def split_fits(shape: ParallelShape, max_layers: tuple[int, ...], layers: int, stock_only: bool) -> bool:
+    """Whether some split of the allowed form fits the per-stage layer caps (exact)."""
     if min(max_layers) < 1:
         return False
     if shape.virtual_stages > 1:
         return all(n >= layers // shape.pp for n in max_layers)
-    if stock_only and shape.pp > 2:
-        middle = min(max_layers[1:-1])
-        best_middle = min(middle, (layers - 2) // (shape.pp - 2))
+    if stock_only and shape.pp > 3:
+        middle_cap = min(min(max_layers[1:-1]), (layers - 2) // (shape.pp - 2))
         return any(
-            max_layers[0] + max_layers[-1] + n * (shape.pp - 2) >= layers for n in range(1, best_middle + 1)
+            min(max_layers[0], layers) + min(max_layers[-1], layers) + n * (shape.pp - 2) >= layers
+            for n in range(1, middle_cap + 1)
         )
     return sum(min(n, layers) for n in max_layers) >= layers
 
@@ -126,25 +142,22 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
                             yield ParallelShape(tp, pp, dp, mbs, recompute, schedule, v), inventory
 
 
-def feasible_candidates(problem: PlanningProblem) -> tuple[list[Candidate], int]:
-    """Memory-feasible candidates sorted by lower bound, and how many shapes were enumerated."""
+def ranked_candidates(problem: PlanningProblem) -> list[Candidate]:
+    """Every shape of the search space with its lower bound, best bound first.
+
+    Layer, embedding and head costs depend only on (tp, micro-batch size,
+    recompute), so they are computed once per triple for this search.
+    """
     layers = problem.workload.model.num_layers
-    capacity = problem.hardware.gpu.memory_bytes
+    parts: dict[tuple[int, int, str], PartSet] = {}
     out: list[Candidate] = []
-    total = 0
     for shape, inventory in enumerate_shapes(problem):
-        total += 1
-        terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
-        max_layers = tuple(max_layers_fitting(terms, stage, capacity) for stage in range(shape.pp))
-        if not _split_fits(shape, max_layers, layers, problem.stock_layouts_only):
-            continue
-        out.append(Candidate(
-            terms=terms,
-            replica_speeds=replica_speed_vectors(inventory, shape.pp, shape.dp),
-            max_layers=max_layers,
-            lower_bound_ms=_lower_bound_ms(terms, layers),
-        ))
+        key = (shape.tp, shape.micro_batch_size, shape.recompute)
+        if key not in parts:
+            parts[key] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
+        terms = stage_cost_terms(
+            problem.workload, problem.hardware, shape, problem.efficiency, problem.software, parts[key]
+        )
+        out.append(Candidate(terms=terms, inventory=inventory, lower_bound_ms=_lower_bound_ms(terms, layers)))
     out.sort(key=lambda c: c.lower_bound_ms)
-    return out, total
-
-
+    return out

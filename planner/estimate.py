@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from cost_models.hardware import GIB
 from cost_models.layout import ParallelShape
-from cost_models.stage_costs import max_layers_fitting, stage_cost_terms, stage_memory_bytes
+from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
 from planner.assemble import assemble_plan
-from planner.candidates import Candidate, replica_speed_vectors
+from planner.candidates import Candidate
 from planner.devices import slot_inventory
 from planner.errors import InfeasibleError, PlanningError
 from planner.problem import PlanningProblem
@@ -107,12 +107,7 @@ def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult
                 f"recompute={layout.recompute}) needs {need / GIB:.1f} GiB per GPU; a {problem.hardware.gpu.name} "
                 f"holds {problem.hardware.gpu.memory_gib:.0f} GiB"
             )
-    candidate = Candidate(
-        terms=terms,
-        replica_speeds=replica_speed_vectors(slot_inventory(problem.cluster, layout.tp), shape.pp, dp),
-        max_layers=tuple(max_layers_fitting(terms, i, capacity) for i in range(shape.pp)),
-        lower_bound_ms=0.0,
-    )
+    candidate = Candidate(terms=terms, inventory=slot_inventory(problem.cluster, layout.tp), lower_bound_ms=0.0)
     estimate = evaluate(candidate, split)
     found = SearchResult(
         candidate=candidate,
@@ -123,7 +118,6 @@ def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult
         optimal=True,
         wall_time_s=time.monotonic() - started,
         candidates_total=1,
-        candidates_feasible=1,
         candidates_solved=0,
     )
     return assemble_plan(problem, found)

@@ -73,6 +73,7 @@ def _per_param_affine(candidate: Candidate, stage: int, ms_per_param: float, int
 
 def solve_split(
     candidate: Candidate,
+    max_layers: tuple[int, ...],
     num_layers: int,
     stock_layouts_only: bool,
     time_limit_s: float,
@@ -87,6 +88,7 @@ def solve_split(
     # time at full speed, gradient sync and optimizer step, all affine in
     # the stage's layer count, in ticks.
     times = [[_stage_affine(candidate, i, speeds[i], "total_ms") for i in range(p)] for speeds in candidate.replica_speeds]
+    even = [num_layers // p + (1 if i < num_layers % p else 0) for i in range(p)]
     backward = [_stage_affine(candidate, i, 1.0, "backward_ms") for i in range(p)]
     sync_slope, sync_intercept = _sync_ms_affine(candidate)
     sync = [_per_param_affine(candidate, i, sync_slope, sync_intercept) for i in range(p)]
@@ -97,13 +99,15 @@ def solve_split(
     horizon = (m * v + p) * stage_horizon + v * sync_horizon
 
     # Variables: layers per stage, at most what fits in memory.
-    layers = [model.new_int_var(1, min(num_layers, candidate.max_layers[i]), f"layers_{i}") for i in range(p)]
+    layers = [model.new_int_var(1, min(num_layers, max_layers[i]), f"layers_{i}") for i in range(p)]
     pipeline = model.new_int_var(0, horizon, "pipeline_times_v")
     exposed = model.new_int_var(0, horizon, "dp_exposed")
     optimizer = model.new_int_var(0, horizon, "optimizer")
 
     # Cover: the stages hold [0, L) contiguously.
     model.add(sum(layers) == num_layers)
+    for n, hint in zip(layers, even):
+        model.add_hint(n, hint)
 
     # Split form: interleaving needs equal chunks; stock frameworks take equal
     # middle stages with only the first and last stage uneven.

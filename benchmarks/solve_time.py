@@ -1,0 +1,87 @@
+"""Planner wall time and peak memory at scale, one fresh process per case.
+
+    python -m benchmarks.solve_time            # print the table
+    python -m benchmarks.solve_time --write    # also update BENCHMARKS.md
+
+Each case runs in its own subprocess so peak RSS is per case. Cases have a
+few failed and slow GPUs so the damaged-node path is exercised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+# (label, nodes, gpus per node, gpu, model, global batch, seq, failed, slow, target seconds)
+CASES = [
+    ("256 x A100, llama2-70b", 32, 8, "A100-80GB", "llama2-70b", 512, 4096, ["3:5", "17:*"], [("9:2", 0.5)], 2.0),
+    ("1,024 x H100, llama3-70b", 128, 8, "H100-SXM", "llama3-70b", 1024, 8192, ["5:1", "77:*"], [("40:3", 0.5)], 4.0),
+    ("4,096 x H100, llama3-405b", 512, 8, "H100-SXM", "llama3-405b", 2048, 8192, ["9:0", "300:*"], [("100:4", 0.7)], 6.0),
+    ("16,384 x H100, llama3-405b", 2048, 8, "H100-SXM", "llama3-405b", 2048, 8192, ["9:0", "1000:*"], [("100:4", 0.7)], 10.0),
+    ("65,536 x B200, llama3-405b", 8192, 8, "B200", "llama3-405b", 8192, 8192, ["9:0", "4000:*"], [("100:4", 0.7)], 30.0),
+]
+
+_CHILD = r"""
+import json, resource, sys, time
+from api.schemas import PlanRequest
+from api.service import plan_for
+request = PlanRequest.model_validate(json.loads(sys.argv[1]))
+started = time.perf_counter()
+plan = plan_for(request)
+wall = time.perf_counter() - started
+stages = plan.replicas[0].stages
+print(json.dumps({
+    "wall_s": wall, "solver": plan.solver.status, "gap": plan.solver.gap,
+    "candidates": plan.solver.candidates_total, "solved": plan.solver.candidates_solved,
+    "layout": f"tp={stages[0].tp} pp={len(stages)} dp={len(plan.replicas)} mbs={plan.micro_batch_size} "
+              f"{plan.schedule}{'' if plan.virtual_stages == 1 else ' v=' + str(plan.virtual_stages)} {plan.recompute}",
+    "mfu": plan.predicted.mfu,
+    "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+}))
+"""
+
+
+def request_for(nodes, gpus, gpu, model, batch, seq, failed, slow) -> dict:
+    return {
+        "cluster": {"num_nodes": nodes, "gpus_per_node": gpus, "gpu": gpu},
+        "failures": {"failed": failed, "slow": [{"device": d, "speed": s} for d, s in slow]},
+        "model": model,
+        "training": {"global_batch_size": batch, "seq_length": seq},
+        "options": {"time_limit_s": 60},
+    }
+
+
+def run_case(case) -> dict:
+    label, nodes, gpus, gpu, model, batch, seq, failed, slow, target = case
+    request = request_for(nodes, gpus, gpu, model, batch, seq, failed, slow)
+    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(request)], capture_output=True, text=True, check=True)
+    return {"label": label, "target_s": target, **json.loads(out.stdout)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true")
+    parser.add_argument("--max-gpus", type=int, default=10**9, help="skip cases larger than this")
+    args = parser.parse_args(argv)
+    lines = ["| case | layout found | MFU | solver | candidates (CP-SAT solved) | wall s | target s | peak RSS MiB |",
+             "|---|---|---:|---|---:|---:|---:|---:|"]
+    for case in CASES:
+        if case[1] * case[2] > args.max_gpus:
+            continue
+        r = run_case(case)
+        ok = "" if r["wall_s"] <= r["target_s"] else " (over)"
+        lines.append(f"| {r['label']} | {r['layout']} | {r['mfu']:.3f} | {r['solver']} gap {r['gap']:.3g} | "
+                     f"{r['candidates']:,} ({r['solved']}) | {r['wall_s']:.2f}{ok} | {r['target_s']:.0f} | {r['peak_rss_mib']:.0f} |")
+        print(lines[-1], flush=True)
+    text = "\n".join(lines)
+    if args.write:
+        from benchmarks.report import write_section
+
+        write_section("Solve time at scale", "python -m benchmarks.solve_time --write", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Property: every plan for a random cluster, model and failure set satisfies API.md's invariants,
+and when none exists the error says why with numbers."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api.convert import resolve_hardware, resolve_model
+from api.schemas import PlanRequest
+from api.service import plan_for
+from planner.errors import InfeasibleError, PlanningError
+from tests.invariants import check_invariants
+
+ARCHITECTURES = [
+    {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 688, "num_attention_heads": 8, "num_kv_heads": 2,
+     "vocab_size": 1000, "swiglu": True, "tied_embeddings": False},
+    {"num_layers": 6, "hidden_size": 384, "ffn_hidden_size": 1536, "num_attention_heads": 6, "num_kv_heads": 6,
+     "vocab_size": 5000, "swiglu": False, "tied_embeddings": True},
+    {"num_layers": 12, "hidden_size": 1024, "ffn_hidden_size": 2816, "num_attention_heads": 16, "num_kv_heads": 4,
+     "vocab_size": 32000, "swiglu": True, "tied_embeddings": False},
+]
+
+
+@st.composite
+def requests(draw):
+    num_nodes = draw(st.integers(1, 4))
+    gpus_per_node = draw(st.sampled_from([1, 2, 4, 8]))
+    devices = [f"{n}:{g}" for n in range(num_nodes) for g in range(gpus_per_node)]
+    failed = draw(st.lists(st.sampled_from(devices), max_size=3, unique=True))
+    whole_nodes = draw(st.lists(st.integers(0, num_nodes - 1), max_size=1, unique=True))
+    failed += [f"{n}:*" for n in whole_nodes]
+    slow_devices = draw(st.lists(st.sampled_from(devices), max_size=3, unique=True))
+    if draw(st.booleans()):
+        # Every GPU of one node slow: a whole TP domain degraded.
+        slow_devices = sorted(set(slow_devices) | {f"0:{g}" for g in range(gpus_per_node)})
+    slow = [{"device": d, "speed": draw(st.sampled_from([0.25, 0.5, 0.7, 0.9]))} for d in slow_devices]
+    # GPU memory from tiny to roomy, so some draws cannot fit at all.
+    memory_gib = draw(st.sampled_from([2.05, 2.2, 3.0, 8.0, 80.0]))
+    return {
+        "cluster": {"num_nodes": num_nodes, "gpus_per_node": gpus_per_node,
+                    "gpu": {"name": "test-gpu", "peak_tflops": 100.0, "memory_gib": memory_gib}},
+        "failures": {"failed": failed, "slow": slow},
+        "model": draw(st.sampled_from(ARCHITECTURES)),
+        "training": {"global_batch_size": draw(st.sampled_from([1, 4, 6, 16])),
+                     "seq_length": draw(st.sampled_from([128, 512, 2048])),
+                     "micro_batch_size": draw(st.sampled_from([None, 1, 2])),
+                     "zero_stage": draw(st.sampled_from([0, 1])),
+                     "recompute": draw(st.sampled_from(["auto", "none", "full"]))},
+        "options": {"time_limit_s": 5, "allow_non_uniform": draw(st.booleans())},
+    }
+
+
+@settings(max_examples=80)
+@given(requests())
+def test_every_plan_satisfies_the_invariants(raw):
+    request = PlanRequest.model_validate(raw)
+    try:
+        plan = plan_for(request)
+    except InfeasibleError as error:
+        message = str(error)
+        assert re.search(r"\d", message), f"infeasible without numbers: {message}"
+        return
+    except PlanningError as error:
+        message = str(error)
+        assert "global_batch_size" in message and "micro_batch_size" in message, message
+        return
+    speeds = {s.device: s.speed for s in request.failures.slow}
+    check_invariants(plan, request, resolve_model(request.model), resolve_hardware(request.cluster).gpu, speeds)
+    if not request.options.allow_non_uniform:
+        for replica in plan.replicas:
+            middle = [s.layers[1] - s.layers[0] for s in replica.stages[1:-1]]
+            assert len(set(middle)) <= 1
+
+
+def test_model_that_cannot_fit_reports_numbers():
+    request = PlanRequest.model_validate({
+        "cluster": {"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-80GB"},
+        "model": "llama3-405b",
+        "training": {"global_batch_size": 8, "seq_length": 4096},
+    })
+    try:
+        plan_for(request)
+    except InfeasibleError as error:
+        message = str(error)
+    else:
+        raise AssertionError("llama3-405b cannot fit on 8 A100-80GB")
+    # 405.9B parameters x 18 bytes = 7.3e12 bytes = 6.6 TiB; 8 x 80 GiB = 640 GiB.
+    assert "6.6 TiB" in message and "640 GiB" in message and "8 surviving" in message
