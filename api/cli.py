@@ -77,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except FileNotFoundError as error:
-        print(f"resiplan: cannot read {error.filename}", file=sys.stderr)
+    except OSError as error:
+        print(f"resiplan: cannot read {error.filename or args.request}: {error.strerror or error}", file=sys.stderr)
+    except UnicodeDecodeError:
+        print(f"resiplan: {args.request} is not UTF-8 text; a request is a JSON file", file=sys.stderr)
     except ValidationError as error:
         print(f"resiplan: invalid request:\n{_validation_text(error)}", file=sys.stderr)
     except json.JSONDecodeError as error:

@@ -27,9 +27,9 @@ def render_table(plan: Plan, console: Console | None = None) -> None:
         f"solver {plan.solver.status} in {plan.solver.wall_time_s:.2f} s (gap {plan.solver.gap:.2%})"
     )
     breakdown = Table(title="Iteration breakdown (critical path)")
-    for key in p.breakdown.model_fields:
+    for key in type(p.breakdown).model_fields:
         breakdown.add_column(key.removesuffix("_s"), justify="right")
-    breakdown.add_row(*(f"{getattr(p.breakdown, key):.3f}" for key in p.breakdown.model_fields))
+    breakdown.add_row(*(f"{getattr(p.breakdown, key):.3f}" for key in type(p.breakdown).model_fields))
     console.print(breakdown)
 
     groups: dict[tuple, list[int]] = {}

@@ -14,8 +14,11 @@ from cost_models.model_spec import ModelSpec
 WEIGHT_AND_GRAD_BYTES_PER_PARAM = 6.0
 OPTIMIZER_BYTES_PER_PARAM = 12.0
 
-# CUDA context, NCCL buffers and allocator fragmentation kept free per GPU.
+# CUDA context, NCCL buffers and workspace kept free per GPU.
 RESERVED_BYTES = 2.0 * 1024**3
+# PyTorch's caching allocator fragments memory that is freed and reallocated
+# every microbatch (activations); a plan at 99% of HBM by the books OOMs.
+ACTIVATION_FRAGMENTATION = 0.10
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 

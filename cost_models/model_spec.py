@@ -88,10 +88,22 @@ _HF_ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _first(config: dict[str, Any], keys: tuple[str, ...]) -> Any:
+# Larger than any real architecture; keeps hostile numbers out of the arithmetic.
+_HF_INT_LIMIT = 1 << 24
+
+
+def _int_field(config: dict[str, Any], keys: tuple[str, ...], default: int | None = None) -> int:
+    """The first present key as a positive whole number, or HfConfigError naming it."""
     for key in keys:
-        if config.get(key) is not None:
-            return config[key]
+        value = config.get(key)
+        if value is None:
+            continue
+        is_whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        if isinstance(value, bool) or not is_whole or not 1 <= value <= _HF_INT_LIMIT:
+            raise HfConfigError(f"hf_config {key} must be a whole number from 1 to {_HF_INT_LIMIT}, got {value!r}")
+        return int(value)
+    if default is not None:
+        return default
     raise HfConfigError(f"hf_config has none of {', '.join(keys)}")
 
 
@@ -102,25 +114,23 @@ def model_from_hf_config(config: dict[str, Any]) -> ModelSpec:
     from `hidden_act` together with the presence of `intermediate_size`;
     GPT-2 style configs (`n_inner` or 4 * hidden) are non-gated.
     """
-    num_layers = int(_first(config, _HF_ALIASES["num_layers"]))
-    hidden = int(_first(config, _HF_ALIASES["hidden_size"]))
-    heads = int(_first(config, _HF_ALIASES["num_attention_heads"]))
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    vocab = config.get("vocab_size")
-    if vocab is None:
-        raise HfConfigError("hf_config has no vocab_size")
+    num_layers = _int_field(config, _HF_ALIASES["num_layers"])
+    hidden = _int_field(config, _HF_ALIASES["hidden_size"])
+    heads = _int_field(config, _HF_ALIASES["num_attention_heads"])
+    kv_heads = _int_field(config, ("num_key_value_heads",), default=heads)
+    vocab = _int_field(config, ("vocab_size",))
     activation = str(config.get("hidden_act") or config.get("activation_function") or "gelu").lower()
     gated = "intermediate_size" in config and activation in {"silu", "swiglu", "swish"}
-    ffn = config.get("intermediate_size") or config.get("n_inner") or 4 * hidden
+    ffn = _int_field(config, ("intermediate_size", "n_inner"), default=4 * hidden)
     name = str(config.get("_name_or_path") or config.get("model_type") or "hf-model")
     return ModelSpec(
         name=name,
         num_layers=num_layers,
         hidden_size=hidden,
-        ffn_hidden_size=int(ffn),
+        ffn_hidden_size=ffn,
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
-        vocab_size=int(vocab),
+        vocab_size=vocab,
         swiglu=gated,
         tied_embeddings=bool(config.get("tie_word_embeddings", True)),  # HF default
     )

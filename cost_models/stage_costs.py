@@ -19,6 +19,7 @@ from cost_models.compute import LayerTime, embedding_time, head_time, layer_time
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.layout import Hardware, ParallelShape, Workload
 from cost_models.memory import (
+    ACTIVATION_FRAGMENTATION,
     RESERVED_BYTES,
     embedding_activation_bytes,
     head_activation_bytes,
@@ -186,13 +187,16 @@ def stage_memory_bytes(terms: StageCostTerms, stage: int, layers: int) -> float:
     if stage == last:
         params += terms.head.params
         activation += terms.head.activation_bytes
-    return params * terms.state_bytes_per_param + activation + RESERVED_BYTES
+    return params * terms.state_bytes_per_param + activation * (1 + ACTIVATION_FRAGMENTATION) + RESERVED_BYTES
 
 
 def max_layers_fitting(terms: StageCostTerms, stage: int, memory_bytes: float) -> int:
     """Most layers `stage` can hold within `memory_bytes` (may be < 1: nothing fits)."""
     fixed = stage_memory_bytes(terms, stage, 0)
-    per_layer = terms.layer.params * terms.state_bytes_per_param + terms.layer.activation_bytes * terms.in_flight(stage)
+    per_layer = (
+        terms.layer.params * terms.state_bytes_per_param
+        + terms.layer.activation_bytes * terms.in_flight(stage) * (1 + ACTIVATION_FRAGMENTATION)
+    )
     return int((memory_bytes - fixed) // per_layer)
 
 

@@ -1,0 +1,85 @@
+"""Shared helpers for the API and CLI tests: small requests, the invariant check, error assertions."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from api.convert import resolve_hardware, resolve_model
+from api.schemas import EstimateRequest, Plan, PlanRequest
+from tests.invariants import check_invariants
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "api" / "examples"
+EXAMPLE_FILES = sorted(EXAMPLES_DIR.glob("*.json"))
+
+
+def small_request(**overrides: Any) -> dict[str, Any]:
+    """2 nodes x 8 A100-80GB, llama2-7b, a small batch: solves in well under a second."""
+    body: dict[str, Any] = {
+        "cluster": {"num_nodes": 2, "gpus_per_node": 8, "gpu": "A100-80GB"},
+        "model": "llama2-7b",
+        "training": {"global_batch_size": 32, "seq_length": 2048},
+        "options": {"time_limit_s": 2},
+    }
+    body.update(copy.deepcopy(overrides))
+    return body
+
+
+def estimate_request(layout: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """4 nodes x 8 A100-80GB, llama2-7b (32 layers, 32 heads), global batch 256 at 4096 tokens."""
+    body: dict[str, Any] = {
+        "cluster": {"num_nodes": 4, "gpus_per_node": 8, "gpu": "A100-80GB"},
+        "model": "llama2-7b",
+        "training": {"global_batch_size": 256, "seq_length": 4096},
+        "options": {"time_limit_s": 2},
+        "layout": layout,
+    }
+    body.update(copy.deepcopy(overrides))
+    return body
+
+
+def verify_plan(plan_json: dict[str, Any], request_json: dict[str, Any]) -> Plan:
+    """Validate against the wire schema, check API.md's 7 invariants and the stage `speed` field."""
+    request = (EstimateRequest if "layout" in request_json else PlanRequest).model_validate(request_json)
+    plan = Plan.model_validate(plan_json)
+    speeds = {slow.device: slow.speed for slow in request.failures.slow}
+    model = resolve_model(request.model)
+    check_invariants(plan, request, model, resolve_hardware(request.cluster).gpu, speeds)
+    for replica in plan.replicas:
+        for stage in replica.stages:
+            assert model.num_kv_heads % stage.tp == 0, f"tp {stage.tp} does not divide {model.num_kv_heads} KV heads"
+            slowest = min(speeds.get(device, 1.0) for device in stage.devices)
+            assert abs(stage.speed - slowest) < 1e-9, f"stage {stage.devices} speed {stage.speed} != slowest member {slowest}"
+    return plan
+
+
+def stage_devices(plan: Plan) -> list[str]:
+    return [device for replica in plan.replicas for stage in replica.stages for device in stage.devices]
+
+
+def detail_422(response) -> Any:
+    assert response.status_code == 422, f"expected 422, got {response.status_code}: {response.text}"
+    return response.json()["detail"]
+
+
+def assert_detail(response, *fragments: str) -> str:
+    """422 with a string `detail` (a domain error) containing every fragment."""
+    detail = detail_422(response)
+    assert isinstance(detail, str), f"expected a message, got {detail!r}"
+    for fragment in fragments:
+        assert fragment in detail, f"{fragment!r} not in detail {detail!r}"
+    return detail
+
+
+def assert_validation(response, loc_part: tuple, *fragments: str) -> dict[str, Any]:
+    """422 from request validation: some error's loc contains loc_part (contiguously) and its msg holds every fragment."""
+    detail = detail_422(response)
+    assert isinstance(detail, list), f"expected validation errors, got {detail!r}"
+    for error in detail:
+        loc = tuple(error["loc"])
+        within = any(loc[i : i + len(loc_part)] == loc_part for i in range(len(loc) - len(loc_part) + 1))
+        if within and all(f in error["msg"] for f in fragments):
+            return error
+    raise AssertionError(f"no error at {loc_part} with {fragments} in {json.dumps(detail)}")

@@ -1,0 +1,172 @@
+"""POST /v1/plan: model and GPU forms, failed and slow devices, stock (uniform) layouts."""
+
+from __future__ import annotations
+
+from api.schemas import Plan
+from tests.api.support import small_request, stage_devices, verify_plan
+
+LLAMA_HF_CONFIG = {
+    "_name_or_path": "tiny-llama",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+ARCHITECTURE = {
+    "num_layers": 8,
+    "hidden_size": 1024,
+    "ffn_hidden_size": 2816,
+    "num_attention_heads": 16,
+    "num_kv_heads": 4,
+    "vocab_size": 32000,
+    "swiglu": True,
+    "tied_embeddings": False,
+}
+
+
+def post_plan(client, body) -> Plan:
+    response = client.post("/v1/plan", json=body)
+    assert response.status_code == 200, response.text
+    return verify_plan(response.json(), body)
+
+
+def test_small_preset_plan(client):
+    body = small_request()
+    plan = post_plan(client, body)
+    assert plan.model == "llama2-7b"
+    assert plan.excluded_devices == []
+    assert plan.status in {"optimal", "feasible"}
+    assert plan.predicted.tokens_per_s > 0 and 0 < plan.predicted.mfu < 1
+
+
+def test_custom_gpu_object(client):
+    gpu = {"name": "MyAccel", "peak_tflops": 400, "memory_gib": 96}
+    body = small_request(cluster={"num_nodes": 1, "gpus_per_node": 8, "gpu": gpu})
+    plan = post_plan(client, body)
+    assert all(stage.memory_gib <= 96 for replica in plan.replicas for stage in replica.stages)
+
+
+def test_custom_gpu_peak_flops_bounds_iteration_time(client):
+    """The same request on a GPU with half the FLOP/s can not be faster (invariant 7 uses the custom peak)."""
+    fast = post_plan(client, small_request(cluster={"num_nodes": 1, "gpus_per_node": 8,
+                                                    "gpu": {"name": "fast", "peak_tflops": 400, "memory_gib": 80}}))
+    slow = post_plan(client, small_request(cluster={"num_nodes": 1, "gpus_per_node": 8,
+                                                    "gpu": {"name": "slow", "peak_tflops": 200, "memory_gib": 80}}))
+    assert slow.predicted.iteration_time_s > fast.predicted.iteration_time_s
+
+
+def test_architecture_object(client):
+    body = small_request(model={**ARCHITECTURE, "name": "tiny-arch"})
+    plan = post_plan(client, body)
+    assert plan.model == "tiny-arch"
+    assert all(replica.stages[-1].layers[1] == 8 for replica in plan.replicas)
+
+
+def test_hf_config(client):
+    body = small_request(model={"hf_config": LLAMA_HF_CONFIG})
+    plan = post_plan(client, body)
+    assert plan.model == "tiny-llama"
+    assert all(replica.stages[-1].layers[1] == 8 for replica in plan.replicas)
+
+
+def test_hf_config_and_architecture_agree(client):
+    """The same architecture given both ways predicts the same iteration time."""
+    body = {"training": {"global_batch_size": 16, "seq_length": 2048}, "options": {"time_limit_s": 2},
+            "cluster": {"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-80GB"}}
+    from_hf = post_plan(client, {**body, "model": {"hf_config": LLAMA_HF_CONFIG}})
+    from_arch = post_plan(client, {**body, "model": ARCHITECTURE})
+    assert abs(from_hf.predicted.iteration_time_s - from_arch.predicted.iteration_time_s) < 1e-9
+
+
+def test_failed_whole_node_is_excluded(client):
+    body = small_request(failures={"failed": ["1:*"]})
+    plan = post_plan(client, body)
+    node1 = {f"1:{g}" for g in range(8)}
+    assert set(plan.excluded_devices) == node1
+    assert len(plan.excluded_devices) == 8
+    assert not node1 & set(stage_devices(plan))
+    assert not node1 & set(plan.unused_devices)
+
+
+def test_failed_device_is_excluded_and_never_used(client):
+    body = small_request(failures={"failed": ["0:3"]})
+    plan = post_plan(client, body)
+    assert plan.excluded_devices == ["0:3"]
+    assert "0:3" not in stage_devices(plan)
+    assert "0:3" not in plan.unused_devices
+
+
+def test_duplicate_and_overlapping_failures_are_listed_once(client):
+    body = small_request(failures={"failed": ["0:3", "0:3", "0:*"]})
+    plan = post_plan(client, body)
+    assert sorted(plan.excluded_devices) == [f"0:{g}" for g in range(8)]
+
+
+def test_slow_devices_report_their_speed(client):
+    """Every GPU of the only node is slow, so the plan must use slow ones; each stage reports its slowest member."""
+    speeds = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
+    slow = [{"device": f"0:{g}", "speed": s} for g, s in enumerate(speeds)]
+    body = small_request(cluster={"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-80GB"},
+                         failures={"slow": slow}, training={"global_batch_size": 16, "seq_length": 2048})
+    plan = post_plan(client, body)  # checks stage.speed == min(member speeds)
+    used_speeds = {stage.speed for replica in plan.replicas for stage in replica.stages}
+    assert used_speeds and max(used_speeds) <= 1.0
+    assert any(speed < 1.0 for speed in used_speeds), "plan uses only 0:0 yet must report slow members"
+
+
+def test_slow_devices_slow_the_plan_down(client):
+    healthy = post_plan(client, small_request(cluster={"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-80GB"}))
+    all_slow = [{"device": f"0:{g}", "speed": 0.5} for g in range(8)]
+    slowed = post_plan(client, small_request(cluster={"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-80GB"},
+                                             failures={"slow": all_slow}))
+    assert all(stage.speed == 0.5 for replica in slowed.replicas for stage in replica.stages)
+    assert slowed.predicted.iteration_time_s > 1.5 * healthy.predicted.iteration_time_s
+
+
+def test_failed_device_listed_as_slow_is_still_excluded(client):
+    body = small_request(failures={"failed": ["0:3"], "slow": [{"device": "0:3", "speed": 0.5}]})
+    plan = post_plan(client, body)
+    assert plan.excluded_devices == ["0:3"]
+    assert "0:3" not in stage_devices(plan)
+
+
+def test_speed_one_is_accepted(client):
+    body = small_request(failures={"slow": [{"device": "0:1", "speed": 1.0}]})
+    post_plan(client, body)
+
+
+def test_stock_layouts_only_gives_equal_middle_stages(client):
+    """allow_non_uniform false: a layout stock frameworks run (equal middle stages, identical replicas)."""
+    body = small_request(
+        model="qwen2.5-32b",
+        failures={"failed": ["0:3"], "slow": [{"device": "1:2", "speed": 0.5}]},
+        training={"global_batch_size": 64, "seq_length": 4096},
+        options={"time_limit_s": 2, "allow_non_uniform": False},
+    )
+    plan = post_plan(client, body)
+    assert plan.uniform is True
+    first = plan.replicas[0]
+    for replica in plan.replicas:
+        assert [s.tp for s in replica.stages] == [s.tp for s in first.stages]
+        assert [s.layers for s in replica.stages] == [s.layers for s in first.stages]
+        assert replica.num_microbatches == first.num_microbatches
+        middle = [stage.layers[1] - stage.layers[0] for stage in replica.stages[1:-1]]
+        assert len(set(middle)) <= 1, f"middle stages differ: {middle}"
+        assert len({stage.tp for stage in replica.stages}) == 1
+
+
+def test_plan_is_deterministic(client):
+    body = small_request(failures={"failed": ["0:3"]})
+    first = post_plan(client, body).model_dump(exclude={"plan_id", "solver"})
+    second = post_plan(client, body).model_dump(exclude={"plan_id", "solver"})
+    assert first == second

@@ -1,0 +1,52 @@
+"""The cost model, with its stored fitted parameters, meets the issue's fidelity targets.
+
+Fails when someone changes the physics without refitting (`python -m benchmarks.fidelity --fit`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.fidelity import (
+    CALIBRATION_DIR,
+    KORTHIKANTI_TARGET_MAPE,
+    SC21_TARGET_MAPE,
+    korthikanti_memory_rows,
+    load_runs,
+    mape,
+)
+from cost_models.efficiency import EfficiencyParams, fitted_efficiency
+
+
+def test_calibration_copy_matches_every_published_row():
+    sc21 = json.loads((CALIBRATION_DIR / "megatron_sc21_table1.json").read_text())
+    kor = json.loads((CALIBRATION_DIR / "korthikanti_table5.json").read_text())
+    runs = load_runs()
+    assert sum(r.source == "sc21" for r in runs) == len(sc21["rows"]) == 10
+    assert sum(r.source == "korthikanti" for r in runs) == 2 * len(kor["rows"]) == 8
+
+
+def test_sc21_tflops_within_target():
+    assert mape(load_runs(), fitted_efficiency(), "sc21") <= SC21_TARGET_MAPE
+
+
+def test_korthikanti_iteration_times_within_target():
+    assert mape(load_runs(), fitted_efficiency(), "korthikanti") <= KORTHIKANTI_TARGET_MAPE
+
+
+@pytest.mark.parametrize("row", korthikanti_memory_rows(), ids=lambda r: r[0])
+def test_korthikanti_memory_within_two_percent(row):
+    _name, state_published, state_predicted, activations_published, activations_predicted = row
+    assert state_predicted == pytest.approx(state_published, rel=0.02)
+    assert activations_predicted == pytest.approx(activations_published, rel=0.02)
+
+
+def test_fitted_parameters_are_physical():
+    """At most six parameters, each a fraction of a hardware peak or a small overhead."""
+    params = fitted_efficiency()
+    assert len(EfficiencyParams.field_names()) <= 6
+    for name in ("gemm_peak_fraction", "hbm_fraction", "nvlink_fraction", "network_fraction"):
+        assert 0.3 <= getattr(params, name) <= 0.95, name
+    assert 0 < params.layer_overhead_ms < 1.0

@@ -1,0 +1,198 @@
+"""The `resiplan` command line: plan, estimate, and its error handling (exit code 2, message on stderr)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from api.cli import main
+from api.schemas import Plan
+from tests.api.support import EXAMPLES_DIR, estimate_request, small_request, verify_plan
+
+
+def write(tmp_path: Path, body, name: str = "request.json") -> str:
+    path = tmp_path / name
+    path.write_text(body if isinstance(body, str) else json.dumps(body))
+    return str(path)
+
+
+def run_ok(capsys, argv) -> str:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert err == ""
+    return out
+
+
+def run_error(capsys, argv) -> str:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert out == ""
+    assert err.startswith("resiplan: ")
+    assert "Traceback" not in err
+    return err
+
+
+def test_plan_prints_plan_json(tmp_path, capsys):
+    body = small_request(failures={"failed": ["0:3"], "slow": [{"device": "1:1", "speed": 0.5}]})
+    out = run_ok(capsys, ["plan", "--request", write(tmp_path, body)])
+    plan = verify_plan(json.loads(out), body)
+    assert plan.excluded_devices == ["0:3"]
+    assert plan.model == "llama2-7b"
+
+
+def test_plan_sample_scenario(capsys):
+    path = EXAMPLES_DIR / "healthy-32xa100-llama2-7b.json"
+    out = run_ok(capsys, ["plan", "--request", str(path)])
+    verify_plan(json.loads(out), json.loads(path.read_text()))
+
+
+def test_plan_from_stdin(capsys, monkeypatch):
+    body = small_request()
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(body)))
+    out = run_ok(capsys, ["plan", "--request", "-"])
+    verify_plan(json.loads(out), body)
+
+
+def test_plan_table_format(tmp_path, capsys):
+    out = run_ok(capsys, ["plan", "--request", write(tmp_path, small_request()), "--format", "table"])
+    assert "iteration" in out
+    assert "MFU" in out
+    assert "llama2-7b" in out
+    assert "tokens/s" in out
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(out)
+
+
+def test_estimate_prints_the_fixed_layout(tmp_path, capsys):
+    body = estimate_request({"tp": 2, "pp": 2})
+    out = run_ok(capsys, ["estimate", "--request", write(tmp_path, body)])
+    plan = verify_plan(json.loads(out), body)
+    assert plan.uniform is True
+    assert len(plan.replicas) == 8
+    for replica in plan.replicas:
+        assert [s.tp for s in replica.stages] == [2, 2]
+        assert [tuple(s.layers) for s in replica.stages] == [(0, 16), (16, 32)]
+
+
+def test_estimate_table_format(tmp_path, capsys):
+    out = run_ok(capsys, ["estimate", "--request", write(tmp_path, estimate_request({"tp": 2, "pp": 2})), "--format", "table"])
+    assert "iteration" in out and "MFU" in out
+    assert "[0, 16)" in out and "[16, 32)" in out
+
+
+def test_missing_file(tmp_path, capsys):
+    missing = str(tmp_path / "nope.json")
+    err = run_error(capsys, ["plan", "--request", missing])
+    assert "cannot read" in err and "nope.json" in err
+
+
+def test_invalid_json(tmp_path, capsys):
+    err = run_error(capsys, ["plan", "--request", write(tmp_path, '{"cluster": ')])
+    assert "json" in err.lower()
+    assert "invalid" in err.lower() or "not JSON" in err
+
+
+def test_validation_error_names_the_field(tmp_path, capsys):
+    body = small_request(training={"global_batch_size": 0, "seq_length": 2048})
+    err = run_error(capsys, ["plan", "--request", write(tmp_path, body)])
+    assert "invalid request" in err
+    assert "training.global_batch_size" in err
+    assert "greater than or equal to 1" in err
+
+
+def test_unknown_field_is_rejected(tmp_path, capsys):
+    err = run_error(capsys, ["plan", "--request", write(tmp_path, small_request(optionz={}))])
+    assert "optionz" in err and "Extra inputs are not permitted" in err
+
+
+def test_infeasible_request(tmp_path, capsys):
+    body = small_request(model="llama3-405b", cluster={"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-80GB"})
+    err = run_error(capsys, ["plan", "--request", write(tmp_path, body)])
+    assert "TiB" in err and "8 surviving" in err
+
+
+def test_unknown_preset(tmp_path, capsys):
+    err = run_error(capsys, ["plan", "--request", write(tmp_path, small_request(model="gpt5"))])
+    assert "unknown model preset 'gpt5'" in err and "llama2-7b" in err
+
+
+def test_device_out_of_range(tmp_path, capsys):
+    err = run_error(capsys, ["plan", "--request", write(tmp_path, small_request(failures={"failed": ["5:0"]}))])
+    assert "'5:0'" in err and "0..1" in err
+
+
+def test_estimate_without_layout(tmp_path, capsys):
+    err = run_error(capsys, ["estimate", "--request", write(tmp_path, small_request())])
+    assert "layout" in err and "Field required" in err
+
+
+def test_estimate_bad_layout(tmp_path, capsys):
+    err = run_error(capsys, ["estimate", "--request", write(tmp_path, estimate_request({"tp": 3, "pp": 2}))])
+    assert "tp 3" in err and "attention heads" in err
+
+
+def test_estimate_layout_out_of_memory(tmp_path, capsys):
+    body = estimate_request({"tp": 1, "pp": 1, "micro_batch_size": 16, "recompute": "none"})
+    err = run_error(capsys, ["estimate", "--request", write(tmp_path, body)])
+    assert "GiB" in err
+
+
+def test_request_that_is_a_directory(tmp_path, capsys):
+    """An unreadable path is a bad request (exit 2 and a message), not a traceback."""
+    err = run_error(capsys, ["plan", "--request", str(tmp_path)])
+    assert str(tmp_path) in err or "cannot read" in err
+
+
+def test_request_that_is_not_utf8(tmp_path, capsys):
+    path = tmp_path / "binary.json"
+    path.write_bytes(b"\xff\xfe\x00{")
+    err = run_error(capsys, ["plan", "--request", str(path)])
+    assert "binary.json" in err or "UTF-8" in err.upper() or "json" in err.lower()
+
+
+def test_hf_config_with_overflowing_number(tmp_path, capsys):
+    """1e400 is valid JSON; it must be reported as a bad request, not crash the command."""
+    body = json.dumps(small_request(model={"hf_config": {"num_hidden_layers": 4, "hidden_size": 512,
+                                                           "num_attention_heads": 8, "vocab_size": 1000}}))
+    body = body.replace('"num_hidden_layers": 4', '"num_hidden_layers": 1e400')
+    err = run_error(capsys, ["plan", "--request", write(tmp_path, body)])
+    assert "hf_config" in err or "num_hidden_layers" in err
+
+
+def test_usage_error_exits_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan"])
+    assert exit_info.value.code == 2
+    assert "--request" in capsys.readouterr().err
+
+
+def _console_script() -> str:
+    candidate = Path(sys.executable).parent / "resiplan"
+    found = str(candidate) if candidate.exists() else shutil.which("resiplan")
+    assert found, "console script resiplan is not installed"
+    return found
+
+
+def test_console_script_plan(tmp_path):
+    body = small_request()
+    result = subprocess.run([_console_script(), "plan", "--request", write(tmp_path, body)],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    plan = Plan.model_validate_json(result.stdout)
+    verify_plan(plan.model_dump(mode="json"), body)
+
+
+def test_console_script_error_exit_code(tmp_path):
+    result = subprocess.run([_console_script(), "plan", "--request", str(tmp_path / "absent.json")],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "resiplan: cannot read" in result.stderr and "absent.json" in result.stderr
