@@ -38,7 +38,7 @@ def render_table(plan: Plan, console: Console | None = None) -> None:
     for ids in groups.values():
         replica = plan.replicas[ids[0]]
         table = Table(title=f"replicas {_ranges(ids)}: {replica.num_microbatches} microbatches each")
-        for column in ("stage", "layers", "devices (replica %d)" % replica.id, "tp", "speed", "memory GiB", "fwd ms", "bwd ms"):
+        for column in ("stage", "layers", f"devices (replica {replica.id})", "tp", "speed", "memory GiB", "fwd ms", "bwd ms"):
             table.add_column(column)
         for stage in replica.stages:
             devices = ", ".join(stage.devices) if len(stage.devices) <= 4 else f"{stage.devices[0]} .. {stage.devices[-1]}"

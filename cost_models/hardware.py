@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
+
+from cost_models.preset_files import preset_table
 
 GIB = 1024**3
 
@@ -33,16 +32,10 @@ class GpuSpec:
         return self.memory_gib * GIB
 
 
-@cache
-def _gpu_table() -> dict[str, dict]:
-    text = resources.files(__package__).joinpath("presets/gpus.json").read_text()
-    return {name: spec for name, spec in json.loads(text).items() if not name.startswith("_")}
-
-
 def gpu_preset_names() -> list[str]:
-    return sorted(_gpu_table())
+    return sorted(preset_table("gpus.json"))
 
 
 def gpu_preset(name: str) -> GpuSpec:
     """The preset GPU called `name`; KeyError if there is none."""
-    return GpuSpec(name=name, **_gpu_table()[name])
+    return GpuSpec(name=name, **preset_table("gpus.json")[name])

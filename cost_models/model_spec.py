@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import Any
+
+from cost_models.preset_files import preset_table
 
 
 @dataclass(frozen=True)
@@ -62,19 +61,13 @@ class ModelSpec:
         return self.num_layers * self.params_per_layer + self.embedding_params + head + self.hidden_size
 
 
-@cache
-def _model_table() -> dict[str, dict]:
-    text = resources.files(__package__).joinpath("presets/models.json").read_text()
-    return {name: spec for name, spec in json.loads(text).items() if not name.startswith("_")}
-
-
 def model_preset_names() -> list[str]:
-    return sorted(_model_table())
+    return sorted(preset_table("models.json"))
 
 
 def model_preset(name: str) -> ModelSpec:
     """The preset model called `name`; KeyError if there is none."""
-    return ModelSpec(name=name, **_model_table()[name])
+    return ModelSpec(name=name, **preset_table("models.json")[name])
 
 
 class HfConfigError(ValueError):
