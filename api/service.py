@@ -8,7 +8,7 @@ from dataclasses import replace
 from api.convert import to_problem, to_wire
 from api.schemas import EstimateRequest, Plan, PlanRequest
 from planner.estimate import FixedLayout, estimate_layout
-from planner.plan import plan_uniform
+from planner.plan import plan, plan_uniform
 
 
 def new_plan_id() -> str:
@@ -19,7 +19,7 @@ def plan_for(request: PlanRequest, max_time_limit_s: float | None = None) -> Pla
     problem = to_problem(request)
     if max_time_limit_s is not None and problem.time_limit_s > max_time_limit_s:
         problem = replace(problem, time_limit_s=max_time_limit_s)
-    return to_wire(plan_uniform(problem), new_plan_id())
+    return to_wire(plan(problem), new_plan_id())
 
 
 def estimate_for(request: EstimateRequest) -> Plan:

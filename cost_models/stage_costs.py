@@ -56,7 +56,7 @@ class StageCostTerms:
     grad_bytes_per_param: float
     dp_bandwidth_intra_gb_s: float
     dp_bandwidth_inter_gb_s: float
-    dp_ranks_per_node: int
+    groups_per_node: int  # TP groups of this size per node
     optimizer_ms_per_param: float
     bucket_params: float
     overlap_grad_reduce: bool
@@ -66,12 +66,14 @@ class StageCostTerms:
         shape = self.shape
         return in_flight_microbatches(shape.schedule, stage, shape.pp, self.num_microbatches, shape.virtual_stages)
 
-    def dp_sync_ms(self, params: float) -> float:
-        """Gradient all-reduce (or reduce-scatter + all-gather with ZeRO-1) of `params` per GPU."""
+    def dp_sync_ms(self, params: float, ranks: int | None = None) -> float:
+        """Gradient all-reduce (or reduce-scatter + all-gather with ZeRO-1) of `params` per GPU
+        over `ranks` replicas (default: the shape's dp), peers sharing a node while they fit."""
+        ranks = self.shape.dp if ranks is None else ranks
         return 1e3 * hierarchical_all_reduce_s(
             params * self.grad_bytes_per_param,
-            self.shape.dp,
-            self.dp_ranks_per_node,
+            ranks,
+            min(ranks, self.groups_per_node),
             self.dp_bandwidth_intra_gb_s,
             self.dp_bandwidth_inter_gb_s,
         )
@@ -140,7 +142,6 @@ def stage_cost_terms(
     # peers share a node while they fit, pipeline neighbours cross nodes
     # unless the whole job fits in one.
     groups_per_node = max(1, hardware.gpus_per_node // tp)
-    dp_per_node = min(shape.dp, groups_per_node)
     same_node_p2p = shape.devices <= hardware.gpus_per_node
     p2p_ms = 0.0
     if shape.pp > 1:
@@ -169,7 +170,7 @@ def stage_cost_terms(
         grad_bytes_per_param=float(software.grad_reduce_bytes),
         dp_bandwidth_intra_gb_s=intra * efficiency.nvlink_fraction,
         dp_bandwidth_inter_gb_s=hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction,
-        dp_ranks_per_node=dp_per_node,
+        groups_per_node=groups_per_node,
         optimizer_ms_per_param=optimizer_ms_per_param,
         bucket_params=float(software.ddp_bucket_params),
         overlap_grad_reduce=software.overlap_grad_reduce,

@@ -91,24 +91,6 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
             ))
         replicas.append(ReplicaResult(id=replica_id, num_microbatches=terms.num_microbatches, stages=tuple(stages)))
 
-    excluded = sorted(cluster.failed)
-    unused = [
-        (node, gpu)
-        for node in range(cluster.num_nodes)
-        for gpu in range(cluster.gpus_per_node)
-        if (node, gpu) not in used and (node, gpu) not in cluster.failed
-    ]
-
-    workload = problem.workload
-    iteration_s = found.objective_ms / 1e3
-    model_flops = iteration_model_flops(workload.model, workload.seq_length, workload.global_batch_size)
-    peak_flops = len(used) * problem.hardware.gpu.peak_tflops * 1e12
-    predicted = PredictedResult(
-        iteration_time_s=round(iteration_s, 6),
-        tokens_per_s=round(workload.global_batch_size * workload.seq_length / iteration_s, 1),
-        mfu=round(model_flops / (iteration_s * peak_flops), 4),
-        breakdown={k: round(v, 6) for k, v in found.estimate.breakdown_s.items()},
-    )
     solver = SolverResult(
         status="OPTIMAL" if found.optimal else "FEASIBLE",
         wall_time_s=round(found.wall_time_s, 3),
@@ -118,15 +100,62 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
         candidates_total=found.candidates_total,
         candidates_solved=found.candidates_solved,
     )
+    return finish_plan(
+        problem, tuple(replicas), used, found.objective_ms, found.estimate.breakdown_s, solver,
+        micro_batch_size=shape.micro_batch_size, schedule=shape.schedule,
+        virtual_stages=shape.virtual_stages, recompute=shape.recompute,
+    )
+
+
+def is_uniform(replicas: tuple[ReplicaResult, ...]) -> bool:
+    """API.md invariant 6: same stage count, TP per position, layer split and microbatches."""
+    signatures = {
+        (tuple(s.tp for s in r.stages), tuple(s.layers for s in r.stages), r.num_microbatches) for r in replicas
+    }
+    return len(signatures) == 1
+
+
+def finish_plan(
+    problem: PlanningProblem,
+    replicas: tuple[ReplicaResult, ...],
+    used: set[tuple[int, int]],
+    iteration_ms: float,
+    breakdown_s: dict[str, float],
+    solver: SolverResult,
+    *,
+    micro_batch_size: int,
+    schedule: str,
+    virtual_stages: int,
+    recompute: str,
+) -> PlanResult:
+    """Everything a plan reports beyond its replicas: device accounting, predictions, solver status."""
+    cluster = problem.cluster
+    excluded = sorted(cluster.failed)
+    unused = [
+        (node, gpu)
+        for node in range(cluster.num_nodes)
+        for gpu in range(cluster.gpus_per_node)
+        if (node, gpu) not in used and (node, gpu) not in cluster.failed
+    ]
+    workload = problem.workload
+    iteration_s = iteration_ms / 1e3
+    model_flops = iteration_model_flops(workload.model, workload.seq_length, workload.global_batch_size)
+    peak_flops = len(used) * problem.hardware.gpu.peak_tflops * 1e12
+    predicted = PredictedResult(
+        iteration_time_s=round(iteration_s, 6),
+        tokens_per_s=round(workload.global_batch_size * workload.seq_length / iteration_s, 1),
+        mfu=round(model_flops / (iteration_s * peak_flops), 4),
+        breakdown={k: round(v, 6) for k, v in breakdown_s.items()},
+    )
     return PlanResult(
-        status="optimal" if found.optimal else "feasible",
-        uniform=True,
-        micro_batch_size=shape.micro_batch_size,
-        schedule=shape.schedule,
-        virtual_stages=shape.virtual_stages,
-        recompute=shape.recompute,
+        status="optimal" if solver.status == "OPTIMAL" else "feasible",
+        uniform=is_uniform(replicas),
+        micro_batch_size=micro_batch_size,
+        schedule=schedule,
+        virtual_stages=virtual_stages,
+        recompute=recompute,
         zero_stage=workload.zero_stage,
-        replicas=tuple(replicas),
+        replicas=replicas,
         unused_devices=tuple(device_id(n, g) for n, g in unused),
         excluded_devices=tuple(device_id(n, g) for n, g in excluded),
         predicted=predicted,

@@ -1,16 +1,120 @@
-"""Planner entry point: problem in, plan out."""
+"""Planner entry points: problem in, plan out.
+
+`plan` searches the uniform space (`search.py`) and, when non-uniform layouts
+are allowed, the failure-aware non-uniform space (`nonuniform.py`) with the
+uniform optimum as incumbent; the answer is the better of the two, optimal
+over their union when both searches finish.
+"""
 
 from __future__ import annotations
 
-from planner.assemble import assemble_plan
+import time
+from dataclasses import replace
+
+from cost_models.pipeline import pipeline_time_ms
+from planner.assemble import assemble_plan, finish_plan
+from planner.assemble_nonuniform import assemble_replicas
+from planner.errors import InfeasibleError
+from planner.infeasibility import explain_infeasible
+from planner.nonuniform import NonUniformLayout, NonUniformResult, search_nonuniform
 from planner.problem import PlanningProblem
-from planner.result import PlanResult
-from planner.search import search
+from planner.result import PlanResult, SolverResult
+from planner.search import SearchResult, search
+
+# Share of the time limit the uniform search may use before the non-uniform one starts.
+UNIFORM_TIME_SHARE = 0.4
 
 
 def plan_uniform(problem: PlanningProblem) -> PlanResult:
-    """The best uniform layout on the healthy devices under the cost model.
-
-    Raises InfeasibleError (with the numbers) when nothing fits.
-    """
+    """The best uniform layout on the healthy devices under the cost model."""
     return assemble_plan(problem, search(problem))
+
+
+def plan(problem: PlanningProblem) -> PlanResult:
+    """The best layout for the cluster as it is now (uniform only when `stock_layouts_only`)."""
+    if problem.stock_layouts_only:
+        return plan_uniform(problem)
+    started = time.monotonic()
+    deadline = started + problem.time_limit_s
+    try:
+        uniform: SearchResult | None = search(replace(problem, time_limit_s=problem.time_limit_s * UNIFORM_TIME_SHARE))
+    except InfeasibleError:
+        uniform = None
+    incumbent = uniform.objective_ms if uniform is not None else float("inf")
+    found = search_nonuniform(problem, incumbent, deadline)
+    if found.layout is None:
+        if uniform is None:
+            raise InfeasibleError(explain_infeasible(problem))
+        return _uniform_with_combined_status(problem, uniform, found, started)
+    return _assemble_nonuniform(problem, found, uniform, started)
+
+
+def _combined_bound(uniform: SearchResult | None, found: NonUniformResult, value: float) -> tuple[float, bool]:
+    uniform_bound = uniform.bound_ms if uniform is not None else float("inf")
+    uniform_done = uniform is None or uniform.optimal
+    bound = min(value, uniform_bound, found.bound_ms)
+    optimal = uniform_done and found.exhausted and bound >= value * (1 - 1e-6)
+    return (value if optimal else bound), optimal
+
+
+def _solver(value: float, bound: float, optimal: bool, started: float, total: int, solved: int) -> SolverResult:
+    return SolverResult(
+        status="OPTIMAL" if optimal else "FEASIBLE",
+        wall_time_s=round(time.monotonic() - started, 3),
+        gap=round(max(0.0, (value - bound) / value) if value > 0 else 0.0, 6),
+        objective_ms=round(value, 3),
+        bound_ms=round(bound, 3),
+        candidates_total=total,
+        candidates_solved=solved,
+    )
+
+
+def _uniform_with_combined_status(
+    problem: PlanningProblem, uniform: SearchResult, found: NonUniformResult, started: float
+) -> PlanResult:
+    bound, optimal = _combined_bound(uniform, found, uniform.objective_ms)
+    result = assemble_plan(problem, uniform)
+    solver = _solver(uniform.objective_ms, bound, optimal, started,
+                     uniform.candidates_total + found.outer_total, uniform.candidates_solved + found.outer_solved)
+    return replace(result, solver=solver, status="optimal" if optimal else "feasible")
+
+
+def _breakdown(layout: NonUniformLayout) -> dict[str, float]:
+    """Seconds on the slowest replica's bottleneck stage; the parts sum to the iteration."""
+    v = layout.outer.virtual_stages
+    slowest = max(layout.replica_plan(), key=lambda item: pipeline_time_ms(item[0].stage_ms, max(item[1]), v))
+    template, microbatches = slowest
+    m = max(microbatches)
+    pipeline = pipeline_time_ms(template.stage_ms, m, v)
+    k = max(range(len(template.stage_ms)), key=lambda i: template.stage_ms[i])
+    stage = template.timings[k]
+    sync_and_step = layout.iteration_ms - pipeline
+    used = [t for t, n in zip(layout.templates, layout.allocation.replicas_per_template) if n > 0]
+    optimizer = max(t.optimizer_ms for t in used)
+    return {
+        "compute_s": m * stage.compute_ms / 1e3,
+        "tp_comm_s": m * stage.tp_comm_ms / 1e3,
+        "pp_comm_s": m * stage.p2p_ms / 1e3,
+        "pipeline_bubble_s": (pipeline - m * stage.total_ms) / 1e3,
+        "dp_comm_s": (sync_and_step - optimizer) / 1e3,
+        "optimizer_s": optimizer / 1e3,
+    }
+
+
+def _assemble_nonuniform(
+    problem: PlanningProblem, found: NonUniformResult, uniform: SearchResult | None, started: float
+) -> PlanResult:
+    layout = found.layout
+    replicas, used = assemble_replicas(problem, layout)
+    bound, optimal = _combined_bound(uniform, found, layout.iteration_ms)
+    total = found.outer_total + (uniform.candidates_total if uniform else 0)
+    solved = found.outer_solved + (uniform.candidates_solved if uniform else 0)
+    outer = layout.outer
+    return finish_plan(
+        problem, tuple(replicas), used, layout.iteration_ms, _breakdown(layout),
+        _solver(layout.iteration_ms, bound, optimal, started, total, solved),
+        micro_batch_size=outer.micro_batch_size,
+        schedule="interleaved" if outer.virtual_stages > 1 else "1f1b",
+        virtual_stages=outer.virtual_stages,
+        recompute=outer.recompute,
+    )

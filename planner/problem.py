@@ -64,7 +64,13 @@ class PlanningProblem:
 
     @property
     def recompute_modes(self) -> tuple[str, ...]:
-        return RECOMPUTE_CHOICES if self.recompute == "auto" else (self.recompute,)
+        """Modes to search. With flash attention, selective recompute stores exactly what no
+        recompute stores (the score matrix never exists) and computes more, so `auto` skips it."""
+        if self.recompute != "auto":
+            return (self.recompute,)
+        if self.software.flash_attention:
+            return tuple(mode for mode in RECOMPUTE_CHOICES if mode != "selective")
+        return RECOMPUTE_CHOICES
 
     @property
     def micro_batch_sizes(self) -> tuple[int, ...]:

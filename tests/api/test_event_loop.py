@@ -45,14 +45,14 @@ def server(tmp_path):
 
 def test_health_check_answers_while_a_plan_is_solving(server, monkeypatch):
     entered, release = threading.Event(), threading.Event()
-    real_plan = api.service.plan_uniform
+    real_plan = api.service.plan
 
     def held_plan(problem):
         entered.set()
         assert release.wait(timeout=30), "test never released the planner"
         return real_plan(problem)
 
-    monkeypatch.setattr(api.service, "plan_uniform", held_plan)
+    monkeypatch.setattr(api.service, "plan", held_plan)
     result: dict[str, httpx.Response] = {}
 
     def post_plan():

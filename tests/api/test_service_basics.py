@@ -124,13 +124,13 @@ def test_time_limit_is_capped_by_settings(tmp_path, monkeypatch):
     import api.service
 
     seen: list[float] = []
-    original = api.service.plan_uniform
+    original = api.service.plan
 
     def spy(problem):
         seen.append(problem.time_limit_s)
         return original(problem)
 
-    monkeypatch.setattr(api.service, "plan_uniform", spy)
+    monkeypatch.setattr(api.service, "plan", spy)
     body = small_request(options={"time_limit_s": 3600})
     settings = Settings(database_url=f"sqlite:///{tmp_path}/cap.db", max_time_limit_s=0.5)
     with TestClient(create_app(settings)) as capped:

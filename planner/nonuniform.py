@@ -1,0 +1,308 @@
+"""Failure-aware search over non-uniform layouts: outer branch and bound, CP-SAT allocation inside.
+
+Outer choices (base TP size, stage count, micro-batch size, recompute,
+chunks) are ordered by a lower bound valid for every layout they allow:
+with C the summed per-layer throughput of every TP group the nodes can form
+and R the most replicas, any replica r running m_r microbatches takes at
+least (m_r - 1/v) L / C_r + L a_min / v, so summing the microbatches gives
+    T >= (N - R / v) L / C + L a_min / v,
+which is tight for balanced layouts. For each outer choice whose bound can
+still beat the incumbent, templates are built and CP-SAT allocates them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+
+from cost_models.nonuniform import nonuniform_iteration_ms
+from planner.allocation import Allocation, AllocationInput, solve_allocation
+from planner.candidates import tensor_parallel_sizes
+from planner.partitions import NodeClass, Partition, StageType, damaged_classes, node_partitions
+from planner.problem import MAX_VIRTUAL_STAGES, PlanningProblem
+from cost_models.stage_costs import max_layers_fitting
+from cost_models.iteration import stage_time
+from planner.templates import SHORTER_PIPELINES, OuterChoice, Template, TermsCache, best_split, enumerate_templates
+
+PRUNE_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class NonUniformLayout:
+    outer: OuterChoice
+    templates: tuple[Template, ...]
+    allocation: Allocation
+    classes: tuple[NodeClass, ...]
+    partitions: tuple[tuple[Partition, ...], ...]
+    iteration_ms: float
+
+    def replica_plan(self) -> list[tuple[Template, list[int]]]:
+        """Per used template, the microbatches of each of its replicas (balanced, heaviest first)."""
+        out = []
+        for template, count, work in zip(self.templates, self.allocation.replicas_per_template,
+                                         self.allocation.microbatches_per_template):
+            if count == 0:
+                continue
+            base, extra = divmod(work, count)
+            out.append((template, [base + 1 if i < extra else base for i in range(count)]))
+        return out
+
+
+@dataclass(frozen=True)
+class NonUniformResult:
+    layout: NonUniformLayout | None
+    bound_ms: float
+    exhausted: bool
+    outer_total: int
+    outer_solved: int
+
+
+def evaluate_layout(layout_templates, allocation: Allocation, virtual_stages: int) -> float:
+    """Iteration time of an allocation, recomputed from the cost model (not from the solver's ticks)."""
+    used = [(t, n, w) for t, n, w in zip(layout_templates, allocation.replicas_per_template,
+                                         allocation.microbatches_per_template) if n > 0]
+    mixed = len(used) > 1
+    replicas = [(t.stage_ms, -(-w // n)) for t, n, w in used]
+    syncs = [t.sync_resharded_ms if mixed else t.sync_uniform_ms for t, _, _ in used]
+    optimizers = [t.optimizer_ms for t, _, _ in used]
+    return nonuniform_iteration_ms(replicas, virtual_stages, syncs, optimizers)
+
+
+@dataclass(frozen=True)
+class _Inventory:
+    base: StageType
+    healthy_base_groups: int
+    classes: tuple[NodeClass, ...]
+    partitions: tuple[tuple[Partition, ...], ...]
+    degraded: tuple[StageType, ...]
+    most_groups: int
+
+    def degraded_types(self) -> list[StageType]:
+        return list(self.degraded)
+
+    def group_count_bound(self) -> int:
+        return self.most_groups
+
+
+def _inventory(problem: PlanningProblem, tp: int, sizes: list[int]) -> _Inventory:
+    cluster = problem.cluster
+    classes = tuple(damaged_classes(cluster))
+    allowed = tuple(s for s in sizes if s <= tp)
+    partitions = tuple(tuple(node_partitions(c.profile, allowed)) for c in classes)
+    healthy_nodes = cluster.num_nodes - len(cluster.damaged_nodes)
+    base = StageType(tp, 1.0)
+    healthy_groups = healthy_nodes * (cluster.gpus_per_node // tp)
+    degraded = tuple(sorted({g for ps in partitions for p in ps for g in p.groups if g != base}))
+    most = healthy_groups + sum(len(c.nodes) * max((len(p.groups) for p in ps), default=0) for c, ps in zip(classes, partitions))
+    return _Inventory(base, healthy_groups, classes, partitions, degraded, most)
+
+
+def _per_layer_ms(cache: TermsCache, stage_type: StageType) -> float:
+    terms = cache.terms(stage_type.tp, 1)
+    time = terms.layer.time
+    return (time.forward_compute_ms + time.backward_compute_ms) / stage_type.speed + time.forward_tp_comm_ms + time.backward_tp_comm_ms
+
+
+def _ends_in_layers(cache: TermsCache, tps: list[int]) -> float:
+    """Embedding plus head work in units of one layer of the same TP size (least over sizes)."""
+    ratios = []
+    for tp in tps:
+        terms = cache.terms(tp, 2)
+        ends = sum(p.time.forward_ms + p.time.backward_ms for p in (terms.embedding, terms.head))
+        ratios.append(ends / (terms.layer.time.forward_ms + terms.layer.time.backward_ms))
+    return min(ratios)
+
+
+def shortest_fitting_length(problem: PlanningProblem, outer: OuterChoice, cache: TermsCache) -> int | None:
+    """Fewest stages (pp - 2 .. pp) of a base-only template that fits memory; lower-TP stages
+    need more memory at every position, so no template is shorter. None if none fits."""
+    for stages in range(max(1, outer.pp - SHORTER_PIPELINES), outer.pp + 1):
+        caps = [max_layers_fitting(cache.terms(outer.tp, stages), i, problem.hardware.gpu.memory_bytes) for i in range(stages)]
+        units = problem.workload.model.num_layers // outer.virtual_stages
+        unit_caps = [min(c // outer.virtual_stages, units) for c in caps]
+        if min(unit_caps) >= 1 and sum(unit_caps) >= units and units >= stages:
+            return stages
+    return None
+
+
+@dataclass(frozen=True)
+class _Capacity:
+    """Per-layer figures of one (tp, micro-batch size, recompute): they do not depend on pp or v.
+
+    work: layers plus embedding and head, in layer units; throughput: layers per ms all the
+    groups the nodes can form achieve together; fastest: the least per-layer time of any group.
+    """
+
+    work: float
+    throughput: float
+    fastest: float
+
+
+def _capacity_summary(problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory) -> _Capacity:
+    cache = TermsCache(problem, OuterChoice(outer.tp, 1, outer.micro_batch_size, outer.recompute), 1)
+    per_layer = {g: _per_layer_ms(cache, g) for g in (inventory.base, *inventory.degraded)}
+    throughput = inventory.healthy_base_groups / per_layer[inventory.base]
+    for node_class, partitions in zip(inventory.classes, inventory.partitions):
+        best = max((sum(1 / per_layer[g] for g in p.groups) for p in partitions), default=0.0)
+        throughput += len(node_class.nodes) * best
+    sizes = sorted({g.tp for g in per_layer})
+    work = problem.workload.model.num_layers + _ends_in_layers(cache, sizes)
+    return _Capacity(work, throughput, min(per_layer.values()))
+
+
+def _lower_bound_ms(problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory, capacity: _Capacity, shortest: int) -> float:
+    """The larger of two bounds, E the embedding and head in layer units, R the most replicas
+    (pipelines of at least `shortest` stages, each running a microbatch):
+      balanced:  (N - R / v) (L + E) / C + (L + E) a_min / v
+      busiest:   (ceil(N / R) - 1 / v) (L + E) a_min / pp + (L + E) a_min / v."""
+    total = problem.workload.global_batch_size // outer.micro_batch_size
+    v = outer.virtual_stages
+    if capacity.throughput <= 0:
+        return float("inf")
+    work, fastest = capacity.work, capacity.fastest
+    most_replicas = max(1, min(total, inventory.group_count_bound() // shortest))
+    balanced = max(0.0, (total - most_replicas / v) * work / capacity.throughput) + work * fastest / v
+    # Some replica runs ceil(N / R) microbatches, on at most pp stages of the fastest kind.
+    busiest = (-(-total // most_replicas) - 1 / v) * work * fastest / outer.pp + work * fastest / v
+    return max(balanced, busiest)
+
+
+def _memory_replicas(problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory) -> int:
+    """Replicas ZeRO-1 memory is computed for; the allocation must build at least this many."""
+    if problem.workload.zero_stage < 1:
+        return 1
+    microbatches = problem.workload.global_batch_size // outer.micro_batch_size
+    return max(1, min(microbatches, inventory.healthy_base_groups // outer.pp))
+
+
+def outer_choices(problem: PlanningProblem) -> list[OuterChoice]:
+    layers = problem.workload.model.num_layers
+    batch = problem.workload.global_batch_size
+    out = []
+    for tp in tensor_parallel_sizes(problem):
+        for mbs in problem.micro_batch_sizes:
+            if batch % mbs:
+                continue
+            for pp in range(1, layers + 1):
+                chunks = [1] + [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if pp >= 2 and layers % v == 0 and layers // v >= pp]
+                for v in chunks:
+                    for recompute in problem.recompute_modes:
+                        out.append(OuterChoice(tp, pp, mbs, recompute, v))
+    return out
+
+
+def _base_bottleneck_ms(problem: PlanningProblem, outer: OuterChoice, cache: TermsCache, stages: int) -> float | None:
+    """Bottleneck of the base-only template with `stages` stages (None if it does not fit)."""
+    base = StageType(outer.tp, 1.0)
+    per_layer, fixed, caps = [], [], []
+    terms = cache.terms(outer.tp, stages)
+    for i in range(stages):
+        zero = stage_time(terms, i, 0, base.speed).total_ms
+        per_layer.append(stage_time(terms, i, 1, base.speed).total_ms - zero)
+        fixed.append(zero)
+        caps.append(max_layers_fitting(terms, i, problem.hardware.gpu.memory_bytes))
+    split = best_split(per_layer, fixed, caps, problem.workload.model.num_layers, outer.virtual_stages)
+    if split is None:
+        return None
+    return max(n * a + b for n, a, b in zip(split, per_layer, fixed))
+
+
+def _strong_lower_bound_ms(
+    problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory, cache: TermsCache, capacity: _Capacity
+) -> float:
+    """A tighter bound using each allowed length's exact base bottleneck M(p).
+
+    Weaker stages never lower a min-max split, so every replica of p stages
+    has M_r >= M(p); with S_r >= W = (L + E) a_min and sum p_r <= G groups,
+        T >= W / v + min_p (N p / G - 1 / v) M(p),
+    and the busiest replica (ceil(N / R) microbatches) gives
+        T >= W / v + (ceil(N / R) - 1 / v) min_p M(p).
+    """
+    total = problem.workload.global_batch_size // outer.micro_batch_size
+    v = outer.virtual_stages
+    fill = capacity.work * capacity.fastest / v
+    groups = inventory.group_count_bound()
+    bottlenecks = {}
+    for stages in range(max(1, outer.pp - SHORTER_PIPELINES), outer.pp + 1):
+        bottleneck = _base_bottleneck_ms(problem, outer, cache, stages)
+        if bottleneck is not None:
+            bottlenecks[stages] = bottleneck
+    if not bottlenecks or groups == 0:
+        return float("inf")
+    balanced = fill + min((total * p / groups - 1 / v) * m for p, m in bottlenecks.items())
+    most_replicas = max(1, min(total, groups // min(bottlenecks)))
+    busiest = fill + (-(-total // most_replicas) - 1 / v) * min(bottlenecks.values())
+    return max(balanced, busiest)
+
+
+def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: float) -> NonUniformResult:
+    """Best non-uniform layout better than `incumbent_ms`, or none; bound over what was not excluded.
+
+    Outer choices sit in a priority queue keyed by their bound; the cheap
+    capacity bound orders them first, and an outer choice reaching the front
+    gets its strong bound and goes back in, so CP-SAT runs only where the
+    strong bound still beats the incumbent.
+    """
+    sizes = tensor_parallel_sizes(problem)
+    total = problem.workload.global_batch_size
+    inventories = {tp: _inventory(problem, tp, sizes) for tp in sizes}
+    queue: list[tuple[float, int, bool, OuterChoice]] = []
+    capacities: dict[tuple[int, int, str], _Capacity] = {}
+    for index, outer in enumerate(outer_choices(problem)):
+        inventory = inventories[outer.tp]
+        key = (outer.tp, outer.micro_batch_size, outer.recompute)
+        if key not in capacities:
+            capacities[key] = _capacity_summary(problem, outer, inventory)
+        cache = TermsCache(problem, outer, _memory_replicas(problem, outer, inventory))
+        shortest = shortest_fitting_length(problem, outer, cache)
+        if shortest is None:
+            continue
+        queue.append((_lower_bound_ms(problem, outer, inventory, capacities[key], shortest), index, False, outer))
+    heapq.heapify(queue)
+    considered = len(queue)
+
+    best: NonUniformLayout | None = None
+    best_ms = incumbent_ms
+    bound = float("inf")
+    exhausted = True
+    solved = 0
+    while queue:
+        lower, index, strong, outer = heapq.heappop(queue)
+        if lower >= best_ms * (1 - PRUNE_TOLERANCE):
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            exhausted = False
+            bound = min(bound, lower)
+            break
+        inventory = inventories[outer.tp]
+        memory_replicas = _memory_replicas(problem, outer, inventory)
+        cache = TermsCache(problem, outer, memory_replicas)
+        if not strong:
+            capacity = capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
+            tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity))
+            if tighter < float("inf"):
+                heapq.heappush(queue, (tighter, index, True, outer))
+            continue
+        microbatches = total // outer.micro_batch_size
+        replicas_bound = max(1, inventory.group_count_bound() // max(1, outer.pp - SHORTER_PIPELINES))
+        templates = enumerate_templates(problem, outer, cache, inventory.degraded_types(), replicas_bound)
+        if not templates:
+            continue
+        data = AllocationInput(
+            templates=templates, base=inventory.base, healthy_base_groups=inventory.healthy_base_groups,
+            classes=list(inventory.classes), partitions=[list(p) for p in inventory.partitions],
+            microbatches=microbatches, virtual_stages=outer.virtual_stages, min_replicas=memory_replicas,
+        )
+        allocation = solve_allocation(data, remaining, problem.random_seed, floor_ms=lower, ceiling_ms=best_ms)
+        solved += 1
+        if allocation is None:
+            continue
+        if not allocation.optimal:
+            bound = min(bound, allocation.bound_ms)
+        value = evaluate_layout(templates, allocation, outer.virtual_stages)
+        if value < best_ms:
+            best_ms = value
+            best = NonUniformLayout(outer, tuple(templates), allocation, inventory.classes, inventory.partitions, value)
+    return NonUniformResult(best, bound, exhausted, considered, solved)

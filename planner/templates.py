@@ -1,0 +1,235 @@
+"""Replica templates: a sequence of stage types, its layer split and its costs.
+
+A template is a pipeline of `pp`, `pp - 1` or `pp - 2` stages of one of two
+kinds: base groups with at most one degraded stage (a group of lower TP or
+slower than the healthy base group), which then sits in a middle position
+(the ends carry the embedding and the head); or every stage the same degraded
+type (a pipeline built from damaged nodes' groups alone).
+
+Its layer split minimizes the bottleneck stage time, then the sum of stage
+times (what the pipeline pays per microbatch, then in fill and drain), under
+each stage's memory cap. Stage i takes n_i layers at a_i per layer plus b_i
+fixed, so the smallest feasible bottleneck M is the least M with
+sum_i min(cap_i, floor((M - b_i) / a_i)) >= L; given M, the sum is smallest
+when the remaining layers go to the stages with the smallest a_i first.
+Both steps are exact.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass
+
+from cost_models.iteration import StageTime, stage_time
+from cost_models.layout import ParallelShape
+from cost_models.nonuniform import exposed_sync_ms, resharded_sync_ms
+from cost_models.stage_costs import PartSet, StageCostTerms, max_layers_fitting, part_costs, stage_cost_terms
+from planner.partitions import StageType
+from planner.problem import PlanningProblem
+
+SHORTER_PIPELINES = 2
+
+
+@dataclass(frozen=True)
+class OuterChoice:
+    """What every replica shares: base TP size, nominal stage count, micro-batch size, recompute, chunks."""
+
+    tp: int
+    pp: int
+    micro_batch_size: int
+    recompute: str
+    virtual_stages: int = 1
+
+
+@dataclass(frozen=True)
+class Template:
+    stage_types: tuple[StageType, ...]
+    layers_per_stage: tuple[int, ...]
+    timings: tuple[StageTime, ...]
+    forward_ms: tuple[float, ...]
+    backward_ms: tuple[float, ...]
+    memory_bytes: tuple[float, ...]
+    params_per_gpu: tuple[float, ...]
+    bottleneck_ms: float
+    total_ms: float
+    sync_uniform_ms: float  # exposed, when every replica has this template
+    sync_resharded_ms: float  # exposed, when replicas differ
+    optimizer_ms: float
+    base_groups: int
+    degraded: tuple[tuple[StageType, int], ...]
+
+    @property
+    def stage_ms(self) -> tuple[float, ...]:
+        return tuple(f + b for f, b in zip(self.forward_ms, self.backward_ms))
+
+    def degraded_counts(self) -> Counter[StageType]:
+        return Counter(dict(self.degraded))
+
+
+class TermsCache:
+    """StageCostTerms per (tp, stages) for one outer choice; layer costs shared per tp."""
+
+    def __init__(self, problem: PlanningProblem, outer: OuterChoice, memory_replicas: int) -> None:
+        self._problem = problem
+        self._outer = outer
+        self._replicas = memory_replicas
+        self._parts: dict[int, PartSet] = {}
+        self._terms: dict[tuple[int, int], StageCostTerms] = {}
+
+    def terms(self, tp: int, stages: int) -> StageCostTerms:
+        key = (tp, stages)
+        if key not in self._terms:
+            problem, outer = self._problem, self._outer
+            shape = ParallelShape(
+                tp, stages, self._replicas, outer.micro_batch_size, outer.recompute,
+                "interleaved" if outer.virtual_stages > 1 else "1f1b", outer.virtual_stages,
+            )
+            if tp not in self._parts:
+                self._parts[tp] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
+            self._terms[key] = stage_cost_terms(
+                problem.workload, problem.hardware, shape, problem.efficiency, problem.software, self._parts[tp]
+            )
+        return self._terms[key]
+
+
+def degraded_positions(stages: int) -> list[int]:
+    return list(range(1, stages - 1)) + ([0, stages - 1] if stages > 1 else [0])
+
+
+def arrange(stages: int, base: StageType, degraded: tuple[StageType, ...]) -> tuple[StageType, ...]:
+    """Stage types by position: degraded ones (strongest first) in middle positions first."""
+    order = [base] * stages
+    for position, stage_type in zip(degraded_positions(stages), sorted(degraded, reverse=True)):
+        order[position] = stage_type
+    return tuple(order)
+
+
+def best_split(
+    per_layer_ms: list[float], fixed_ms: list[float], caps: list[int], layers: int, unit: int
+) -> tuple[int, ...] | None:
+    """Min-bottleneck, then min-sum split in multiples of `unit` layers; None if nothing fits."""
+    units = layers // unit
+    stages = len(per_layer_ms)
+    unit_caps = [min(c // unit, units) for c in caps]
+    if layers % unit or units < stages or min(unit_caps) < 1 or sum(unit_caps) < units:
+        return None
+    per_unit = [a * unit for a in per_layer_ms]
+    values = sorted({n * per_unit[i] + fixed_ms[i] for i in range(stages) for n in range(1, unit_caps[i] + 1)})
+
+    def capacity(bottleneck: float) -> int:
+        total = 0
+        for i in range(stages):
+            most = min(unit_caps[i], int((bottleneck - fixed_ms[i]) / per_unit[i] + 1e-9)) if per_unit[i] > 0 else unit_caps[i]
+            if most < 1:
+                return -1
+            total += most
+        return total
+
+    index = bisect.bisect_left(range(len(values)), True, key=lambda k: capacity(values[k]) >= units)
+    if index == len(values):
+        return None
+    bottleneck = values[index]
+    limits = [min(unit_caps[i], int((bottleneck - fixed_ms[i]) / per_unit[i] + 1e-9)) for i in range(stages)]
+    split = [1] * stages
+    remaining = units - stages
+    for i in sorted(range(stages), key=lambda i: (per_unit[i], i)):
+        extra = min(remaining, limits[i] - 1)
+        split[i] += extra
+        remaining -= extra
+    return tuple(n * unit for n in split)
+
+
+def build_template(
+    problem: PlanningProblem,
+    outer: OuterChoice,
+    cache: TermsCache,
+    stage_types: tuple[StageType, ...],
+    base: StageType,
+    sync_replicas: int,
+) -> Template | None:
+    layers = problem.workload.model.num_layers
+    capacity = problem.hardware.gpu.memory_bytes
+    stages = len(stage_types)
+    per_layer, fixed, caps = [], [], []
+    for i, st in enumerate(stage_types):
+        terms = cache.terms(st.tp, stages)
+        zero = stage_time(terms, i, 0, st.speed).total_ms
+        per_layer.append(stage_time(terms, i, 1, st.speed).total_ms - zero)
+        fixed.append(zero)
+        caps.append(max_layers_fitting(terms, i, capacity))
+    split = best_split(per_layer, fixed, caps, layers, outer.virtual_stages)
+    if split is None:
+        return None
+    return template_costs(problem, cache, stage_types, split, base, sync_replicas)
+
+
+def template_costs(
+    problem: PlanningProblem,
+    cache: TermsCache,
+    stage_types: tuple[StageType, ...],
+    split: tuple[int, ...],
+    base: StageType,
+    sync_replicas: int,
+) -> Template:
+    """Every cost of one template with a given split (also used by the brute-force tests)."""
+    stages = len(stage_types)
+    timings, healthy, params = [], [], []
+    uniform_sync, resharded_sync, optimizer = [], [], []
+    network = problem.hardware.inter_node_bandwidth_gb_s * problem.efficiency.network_fraction
+    for i, (st, n) in enumerate(zip(stage_types, split)):
+        terms = cache.terms(st.tp, stages)
+        timing = stage_time(terms, i, n, st.speed)
+        full_speed = stage_time(terms, i, n, 1.0)
+        timings.append(timing)
+        healthy.append(full_speed)
+        params.append(timing.params)
+        overlap = terms.overlap_grad_reduce
+        bucket = terms.dp_sync_ms(min(terms.bucket_params, timing.params), sync_replicas) if sync_replicas > 1 else 0.0
+        uniform = terms.dp_sync_ms(timing.params, sync_replicas) if sync_replicas > 1 else 0.0
+        uniform_sync.append(exposed_sync_ms(uniform, full_speed.backward_ms, bucket, overlap))
+        resharded = resharded_sync_ms(timing.params, n, sync_replicas, terms.grad_bytes_per_param, network)
+        bucket_resharded = resharded_sync_ms(min(terms.bucket_params, timing.params), 1, sync_replicas, terms.grad_bytes_per_param, network)
+        resharded_sync.append(exposed_sync_ms(resharded, full_speed.backward_ms, bucket_resharded, overlap))
+        optimizer.append(timing.params * terms.optimizer_ms_per_param)
+    totals = [t.total_ms for t in timings]
+    degraded = Counter(st for st in stage_types if st != base)
+    return Template(
+        stage_types=stage_types,
+        layers_per_stage=split,
+        timings=tuple(timings),
+        forward_ms=tuple(t.forward_ms for t in timings),
+        backward_ms=tuple(t.backward_ms for t in timings),
+        memory_bytes=tuple(t.memory_bytes for t in timings),
+        params_per_gpu=tuple(params),
+        bottleneck_ms=max(totals),
+        total_ms=sum(totals),
+        sync_uniform_ms=max(uniform_sync),
+        sync_resharded_ms=max(resharded_sync),
+        optimizer_ms=max(optimizer),
+        base_groups=sum(1 for st in stage_types if st == base),
+        degraded=tuple(sorted(degraded.items())),
+    )
+
+
+def enumerate_templates(
+    problem: PlanningProblem,
+    outer: OuterChoice,
+    cache: TermsCache,
+    degraded_types: list[StageType],
+    sync_replicas: int,
+) -> list[Template]:
+    base = StageType(outer.tp, 1.0)
+    out = []
+    for stages in range(outer.pp, max(0, outer.pp - SHORTER_PIPELINES), -1):
+        sequences = [arrange(stages, base, ())]
+        sequences += [arrange(stages, base, (stage_type,)) for stage_type in sorted(degraded_types)]
+        if stages > 1:
+            sequences += [(stage_type,) * stages for stage_type in sorted(degraded_types)]
+        for sequence in sequences:
+            template = build_template(problem, outer, cache, sequence, base, sync_replicas)
+            if template is not None:
+                out.append(template)
+    return out
+
+
