@@ -35,7 +35,8 @@ def _leanest_layout(problem: PlanningProblem) -> tuple[float, ParallelShape] | N
     return best
 
 
-def explain_infeasible(problem: PlanningProblem) -> str:
+def obvious_infeasibility(problem: PlanningProblem) -> str | None:
+    """Why no layout can exist, when that is plain without searching (else None)."""
     cluster = problem.cluster
     model = problem.workload.model
     gpu = problem.hardware.gpu
@@ -57,6 +58,17 @@ def explain_infeasible(problem: PlanningProblem) -> str:
             f"({model.total_params / 1e9:.1f}B parameters x 18 bytes); the {surviving} surviving {gpu.name} GPUs "
             f"hold {format_bytes(capacity)}"
         )
+    return None
+
+
+def explain_infeasible(problem: PlanningProblem) -> str:
+    obvious = obvious_infeasibility(problem)
+    if obvious is not None:
+        return obvious
+    cluster = problem.cluster
+    model = problem.workload.model
+    gpu = problem.hardware.gpu
+    surviving = cluster.total_devices - len(cluster.failed)
     leanest = _leanest_layout(problem)
     if leanest is not None:
         need, shape = leanest

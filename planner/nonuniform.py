@@ -163,9 +163,11 @@ def _lower_bound_ms(problem: PlanningProblem, outer: OuterChoice, inventory: _In
     work, fastest = capacity.work, capacity.fastest
     most_replicas = max(1, min(total, inventory.group_count_bound() // shortest))
     balanced = max(0.0, (total - most_replicas / v) * work / capacity.throughput) + work * fastest / v
+    # Since S_r >= M_r, also T >= m_r M_r >= m_r (L + E) / C_r: N (L + E) / C without fill.
+    throughput = total * work / capacity.throughput
     # Some replica runs ceil(N / R) microbatches, on at most pp stages of the fastest kind.
     busiest = (-(-total // most_replicas) - 1 / v) * work * fastest / outer.pp + work * fastest / v
-    return max(balanced, busiest)
+    return max(balanced, throughput, busiest)
 
 
 def _memory_replicas(problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory) -> int:
@@ -211,46 +213,75 @@ def _base_bottleneck_ms(problem: PlanningProblem, outer: OuterChoice, cache: Ter
 def _strong_lower_bound_ms(
     problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory, cache: TermsCache, capacity: _Capacity
 ) -> float:
-    """A tighter bound using each allowed length's exact base bottleneck M(p).
+    """A tighter bound from each allowed length's exact base bottleneck M(p).
 
-    Weaker stages never lower a min-max split, so every replica of p stages
-    has M_r >= M(p); with S_r >= W = (L + E) a_min and sum p_r <= G groups,
-        T >= W / v + min_p (N p / G - 1 / v) M(p),
-    and the busiest replica (ceil(N / R) microbatches) gives
-        T >= W / v + (ceil(N / R) - 1 / v) min_p M(p).
+    Replica r running m_r microbatches takes T >= (m_r - 1/v) M_r + W/v with
+    W = (L + E) a_min, so N <= (T - W/v) sum_r 1/M_r + R/v. The rate sum is
+    bounded by crediting groups: weaker stages never lower a min-max split,
+    so a p-stage replica has 1/M_r <= 1/M(p), and its rate is also at most
+    its stages' summed relative capacity over K = (L + E) a_base. A base group
+    earns at most mu = max_p 1 / (p M(p)); a degraded group of relative
+    capacity rho earns at most its best marginal gain, in a replica of its
+    own kind (rho / K per stage) or with p - 1 base groups
+    (min(1/M(p), (p - 1 + rho)/K) - (p - 1) mu). As S_r >= M_r, also
+    T >= m_r M_r, so N <= T sum_r 1/M_r without the per-replica 1/v. With the
+    busiest replica (ceil(N / R) microbatches, rate at most max_p 1/M(p)) this
+    gives three bounds.
     """
     total = problem.workload.global_batch_size // outer.micro_batch_size
     v = outer.virtual_stages
     fill = capacity.work * capacity.fastest / v
-    groups = inventory.group_count_bound()
     bottlenecks = {}
     for stages in range(max(1, outer.pp - SHORTER_PIPELINES), outer.pp + 1):
         bottleneck = _base_bottleneck_ms(problem, outer, cache, stages)
         if bottleneck is not None:
             bottlenecks[stages] = bottleneck
-    if not bottlenecks or groups == 0:
+    if not bottlenecks:
         return float("inf")
-    balanced = fill + min((total * p / groups - 1 / v) * m for p, m in bottlenecks.items())
-    most_replicas = max(1, min(total, groups // min(bottlenecks)))
+    base_ms = _per_layer_ms(cache, inventory.base)
+    full = capacity.work * base_ms  # K
+    per_group = max(1 / (p * m) for p, m in bottlenecks.items())  # mu
+
+    def credit(stage_type: StageType) -> float:
+        if stage_type == inventory.base:
+            return per_group
+        rho = base_ms / _per_layer_ms(cache, stage_type)
+        alongside = max(min(1 / m, (p - 1 + rho) / full) - (p - 1) * per_group for p, m in bottlenecks.items())
+        return max(0.0, rho / full, alongside)
+
+    rate = inventory.healthy_base_groups * per_group
+    for node_class, partitions in zip(inventory.classes, inventory.partitions):
+        rate += len(node_class.nodes) * max((sum(credit(g) for g in p.groups) for p in partitions), default=0.0)
+    if rate <= 0:
+        return float("inf")
+    most_replicas = max(1, min(total, inventory.group_count_bound() // min(bottlenecks)))
+    balanced = fill + max(0.0, total - most_replicas / v) / rate
+    # S_r >= M_r also gives T >= m_r M_r: no free fill per replica, however many there are.
+    throughput = total / rate
     busiest = fill + (-(-total // most_replicas) - 1 / v) * min(bottlenecks.values())
-    return max(balanced, busiest)
+    return max(balanced, throughput, busiest)
 
 
 def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: float) -> NonUniformResult:
     """Best non-uniform layout better than `incumbent_ms`, or none; bound over what was not excluded.
 
-    Outer choices sit in a priority queue keyed by their bound; the cheap
-    capacity bound orders them first, and an outer choice reaching the front
-    gets its strong bound and goes back in, so CP-SAT runs only where the
-    strong bound still beats the incumbent.
+    Outer choices sit in a priority queue keyed by their bound and are refined
+    lazily, each refinement going back in the queue: the cheap capacity bound
+    first, then the strong bound (exact base bottlenecks), then the templates
+    are built and the bound gains the least tail any template has (every
+    plan's tail is at least one of its templates' uniform sync plus optimizer
+    step). CP-SAT allocates only outer choices whose refined bound still beats
+    the incumbent.
     """
     sizes = tensor_parallel_sizes(problem)
     total = problem.workload.global_batch_size
     inventories = {tp: _inventory(problem, tp, sizes) for tp in sizes}
-    queue: list[tuple[float, int, bool, OuterChoice]] = []
+    queue: list[tuple[float, int, int, OuterChoice]] = []
     capacities: dict[tuple[int, int, str], _Capacity] = {}
     for index, outer in enumerate(outer_choices(problem)):
         inventory = inventories[outer.tp]
+        if max(1, outer.pp - SHORTER_PIPELINES) > inventory.group_count_bound():
+            continue  # not even the shortest allowed pipeline finds enough TP groups
         key = (outer.tp, outer.micro_batch_size, outer.recompute)
         if key not in capacities:
             capacities[key] = _capacity_summary(problem, outer, inventory)
@@ -258,9 +289,10 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
         shortest = shortest_fitting_length(problem, outer, cache)
         if shortest is None:
             continue
-        queue.append((_lower_bound_ms(problem, outer, inventory, capacities[key], shortest), index, False, outer))
+        queue.append((_lower_bound_ms(problem, outer, inventory, capacities[key], shortest), index, _CHEAP, outer))
     heapq.heapify(queue)
     considered = len(queue)
+    built: dict[int, list[Template]] = {}
 
     best: NonUniformLayout | None = None
     best_ms = incumbent_ms
@@ -268,7 +300,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
     exhausted = True
     solved = 0
     while queue:
-        lower, index, strong, outer = heapq.heappop(queue)
+        lower, index, stage, outer = heapq.heappop(queue)
         if lower >= best_ms * (1 - PRUNE_TOLERANCE):
             break
         remaining = deadline - time.monotonic()
@@ -279,21 +311,26 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
         inventory = inventories[outer.tp]
         memory_replicas = _memory_replicas(problem, outer, inventory)
         cache = TermsCache(problem, outer, memory_replicas)
-        if not strong:
+        if stage == _CHEAP:
             capacity = capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
             tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity))
             if tighter < float("inf"):
-                heapq.heappush(queue, (tighter, index, True, outer))
+                heapq.heappush(queue, (tighter, index, _STRONG, outer))
             continue
-        microbatches = total // outer.micro_batch_size
-        replicas_bound = max(1, inventory.group_count_bound() // max(1, outer.pp - SHORTER_PIPELINES))
-        templates = enumerate_templates(problem, outer, cache, inventory.degraded_types(), replicas_bound)
-        if not templates:
+        if stage == _STRONG:
+            replicas_bound = max(1, inventory.group_count_bound() // max(1, outer.pp - SHORTER_PIPELINES))
+            templates = enumerate_templates(problem, outer, cache, inventory.degraded_types(), replicas_bound)
+            if templates:
+                built[index] = templates
+                least_tail = min(t.sync_uniform_ms + t.optimizer_ms for t in templates)
+                heapq.heappush(queue, (lower + least_tail, index, _TEMPLATED, outer))
             continue
+        templates = built.pop(index)
         data = AllocationInput(
             templates=templates, base=inventory.base, healthy_base_groups=inventory.healthy_base_groups,
             classes=list(inventory.classes), partitions=[list(p) for p in inventory.partitions],
-            microbatches=microbatches, virtual_stages=outer.virtual_stages, min_replicas=memory_replicas,
+            microbatches=total // outer.micro_batch_size, virtual_stages=outer.virtual_stages,
+            min_replicas=memory_replicas,
         )
         allocation = solve_allocation(data, remaining, problem.random_seed, floor_ms=lower, ceiling_ms=best_ms)
         solved += 1
@@ -306,3 +343,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
             best_ms = value
             best = NonUniformLayout(outer, tuple(templates), allocation, inventory.classes, inventory.partitions, value)
     return NonUniformResult(best, bound, exhausted, considered, solved)
+
+
+# Refinement stages of an outer choice in the search queue.
+_CHEAP, _STRONG, _TEMPLATED = 0, 1, 2

@@ -15,7 +15,7 @@ from cost_models.pipeline import pipeline_time_ms
 from planner.assemble import assemble_plan, finish_plan
 from planner.assemble_nonuniform import assemble_replicas
 from planner.errors import InfeasibleError
-from planner.infeasibility import explain_infeasible
+from planner.infeasibility import explain_infeasible, obvious_infeasibility
 from planner.nonuniform import NonUniformLayout, NonUniformResult, search_nonuniform
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
@@ -32,6 +32,9 @@ def plan_uniform(problem: PlanningProblem) -> PlanResult:
 
 def plan(problem: PlanningProblem) -> PlanResult:
     """The best layout for the cluster as it is now (uniform only when `stock_layouts_only`)."""
+    obvious = obvious_infeasibility(problem)
+    if obvious is not None:
+        raise InfeasibleError(obvious)
     if problem.stock_layouts_only:
         return plan_uniform(problem)
     started = time.monotonic()

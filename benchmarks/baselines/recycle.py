@@ -1,0 +1,86 @@
+"""ReCycle-style rerouting: keep resiplan's healthy-cluster layout, reroute around failed stages.
+
+Modelling choices (resiplan's cost model throughout):
+
+- The layout is the uniform one resiplan picks for the cluster without
+  failures, unchanged: same TP groups, split, micro-batch size, schedule and
+  microbatches per replica (every replica keeps its own microbatches).
+- A TP group holding a failed GPU is lost. If f_i replicas lose stage i,
+  their stage-i work goes to the dp - f_i surviving stage-i groups (their
+  data-parallel peers), evenly: each surviving stage i runs its per-microbatch
+  time scaled by dp / (dp - f_i) = 1 + f_i / (dp - f_i). For f_i = 1 this is
+  the 1 + 1 / (dp - 1) of the brief; for more failures at one stage it counts
+  all the rerouted work (1 + 1 / (dp - f_i) would undercount it).
+- A replica that lost stage i waits at that position for its peers, so its
+  stage i takes the slowest surviving peer's scaled time.
+- Slow GPUs are not adapted to: a group runs at its slowest member's speed.
+- If every replica lost the same stage, nothing is left to reroute to: infeasible.
+- Not modelled, in ReCycle's favour: ReCycle schedules rerouted work into
+  pipeline bubbles (here it lengthens the peers' stage time instead), and the
+  extra activations the peers hold for the rerouted microbatches are not
+  checked against memory.
+- Gradient sync is the healthy layout's (same sharding, all dp replicas), a
+  slight overestimate for stages with fewer surviving peers; optimizer step
+  as in the healthy layout (ZeRO-1 over dp replicas).
+
+With no failed or slow GPU this is exactly the healthy plan's iteration time.
+"""
+
+from __future__ import annotations
+
+from benchmarks.baselines.common import BaselineResult, healthy_plan, make_result, read_layout
+from cost_models.iteration import stage_time
+from cost_models.pipeline import pipeline_time_ms
+from planner.errors import InfeasibleError
+from planner.partitions import StageType
+from planner.problem import PlanningProblem
+from planner.result import PlanResult
+from planner.templates import TermsCache, template_costs
+
+NAME = "recycle"
+
+
+def run(problem: PlanningProblem, healthy: PlanResult | None = None) -> BaselineResult:
+    """`healthy`: resiplan's plan for the cluster without failures (computed when not given)."""
+    layout = read_layout(healthy if healthy is not None else healthy_plan(problem))
+    cluster = problem.cluster
+    dp, pp, split = layout.dp, layout.pp, layout.layers_per_stage
+    cache = TermsCache(problem, layout.outer, dp)
+    terms = cache.terms(layout.tp, pp)
+
+    # Per replica and stage: None if the group lost a GPU, else its speed.
+    speeds = [
+        [None if any(d in cluster.failed for d in devices) else min(cluster.speed_of(*d) for d in devices)
+         for devices in groups]
+        for groups in layout.groups
+    ]
+    lost = [sum(1 for row in speeds if row[i] is None) for i in range(pp)]
+    if any(f == dp for f in lost):
+        raise InfeasibleError("recycle: every replica lost the same stage; no peer to reroute to")
+
+    # Surviving groups run their own and their share of the rerouted work.
+    times: list[list[float | None]] = []
+    for row in speeds:
+        times.append([
+            None if s is None else stage_time(terms, i, split[i], s).total_ms * dp / (dp - lost[i])
+            for i, s in enumerate(row)
+        ])
+    for i in range(pp):
+        slowest_peer = max(row[i] for row in times if row[i] is not None)
+        for row in times:
+            if row[i] is None:
+                row[i] = slowest_peer
+
+    v = layout.outer.virtual_stages
+    m = layout.microbatches_per_replica
+    pipeline = max(pipeline_time_ms(row, m, v) for row in times)
+    base = StageType(layout.tp, 1.0)
+    template = template_costs(problem, cache, (base,) * pp, split, base, dp)
+    value = pipeline + template.sync_uniform_ms + template.optimizer_ms
+
+    gpus = sum(len(devices) for groups, row in zip(layout.groups, speeds) for devices, s in zip(groups, row) if s is not None)
+    description = (
+        f"tp={layout.tp} pp={pp} dp={dp} mbs={layout.outer.micro_batch_size} v={v} {layout.outer.recompute}; "
+        f"{sum(lost)} stages rerouted, {sum(1 for row in speeds for s in row if s is not None and s < 1)} slow stages"
+    )
+    return make_result(problem, NAME, value, gpus, description)

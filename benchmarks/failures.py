@@ -1,0 +1,234 @@
+"""resiplan against cordon-and-restart, ResiHP, Oobleck and ReCycle on failure scenarios.
+
+    python -m benchmarks.failures            # print the table and summary
+    python -m benchmarks.failures --quick    # llama2-13b only (for testing)
+    python -m benchmarks.failures --write    # also update BENCHMARKS.md
+
+Every figure is a prediction of resiplan's cost model: the baselines
+(`benchmarks/baselines/`) are evaluated with the same stage times, pipeline
+formula, gradient sync and optimizer costs. Each resiplan solve runs in a
+fresh subprocess (options.time_limit_s = 10), so its wall time is per case;
+the baselines run in this process.
+
+Surviving-compute limit: resiplan's throughput on the same cluster without
+failures x (sum of GPU speeds, failed = 0) / GPUs. Retention: resiplan's
+throughput / that limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from api.convert import to_problem
+from api.schemas import PlanRequest
+from benchmarks.baselines import BASELINES, BaselineResult
+from benchmarks.baselines.common import healthy_plan
+from planner.errors import PlanningError
+from planner.problem import PlanningProblem
+
+TIME_LIMIT_S = 10.0
+# resiplan "loses" only when a baseline is faster by more than this (rounding of reported times).
+TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A cluster and a training job; scenarios damage it."""
+
+    nodes: int
+    gpu: str
+    model: str
+    global_batch: int
+    seq_length: int
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * 8
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpus:,} x {self.gpu}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    setup: Setup
+    label: str
+    failed: tuple[str, ...] = ()
+    slow: tuple[tuple[str, float], ...] = ()
+
+
+def _spread(count: int, first: int, stride: int, gpu_offset: int = 0) -> list[str]:
+    """Devices on distinct, spread-out nodes: node first + k stride, GPU (k + offset) % 8."""
+    return [f"{first + k * stride}:{(k + gpu_offset) % 8}" for k in range(count)]
+
+
+def _a100_scenarios(setup: Setup) -> list[Scenario]:
+    out = [Scenario(setup, f"{n} failed", tuple(_spread(n, 1, 3))) for n in (1, 2, 4, 8)]
+    for speed in (0.5, 0.25):
+        out += [Scenario(setup, f"{n} slow x{speed}", slow=tuple((d, speed) for d in _spread(n, 1, 3))) for n in (1, 2, 4)]
+    out.append(Scenario(setup, "mixed: 2 failed, node 7 down, slow x0.5, x0.3",
+                        failed=("1:0", "4:1", "7:*"), slow=(("10:3", 0.5), ("13:4", 0.3))))
+    return out
+
+
+def scenarios(quick: bool = False) -> list[Scenario]:
+    models = ["llama2-13b"] if quick else ["llama2-7b", "llama2-13b", "llama2-70b", "qwen2.5-72b"]
+    out = [s for model in models for s in _a100_scenarios(Setup(32, "A100-80GB", model, 512, 4096))]
+    if quick:
+        return out
+    out.append(Scenario(Setup(128, "H100-SXM", "llama3-70b", 1024, 8192), "4 failed, 2 slow x0.5",
+                        failed=tuple(_spread(4, 1, 31)), slow=tuple((d, 0.5) for d in _spread(2, 16, 53, 4))))
+    out.append(Scenario(Setup(512, "H100-SXM", "llama3-405b", 2048, 8192), "8 failed, 4 slow x0.5",
+                        failed=tuple(_spread(8, 1, 63)), slow=tuple((d, 0.5) for d in _spread(4, 30, 127, 4))))
+    return out
+
+
+def request_for(setup: Setup, failed: tuple[str, ...] = (), slow: tuple[tuple[str, float], ...] = ()) -> dict:
+    return {
+        "cluster": {"num_nodes": setup.nodes, "gpus_per_node": 8, "gpu": setup.gpu},
+        "failures": {"failed": list(failed), "slow": [{"device": d, "speed": s} for d, s in slow]},
+        "model": setup.model,
+        "training": {"global_batch_size": setup.global_batch, "seq_length": setup.seq_length},
+        "options": {"time_limit_s": TIME_LIMIT_S},
+    }
+
+
+_CHILD = r"""
+import json, sys, time
+from api.schemas import PlanRequest
+from api.service import plan_for
+request = PlanRequest.model_validate(json.loads(sys.argv[1]))
+started = time.perf_counter()
+plan = plan_for(request)
+wall = time.perf_counter() - started
+print(json.dumps({"wall_s": wall, "status": plan.solver.status, "gap": plan.solver.gap,
+                  "iteration_ms": plan.solver.objective_ms, "uniform": plan.uniform}))
+"""
+
+
+def solve(request: dict) -> dict:
+    """resiplan's plan in a fresh process: wall time, solver status and gap, iteration time."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(request)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def tokens_per_s(setup: Setup, iteration_ms: float) -> float:
+    return setup.global_batch * setup.seq_length / (iteration_ms / 1e3)
+
+
+def surviving_fraction(problem: PlanningProblem) -> float:
+    """Sum of GPU speeds (failed = 0) over the GPU count."""
+    cluster = problem.cluster
+    lost = len(cluster.failed) + sum(1.0 - speed for _, speed in cluster.slow)
+    return (cluster.total_devices - lost) / cluster.total_devices
+
+
+def run_baselines(problem: PlanningProblem, healthy) -> dict[str, BaselineResult | None]:
+    out: dict[str, BaselineResult | None] = {}
+    for name, baseline in BASELINES.items():
+        try:
+            out[name] = baseline(problem, healthy)
+        except PlanningError:
+            out[name] = None
+    return out
+
+
+def _tps(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="llama2-13b on 256 A100s only")
+    args = parser.parse_args(argv)
+
+    names = list(BASELINES)
+    header = ("| cluster | model | scenario | resiplan tok/s | " + " | ".join(names) +
+              " | limit | retention | solve s | solver | >= baselines |")
+    lines = [header, "|" + "---|" * 3 + "---:|" * (len(names) + 4) + "---|---|"]
+    print("\n".join(lines), flush=True)
+
+    healthy_cache: dict[Setup, tuple[float, object]] = {}
+    rows = []
+    for scenario in scenarios(args.quick):
+        setup = scenario.setup
+        if setup not in healthy_cache:
+            healthy_request = request_for(setup)
+            healthy_tps = tokens_per_s(setup, solve(healthy_request)["iteration_ms"])
+            healthy_cache[setup] = (healthy_tps, healthy_plan(to_problem(PlanRequest.model_validate(healthy_request))))
+        healthy_tps, healthy = healthy_cache[setup]
+
+        request = request_for(setup, scenario.failed, scenario.slow)
+        problem = to_problem(PlanRequest.model_validate(request))
+        found = solve(request)
+        ours = tokens_per_s(setup, found["iteration_ms"])
+        baselines = run_baselines(problem, healthy)
+        limit = healthy_tps * surviving_fraction(problem)
+        beaten_by = {name: r.tokens_per_s / ours - 1 for name, r in baselines.items()
+                     if r is not None and r.tokens_per_s > ours * (1 + TOLERANCE)}
+        row = dict(scenario=scenario, ours=ours, limit=limit, retention=ours / limit, found=found,
+                   baselines=baselines, beaten_by=beaten_by)
+        rows.append(row)
+        verdict = "yes" if not beaten_by else "no: " + ", ".join(f"{n} +{m:.1%}" for n, m in beaten_by.items())
+        lines.append(
+            f"| {setup.label} | {setup.model} | {scenario.label} | {_tps(ours)} | "
+            + " | ".join(_tps(r.tokens_per_s if r else None) for r in baselines.values())
+            + f" | {_tps(limit)} | {row['retention']:.3f} | {found['wall_s']:.2f} | "
+              f"{found['status']} gap {found['gap']:.3g} | {verdict} |"
+        )
+        print(lines[-1], flush=True)
+
+    summary = _summary(rows)
+    print("\n" + "\n".join(summary), flush=True)
+    if args.write:
+        from benchmarks.report import write_section
+
+        text = "\n".join([_PREAMBLE, "", *lines, "", *summary])
+        command = "python -m benchmarks.failures --write" + (" --quick" if args.quick else "")
+        write_section("Failure scenarios", command, text)
+    return 0
+
+
+_PREAMBLE = (
+    "Predicted tokens/s, all from resiplan's cost model. Baselines (`benchmarks/baselines/`): "
+    "cordon = drop every damaged node, best uniform layout on the rest; resihp = ResiHP-style TP -> PP -> DP "
+    "adaptation of the healthy layout; oobleck = Oobleck-style whole-node pipeline templates; recycle = "
+    "ReCycle-style rerouting of failed stages to data-parallel peers, slow GPUs not adapted to. "
+    "limit = healthy throughput x surviving compute (sum of GPU speeds / GPUs); retention = resiplan / limit. "
+    "Solve time: one fresh process per case, time limit 10 s. On 32 nodes the k-th failed or slow GPU is "
+    "GPU k % 8 of node 3k + 1 (mixed: slow GPUs on nodes 10 and 13); on 128 and 512 nodes failed GPUs sit on "
+    "nodes 1 + 31k / 1 + 63k, slow ones on 16 + 53k / 30 + 127k."
+)
+
+
+def _summary(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    mean = sum(r["retention"] for r in rows) / len(rows)
+    worst = min(rows, key=lambda r: r["retention"])
+    lost = [r for r in rows if r["beaten_by"]]
+    out = [
+        f"Mean retention: {mean:.3f} over {len(rows)} scenarios.",
+        f"Worst retention: {worst['retention']:.3f} ({worst['scenario'].setup.model}, {worst['scenario'].label}, "
+        f"{worst['scenario'].setup.label}).",
+        f"resiplan slower than some baseline: {len(lost)} of {len(rows)} scenarios"
+        + (": " + "; ".join(
+            f"{r['scenario'].setup.model} {r['scenario'].label} ("
+            + ", ".join(f"{n} +{m:.2%}" for n, m in r["beaten_by"].items()) + ")" for r in lost) if lost else "."),
+    ]
+    by_size: dict[str, float] = {}
+    for r in rows:
+        label = r["scenario"].setup.label
+        by_size[label] = max(by_size.get(label, 0.0), r["found"]["wall_s"])
+    out.append("Max solve time: " + "; ".join(f"{label} {wall:.2f} s" for label, wall in by_size.items()) + ".")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
