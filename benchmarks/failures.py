@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         limit = healthy_tps * surviving_fraction(problem)
         beaten_by = {name: r.tokens_per_s / ours - 1 for name, r in baselines.items()
                      if r is not None and r.tokens_per_s > ours * (1 + TOLERANCE)}
-        row = dict(scenario=scenario, ours=ours, limit=limit, retention=ours / limit, found=found,
-                   baselines=baselines, beaten_by=beaten_by)
+        row = {"scenario": scenario, "ours": ours, "limit": limit, "retention": ours / limit, "found": found,
+               "baselines": baselines, "beaten_by": beaten_by}
         rows.append(row)
         verdict = "yes" if not beaten_by else "no: " + ", ".join(f"{n} +{m:.1%}" for n, m in beaten_by.items())
         lines.append(
@@ -215,8 +215,8 @@ def _summary(rows: list[dict]) -> list[str]:
     lost = [r for r in rows if r["beaten_by"]]
     out = [
         f"Mean retention: {mean:.3f} over {len(rows)} scenarios.",
-        f"Worst retention: {worst['retention']:.3f} ({worst['scenario'].setup.model}, {worst['scenario'].label}, "
-        f"{worst['scenario'].setup.label}).",
+        (f"Worst retention: {worst['retention']:.3f} ({worst['scenario'].setup.model}, {worst['scenario'].label}, "
+         f"{worst['scenario'].setup.label})."),
         f"resiplan slower than some baseline: {len(lost)} of {len(rows)} scenarios"
         + (": " + "; ".join(
             f"{r['scenario'].setup.model} {r['scenario'].label} ("

@@ -30,13 +30,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.baselines.common import BaselineResult, allocate_microbatches, iteration_ms, make_result
+from benchmarks.baselines.common import (
+    BaselineResult,
+    allocate_microbatches,
+    iteration_ms,
+    make_result,
+)
 from planner.candidates import tensor_parallel_sizes
 from planner.errors import InfeasibleError
 from planner.partitions import StageType
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
-from planner.templates import OuterChoice, Template, TermsCache, build_template, degraded_positions
+from planner.templates import (
+    OuterChoice,
+    Template,
+    TermsCache,
+    build_template,
+    degraded_positions,
+)
 
 NAME = "oobleck"
 MAX_EVALUATIONS = 2000

@@ -6,13 +6,18 @@ Modelling choices (resiplan's cost model throughout):
   failures, unchanged: same TP groups, split, micro-batch size, schedule and
   microbatches per replica (every replica keeps its own microbatches).
 - A TP group holding a failed GPU is lost. If f_i replicas lose stage i,
-  their stage-i work goes to the dp - f_i surviving stage-i groups (their
-  data-parallel peers), evenly: each surviving stage i runs its per-microbatch
-  time scaled by dp / (dp - f_i) = 1 + f_i / (dp - f_i). For f_i = 1 this is
-  the 1 + 1 / (dp - 1) of the brief; for more failures at one stage it counts
-  all the rerouted work (1 + 1 / (dp - f_i) would undercount it).
-- A replica that lost stage i waits at that position for its peers, so its
-  stage i takes the slowest surviving peer's scaled time.
+  their f_i m stage-i microbatches are rerouted, whole, to the dp - f_i
+  surviving stage-i groups (their data-parallel peers), each to the peer
+  whose stage would finish its load earliest (evenly among equal peers).
+  A peer running m + e microbatches has its per-microbatch stage time scaled
+  by (m + e) / m. With equal peers and f_i m / (dp - f_i) whole this is
+  dp / (dp - f_i), i.e. the continuous model 1 + 1 / (dp - 1) for one failed
+  replica; whole microbatches matter when replicas run few of them (m = 2 on
+  128 replicas: two peers run 3 microbatches, a 1.5x stage, not 128/127),
+  and f_i in the numerator counts all rerouted work when several replicas
+  lose the same stage.
+- A replica that lost stage i waits at that position for the peers running
+  its microbatches: its stage i takes the slowest of their scaled times.
 - Slow GPUs are not adapted to: a group runs at its slowest member's speed.
 - If every replica lost the same stage, nothing is left to reroute to: infeasible.
 - Not modelled, in ReCycle's favour: ReCycle schedules rerouted work into
@@ -28,7 +33,14 @@ With no failed or slow GPU this is exactly the healthy plan's iteration time.
 
 from __future__ import annotations
 
-from benchmarks.baselines.common import BaselineResult, healthy_plan, make_result, read_layout
+import heapq
+
+from benchmarks.baselines.common import (
+    BaselineResult,
+    healthy_plan,
+    make_result,
+    read_layout,
+)
 from cost_models.iteration import stage_time
 from cost_models.pipeline import pipeline_time_ms
 from planner.errors import InfeasibleError
@@ -38,6 +50,24 @@ from planner.result import PlanResult
 from planner.templates import TermsCache, template_costs
 
 NAME = "recycle"
+
+
+def _reroute(times: list[list[float | None]], stage: int, rerouted: int, microbatches: int) -> None:
+    """Give `rerouted` stage microbatches to the surviving peers, each to the one finishing earliest;
+    scale their stage times and set the lost groups' times to the slowest receiving peer's."""
+    extra = {r: 0 for r, row in enumerate(times) if row[stage] is not None}
+    heap = [((microbatches + 1) * times[r][stage], r) for r in extra]
+    heapq.heapify(heap)
+    for _ in range(rerouted):
+        _, r = heapq.heappop(heap)
+        extra[r] += 1
+        heapq.heappush(heap, ((microbatches + extra[r] + 1) * times[r][stage], r))
+    for r, e in extra.items():
+        times[r][stage] *= (microbatches + e) / microbatches
+    slowest = max(times[r][stage] for r, e in extra.items() if e > 0)
+    for row in times:
+        if row[stage] is None:
+            row[stage] = slowest
 
 
 def run(problem: PlanningProblem, healthy: PlanResult | None = None) -> BaselineResult:
@@ -58,21 +88,16 @@ def run(problem: PlanningProblem, healthy: PlanResult | None = None) -> Baseline
     if any(f == dp for f in lost):
         raise InfeasibleError("recycle: every replica lost the same stage; no peer to reroute to")
 
-    # Surviving groups run their own and their share of the rerouted work.
-    times: list[list[float | None]] = []
-    for row in speeds:
-        times.append([
-            None if s is None else stage_time(terms, i, split[i], s).total_ms * dp / (dp - lost[i])
-            for i, s in enumerate(row)
-        ])
+    # Surviving groups run their own microbatches and the rerouted ones given to them.
+    m = layout.microbatches_per_replica
+    times: list[list[float | None]] = [
+        [None if s is None else stage_time(terms, i, split[i], s).total_ms for i, s in enumerate(row)] for row in speeds
+    ]
     for i in range(pp):
-        slowest_peer = max(row[i] for row in times if row[i] is not None)
-        for row in times:
-            if row[i] is None:
-                row[i] = slowest_peer
+        if lost[i]:
+            _reroute(times, i, lost[i] * m, m)
 
     v = layout.outer.virtual_stages
-    m = layout.microbatches_per_replica
     pipeline = max(pipeline_time_ms(row, m, v) for row in times)
     base = StageType(layout.tp, 1.0)
     template = template_costs(problem, cache, (base,) * pp, split, base, dp)

@@ -89,6 +89,30 @@ def _templates(
     return out
 
 
+def _adapt(
+    problem: PlanningProblem, layout: HealthyLayout, replicas: list[tuple[StageType, ...]], lost: int
+) -> tuple[float, list[Template], list[int], int]:
+    """PP and DP steps for these replicas: (iteration ms, templates, microbatches, replicas dropped)."""
+    # PP: re-split damaged replicas; drop those that do not fit, until the survivors are stable.
+    dropped = 0
+    while True:
+        if not replicas:
+            raise InfeasibleError(f"resihp: no replica of the healthy layout survives ({lost} lost a stage)")
+        built = _templates(problem, layout, replicas)
+        keep = [r for r, t in zip(replicas, built) if t is not None]
+        if len(keep) == len(replicas):
+            break
+        dropped += len(replicas) - len(keep)
+        replicas = keep
+    templates = [t for t in built if t is not None]
+
+    # DP: microbatches to the replicas that finish earliest.
+    v = layout.outer.virtual_stages
+    total = problem.workload.global_batch_size // layout.outer.micro_batch_size
+    microbatches = allocate_microbatches([t.stage_ms for t in templates], total, v)
+    return iteration_ms(templates, microbatches, v), templates, microbatches, dropped
+
+
 def run(problem: PlanningProblem, healthy: PlanResult | None = None) -> BaselineResult:
     """`healthy`: resiplan's plan for the cluster without failures (computed when not given)."""
     layout = read_layout(healthy if healthy is not None else healthy_plan(problem))
@@ -106,24 +130,18 @@ def run(problem: PlanningProblem, healthy: PlanResult | None = None) -> Baseline
         shrunk += sum(1 for t, devices in zip(types, groups) if t.tp < len(devices))
         replicas.append(tuple(types))
 
-    # PP: re-split damaged replicas; drop those that do not fit, until the survivors are stable.
-    dropped = 0
-    while True:
-        if not replicas:
-            raise InfeasibleError(f"resihp: no replica of the healthy layout survives ({lost} lost a stage)")
-        templates = _templates(problem, layout, replicas)
-        keep = [r for r, t in zip(replicas, templates) if t is not None]
-        if len(keep) == len(replicas):
+    value, templates, microbatches, dropped = _adapt(problem, layout, replicas, lost)
+    # A replica the DP step leaves idle still shards the optimizer state and, when it is
+    # sharded differently, forces the resharded sync: also try without idle replicas.
+    while 0 in microbatches:
+        busy = [t.stage_types for t, m in zip(templates, microbatches) if m > 0]
+        retry = _adapt(problem, layout, busy, lost)
+        if retry[0] >= value:
             break
-        dropped += len(replicas) - len(keep)
-        replicas = keep
+        idle = len(templates) - len(busy)
+        value, templates, microbatches, dropped = retry[0], retry[1], retry[2], dropped + idle + retry[3]
 
-    # DP: microbatches to the replicas that finish earliest.
     v = layout.outer.virtual_stages
-    total = problem.workload.global_batch_size // layout.outer.micro_batch_size
-    microbatches = allocate_microbatches([t.stage_ms for t in templates], total, v)
-    value = iteration_ms(templates, microbatches, v)
-
     base = StageType(layout.tp, 1.0)
     resplit = sum(1 for t in templates if any(st != base for st in t.stage_types))
     gpus = sum(st.tp for t in templates for st in t.stage_types)

@@ -1,0 +1,187 @@
+"""The failure-aware search's optimum equals exhaustive enumeration of its space on small clusters.
+
+The brute force enumerates, on its own: every outer choice; every maximal
+partition of every damaged node (its own recursion); every template of the
+space with the split that minimizes (bottleneck, sum) over all compositions
+of the layers; every multiset of replicas the partitions' groups can supply;
+and the best microbatch distribution (least T with sum_r max{m : time_r(m)
+<= T} >= N). Shared with the product: the cost model (`template_costs`,
+`pipeline_time_ms`) and the space's two modelling parameters (the replica
+counts ZeRO memory and gradient sync are computed for).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+
+import pytest
+
+from cost_models.pipeline import pipeline_time_ms
+from cost_models.stage_costs import max_layers_fitting
+from planner.candidates import tensor_parallel_sizes
+from planner.nonuniform import _inventory, _memory_replicas, outer_choices, search_nonuniform
+from planner.partitions import StageType, damaged_classes
+from planner.templates import SHORTER_PIPELINES, TermsCache, arrange, template_costs
+from tests.planner.helpers import small_problem
+
+INF = float("inf")
+
+
+def maximal_partitions(speeds: list[float], sizes: list[int]) -> list[tuple[StageType, ...]]:
+    """Non-increasing size sequences, contiguous blocks of the speed-sorted GPUs, nothing more fits."""
+    ordered = sorted(speeds, reverse=True)
+    out = []
+
+    def extend(prefix: list[int], left: int) -> None:
+        options = [s for s in sizes if s <= left and (not prefix or s <= prefix[-1])]
+        if not options:
+            groups, offset = [], 0
+            for size in prefix:
+                groups.append(StageType(size, min(ordered[offset : offset + size])))
+                offset += size
+            out.append(tuple(groups))
+            return
+        for size in options:
+            extend(prefix + [size], left - size)
+
+    extend([], len(ordered))
+    return out
+
+
+def brute_split(problem, cache, stage_types, unit):
+    """(M, S)-lexicographically best composition in multiples of `unit`, under memory caps."""
+    layers = problem.workload.model.num_layers
+    stages = len(stage_types)
+    best = None
+    for cuts in itertools.combinations(range(1, layers // unit), stages - 1):
+        bounds = (0, *cuts, layers // unit)
+        split = tuple((bounds[i + 1] - bounds[i]) * unit for i in range(stages))
+        if any(n > max_layers_fitting(cache.terms(st.tp, stages), i, problem.hardware.gpu.memory_bytes)
+               for i, (st, n) in enumerate(zip(stage_types, split))):
+            continue
+        from cost_models.iteration import stage_time
+
+        times = [stage_time(cache.terms(st.tp, stages), i, n, st.speed).total_ms for i, (st, n) in enumerate(zip(stage_types, split))]
+        key = (round(max(times), 9), round(sum(times), 9))
+        if best is None or key < best[0]:
+            best = (key, split)
+    return None if best is None else best[1]
+
+
+def best_pipeline_ms(replicas, total, v):
+    """Least max over replicas of pipeline time, microbatches >= 1 each and summing to `total`."""
+    if len(replicas) > total:
+        return INF
+    candidates = sorted({pipeline_time_ms(t.stage_ms, m, v) for t in replicas for m in range(1, total + 1)})
+    for limit in candidates:
+        room = 0
+        for t in replicas:
+            most = max((m for m in range(1, total + 1) if pipeline_time_ms(t.stage_ms, m, v) <= limit + 1e-9), default=0)
+            if most == 0:
+                break
+            room += most
+        else:
+            if room >= total:
+                return limit
+    return INF
+
+
+def brute_force_nonuniform_ms(problem) -> float:
+    cluster = problem.cluster
+    sizes = tensor_parallel_sizes(problem)
+    best = INF
+    for outer in outer_choices(problem):
+        inventory = _inventory(problem, outer.tp, sizes)
+        if max(1, outer.pp - SHORTER_PIPELINES) > inventory.group_count_bound():
+            continue
+        total = problem.workload.global_batch_size // outer.micro_batch_size
+        memory_replicas = _memory_replicas(problem, outer, inventory)
+        sync_replicas = max(1, inventory.group_count_bound() // max(1, outer.pp - SHORTER_PIPELINES))
+        cache = TermsCache(problem, outer, memory_replicas)
+        base = StageType(outer.tp, 1.0)
+        allowed = [s for s in sizes if s <= outer.tp]
+        damaged = sorted(cluster.damaged_nodes)
+        per_node = []
+        for node in damaged:
+            speeds = [cluster.speed_of(node, g) for g in range(cluster.gpus_per_node) if (node, g) not in cluster.failed]
+            per_node.append(maximal_partitions(speeds, allowed) if speeds else [()])
+        degraded_types = sorted({g for options in per_node for p in options for g in p if g != base})
+        templates = []
+        for stages in range(max(1, outer.pp - SHORTER_PIPELINES), outer.pp + 1):
+            forms = [arrange(stages, base, ())] + [arrange(stages, base, (d,)) for d in degraded_types]
+            forms += [(d,) * stages for d in degraded_types] if stages > 1 else []
+            for form in forms:
+                split = brute_split(problem, cache, form, outer.virtual_stages)
+                if split is not None:
+                    templates.append(template_costs(problem, cache, form, split, base, sync_replicas))
+        if not templates:
+            continue
+        healthy_groups = (cluster.num_nodes - len(damaged)) * (cluster.gpus_per_node // outer.tp)
+        for choice in itertools.product(*per_node):
+            supply = Counter({base: healthy_groups})
+            for partition in choice:
+                supply.update(partition)
+            # Every multiset of replicas the supply allows (at most `total` replicas).
+            def multisets(index, left, chosen):
+                if index == len(templates):
+                    yield list(chosen)
+                    return
+                template = templates[index]
+                need = Counter(template.stage_types)
+                count = 0
+                while True:
+                    yield from multisets(index + 1, left, chosen + [template] * count)
+                    if len(chosen) + count + 1 > total or any(left[k] - need[k] * (count + 1) < 0 for k in need):
+                        break
+                    count += 1
+                # (left is not mutated: feasibility checked against the original supply)
+
+            for replicas in multisets(0, supply, []):
+                if not replicas or len(replicas) < memory_replicas:
+                    continue
+                demand = Counter()
+                for t in replicas:
+                    demand.update(t.stage_types)
+                if any(demand[k] > supply[k] for k in demand):
+                    continue
+                pipeline = best_pipeline_ms(replicas, total, outer.virtual_stages)
+                if pipeline == INF:
+                    continue
+                kinds = {id(t) for t in replicas}
+                mixed = len(kinds) > 1
+                sync = max(t.sync_resharded_ms if mixed else t.sync_uniform_ms for t in replicas)
+                step = max(t.optimizer_ms for t in replicas)
+                best = min(best, pipeline + sync + step)
+    return best
+
+
+CASES = {
+    "one failed GPU, 2x4": dict(failed=("0:1",)),
+    "one slow GPU, 2x4": dict(slow=(("1:2", 0.5),)),
+    "failed and slow, 3x4": dict(num_nodes=3, failed=("0:0",), slow=(("2:3", 0.25),)),
+    "whole node failed and a slow GPU, 3x4": dict(num_nodes=3, failed=("1:*",), slow=(("0:2", 0.5),)),
+    "two failed, 4x4, batch 16": dict(num_nodes=4, failed=("0:3", "2:1"), global_batch=16),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_nonuniform_search_matches_brute_force(case):
+    problem = small_problem(**case)
+    expected = brute_force_nonuniform_ms(problem)
+    found = search_nonuniform(problem, INF, time.monotonic() + 60)
+    assert found.exhausted
+    assert found.layout is not None
+    assert found.layout.iteration_ms == pytest.approx(expected, rel=1e-5, abs=1e-3)
+
+
+def test_partitions_match_the_independent_enumeration():
+    problem = small_problem(num_nodes=3, failed=("0:0",), slow=(("2:3", 0.25),))
+    for node_class in damaged_classes(problem.cluster):
+        from planner.partitions import node_partitions
+
+        for sizes in ([1, 2, 4], [1, 2], [2, 4], [4]):
+            mine = sorted(p.groups for p in node_partitions(node_class.profile, tuple(sizes)))
+            theirs = sorted(maximal_partitions(list(node_class.profile), sizes))
+            assert mine == theirs

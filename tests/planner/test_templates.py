@@ -1,0 +1,57 @@
+"""`best_split` is the exact (bottleneck, then sum) minimum over every composition under memory caps."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.templates import arrange, best_split
+from planner.partitions import StageType
+
+
+def exhaustive(per_layer, fixed, caps, layers, unit):
+    best = None
+    stages = len(per_layer)
+    if layers % unit:
+        return None
+    for cuts in itertools.combinations(range(1, layers // unit), stages - 1):
+        bounds = (0, *cuts, layers // unit)
+        split = [(bounds[i + 1] - bounds[i]) * unit for i in range(stages)]
+        if any(n > c for n, c in zip(split, caps)):
+            continue
+        times = [n * a + b for n, a, b in zip(split, per_layer, fixed)]
+        key = (max(times), sum(times))
+        if best is None or key < best:
+            best = key
+    return best
+
+
+@settings(max_examples=200)
+@given(
+    stages=st.integers(1, 5),
+    layers=st.integers(1, 14),
+    unit=st.sampled_from([1, 1, 2, 3]),
+    data=st.data(),
+)
+def test_best_split_is_the_exhaustive_optimum(stages, layers, unit, data):
+    per_layer = data.draw(st.lists(st.integers(1, 9).map(float), min_size=stages, max_size=stages))
+    fixed = data.draw(st.lists(st.integers(0, 12).map(float), min_size=stages, max_size=stages))
+    caps = data.draw(st.lists(st.integers(0, layers), min_size=stages, max_size=stages))
+    expected = exhaustive(per_layer, fixed, caps, layers, unit)
+    split = best_split(per_layer, fixed, caps, layers, unit)
+    if expected is None:
+        assert split is None
+        return
+    assert split is not None and sum(split) == layers and all(n % unit == 0 and n >= unit for n in split)
+    assert all(n <= c for n, c in zip(split, caps))
+    times = [n * a + b for n, a, b in zip(split, per_layer, fixed)]
+    assert (max(times), sum(times)) == expected
+
+
+def test_degraded_stages_go_to_the_middle_first():
+    base, slow = StageType(4, 1.0), StageType(4, 0.5)
+    assert arrange(4, base, (slow,)) == (base, slow, base, base)
+    assert arrange(1, base, (slow,)) == (slow,)
+    assert arrange(2, base, (slow,)) == (slow, base)
