@@ -168,6 +168,22 @@ def _capacity_upper_bound(data: AllocationInput, capacities: list[int]) -> float
     return bound
 
 
+def _breakpoints_between(templates: list[Template], v: int, total: int, lowest: float, highest: float) -> set[int]:
+    """Budgets (q v - 1) M + S, q = 1..N, of every template within [lowest, highest)."""
+    out: set[int] = set()
+    for t in templates:
+        bottleneck, fill = _ticks(t.bottleneck_ms), _ticks(t.total_ms) - _ticks(t.bottleneck_ms)
+        step = v * bottleneck
+        first = 1 if lowest <= step + fill else max(1, int((lowest - fill) // step))
+        for q in range(first, total + 1):
+            budget = q * step + fill
+            if budget >= highest:
+                break
+            if budget >= lowest:
+                out.add(budget)
+    return out
+
+
 def _relaxed_capacity(data: AllocationInput, capacities: list[int]) -> float:
     """LP relaxation (GLOP) of the most microbatches any allocation runs within the budget:
     replica and partition counts continuous, the same group supplies. An upper bound."""
@@ -252,12 +268,7 @@ def solve_allocation(
     shortest_tail = v * min(_ticks(t.sync_uniform_ms) + _ticks(t.optimizer_ms) for t in templates)
     lowest = v * (_ticks(floor_ms) - largest_tail)
     highest = v * _ticks(ceiling_ms) - shortest_tail if ceiling_ms < float("inf") else float("inf")
-    breakpoints = sorted({
-        budget
-        for t in templates
-        for q in range(1, total + 1)
-        if lowest <= (budget := (q * v - 1) * _ticks(t.bottleneck_ms) + _ticks(t.total_ms)) < highest
-    })
+    breakpoints = sorted(_breakpoints_between(templates, v, total, lowest, highest))
     if not breakpoints:
         return None
 

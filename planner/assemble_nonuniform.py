@@ -16,6 +16,7 @@ from planner.nonuniform import NonUniformLayout
 from planner.partitions import StageType
 from planner.problem import PlanningProblem
 from planner.result import ReplicaResult, StageResult
+from planner.templates import stage_timings
 
 Group = tuple[int, tuple[int, ...]]  # node, GPUs
 
@@ -56,7 +57,9 @@ def assemble_replicas(problem: PlanningProblem, layout: NonUniformLayout) -> tup
 
     replicas: list[ReplicaResult] = []
     used: set[tuple[int, int]] = set()
+    cache = layout.terms_cache(problem)
     for template, microbatches in layout.replica_plan():
+        timings = stage_timings(cache, template)
         count = len(microbatches)
         grid: list[list[Group | None]] = [[None] * len(template.stage_types) for _ in range(count)]
         base = StageType(layout.outer.tp, 1.0)
@@ -79,9 +82,9 @@ def assemble_replicas(problem: PlanningProblem, layout: NonUniformLayout) -> tup
                     layers=(first, first + layers),
                     devices=tuple(device_id(node, g) for g in gpus),
                     tp=stage_type.tp,
-                    memory_gib=round(template.memory_bytes[i] / GIB, 3),
-                    forward_ms=round(template.forward_ms[i], 3),
-                    backward_ms=round(template.backward_ms[i], 3),
+                    memory_gib=round(timings[i].memory_bytes / GIB, 3),
+                    forward_ms=round(timings[i].forward_ms, 3),
+                    backward_ms=round(timings[i].backward_ms, 3),
                     speed=stage_type.speed,
                 ))
                 first += layers

@@ -36,6 +36,7 @@ class NonUniformLayout:
     classes: tuple[NodeClass, ...]
     partitions: tuple[tuple[Partition, ...], ...]
     iteration_ms: float
+    memory_replicas: int  # what the templates' ZeRO memory was computed for
 
     def replica_plan(self) -> list[tuple[Template, list[int]]]:
         """Per used template, the microbatches of each of its replicas (balanced, heaviest first)."""
@@ -47,6 +48,9 @@ class NonUniformLayout:
             base, extra = divmod(work, count)
             out.append((template, [base + 1 if i < extra else base for i in range(count)]))
         return out
+
+    def terms_cache(self, problem: PlanningProblem) -> TermsCache:
+        return TermsCache(problem, self.outer, self.memory_replicas)
 
 
 @dataclass(frozen=True)
@@ -114,14 +118,21 @@ def _ends_in_layers(cache: TermsCache, tps: list[int]) -> float:
     return min(ratios)
 
 
-def shortest_fitting_length(problem: PlanningProblem, outer: OuterChoice, cache: TermsCache) -> int | None:
+def shortest_fitting_length(
+    problem: PlanningProblem, outer: OuterChoice, cache: TermsCache, memo: dict | None = None
+) -> int | None:
     """Fewest stages (pp - 2 .. pp) of a base-only template that fits memory; lower-TP stages
-    need more memory at every position, so no template is shorter. None if none fits."""
+    need more memory at every position, so no template is shorter. None if none fits.
+    `memo` shares the per-length answer between outer choices of one search."""
+    memo = {} if memo is None else memo
+    units = problem.workload.model.num_layers // outer.virtual_stages
     for stages in range(max(1, outer.pp - SHORTER_PIPELINES), outer.pp + 1):
-        caps = [max_layers_fitting(cache.terms(outer.tp, stages), i, problem.hardware.gpu.memory_bytes) for i in range(stages)]
-        units = problem.workload.model.num_layers // outer.virtual_stages
-        unit_caps = [min(c // outer.virtual_stages, units) for c in caps]
-        if min(unit_caps) >= 1 and sum(unit_caps) >= units and units >= stages:
+        key = (outer.tp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, stages, cache.memory_replicas)
+        if key not in memo:
+            caps = [cache.layer_cap(outer.tp, stages, i, problem.hardware.gpu.memory_bytes) for i in range(stages)]
+            unit_caps = [min(c // outer.virtual_stages, units) for c in caps]
+            memo[key] = min(unit_caps) >= 1 and sum(unit_caps) >= units and units >= stages
+        if memo[key]:
             return stages
     return None
 
@@ -278,6 +289,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
     inventories = {tp: _inventory(problem, tp, sizes) for tp in sizes}
     queue: list[tuple[float, int, int, OuterChoice]] = []
     capacities: dict[tuple[int, int, str], _Capacity] = {}
+    fits: dict[tuple, bool] = {}
     for index, outer in enumerate(outer_choices(problem)):
         inventory = inventories[outer.tp]
         if max(1, outer.pp - SHORTER_PIPELINES) > inventory.group_count_bound():
@@ -286,7 +298,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
         if key not in capacities:
             capacities[key] = _capacity_summary(problem, outer, inventory)
         cache = TermsCache(problem, outer, _memory_replicas(problem, outer, inventory))
-        shortest = shortest_fitting_length(problem, outer, cache)
+        shortest = shortest_fitting_length(problem, outer, cache, fits)
         if shortest is None:
             continue
         queue.append((_lower_bound_ms(problem, outer, inventory, capacities[key], shortest), index, _CHEAP, outer))
@@ -341,7 +353,9 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
         value = evaluate_layout(templates, allocation, outer.virtual_stages)
         if value < best_ms:
             best_ms = value
-            best = NonUniformLayout(outer, tuple(templates), allocation, inventory.classes, inventory.partitions, value)
+            best = NonUniformLayout(
+                outer, tuple(templates), allocation, inventory.classes, inventory.partitions, value, memory_replicas
+            )
     return NonUniformResult(best, bound, exhausted, considered, solved)
 
 

@@ -20,6 +20,7 @@ from planner.nonuniform import NonUniformLayout, NonUniformResult, search_nonuni
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
 from planner.search import SearchResult, search
+from planner.templates import stage_timings
 
 # Share of the time limit the uniform search may use before the non-uniform one starts.
 UNIFORM_TIME_SHARE = 0.4
@@ -82,7 +83,7 @@ def _uniform_with_combined_status(
     return replace(result, solver=solver, status="optimal" if optimal else "feasible")
 
 
-def _breakdown(layout: NonUniformLayout) -> dict[str, float]:
+def _breakdown(problem: PlanningProblem, layout: NonUniformLayout) -> dict[str, float]:
     """Seconds on the slowest replica's bottleneck stage; the parts sum to the iteration."""
     v = layout.outer.virtual_stages
     slowest = max(layout.replica_plan(), key=lambda item: pipeline_time_ms(item[0].stage_ms, max(item[1]), v))
@@ -90,7 +91,7 @@ def _breakdown(layout: NonUniformLayout) -> dict[str, float]:
     m = max(microbatches)
     pipeline = pipeline_time_ms(template.stage_ms, m, v)
     k = max(range(len(template.stage_ms)), key=lambda i: template.stage_ms[i])
-    stage = template.timings[k]
+    stage = stage_timings(layout.terms_cache(problem), template)[k]
     sync_and_step = layout.iteration_ms - pipeline
     used = [t for t, n in zip(layout.templates, layout.allocation.replicas_per_template) if n > 0]
     optimizer = max(t.optimizer_ms for t in used)
@@ -114,7 +115,7 @@ def _assemble_nonuniform(
     solved = found.outer_solved + (uniform.candidates_solved if uniform else 0)
     outer = layout.outer
     return finish_plan(
-        problem, tuple(replicas), used, layout.iteration_ms, _breakdown(layout),
+        problem, tuple(replicas), used, layout.iteration_ms, _breakdown(problem, layout),
         _solver(layout.iteration_ms, bound, optimal, started, total, solved),
         micro_batch_size=outer.micro_batch_size,
         schedule="interleaved" if outer.virtual_stages > 1 else "1f1b",

@@ -46,10 +46,7 @@ class OuterChoice:
 class Template:
     stage_types: tuple[StageType, ...]
     layers_per_stage: tuple[int, ...]
-    timings: tuple[StageTime, ...]
-    forward_ms: tuple[float, ...]
-    backward_ms: tuple[float, ...]
-    memory_bytes: tuple[float, ...]
+    stage_ms: tuple[float, ...]  # forward + backward per microbatch, at each stage's speed
     params_per_gpu: tuple[float, ...]
     bottleneck_ms: float
     total_ms: float
@@ -58,10 +55,6 @@ class Template:
     optimizer_ms: float
     base_groups: int
     degraded: tuple[tuple[StageType, int], ...]
-
-    @property
-    def stage_ms(self) -> tuple[float, ...]:
-        return tuple(f + b for f, b in zip(self.forward_ms, self.backward_ms))
 
     def degraded_counts(self) -> Counter[StageType]:
         return Counter(dict(self.degraded))
@@ -74,8 +67,39 @@ class TermsCache:
         self._problem = problem
         self._outer = outer
         self._replicas = memory_replicas
+        self.memory_replicas = memory_replicas
         self._parts: dict[int, PartSet] = {}
         self._terms: dict[tuple[int, int], StageCostTerms] = {}
+        self._affine: dict[tuple[StageType, int, int], tuple[float, float]] = {}
+        self._backward: dict[tuple[int, int, int], tuple[float, float]] = {}
+        self._caps: dict[tuple[int, int, int], int] = {}
+
+    def stage_affine(self, stage_type: StageType, stages: int, position: int) -> tuple[float, float]:
+        """(per-layer ms, fixed ms) of a stage; only first, middle and last positions differ in time."""
+        kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
+        key = (stage_type, stages, kind)
+        if key not in self._affine:
+            terms = self.terms(stage_type.tp, stages)
+            zero = stage_time(terms, position, 0, stage_type.speed).total_ms
+            self._affine[key] = (stage_time(terms, position, 1, stage_type.speed).total_ms - zero, zero)
+        return self._affine[key]
+
+    def backward_affine(self, tp: int, stages: int, position: int) -> tuple[float, float]:
+        """(per-layer ms, fixed ms) of a stage's backward pass at full speed."""
+        kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
+        key = (tp, stages, kind)
+        if key not in self._backward:
+            terms = self.terms(tp, stages)
+            zero = stage_time(terms, position, 0, 1.0).backward_ms
+            self._backward[key] = (stage_time(terms, position, 1, 1.0).backward_ms - zero, zero)
+        return self._backward[key]
+
+    def layer_cap(self, tp: int, stages: int, position: int, memory_bytes: float) -> int:
+        """Most layers a stage fits in memory (depends on position: microbatches in flight)."""
+        key = (tp, stages, position)
+        if key not in self._caps:
+            self._caps[key] = max_layers_fitting(self.terms(tp, stages), position, memory_bytes)
+        return self._caps[key]
 
     def terms(self, tp: int, stages: int) -> StageCostTerms:
         key = (tp, stages)
@@ -153,11 +177,10 @@ def build_template(
     stages = len(stage_types)
     per_layer, fixed, caps = [], [], []
     for i, st in enumerate(stage_types):
-        terms = cache.terms(st.tp, stages)
-        zero = stage_time(terms, i, 0, st.speed).total_ms
-        per_layer.append(stage_time(terms, i, 1, st.speed).total_ms - zero)
-        fixed.append(zero)
-        caps.append(max_layers_fitting(terms, i, capacity))
+        per_layer_ms, fixed_ms = cache.stage_affine(st, stages, i)
+        per_layer.append(per_layer_ms)
+        fixed.append(fixed_ms)
+        caps.append(cache.layer_cap(st.tp, stages, i, capacity))
     split = best_split(per_layer, fixed, caps, layers, outer.virtual_stages)
     if split is None:
         return None
@@ -174,33 +197,32 @@ def template_costs(
 ) -> Template:
     """Every cost of one template with a given split (also used by the brute-force tests)."""
     stages = len(stage_types)
-    timings, healthy, params = [], [], []
+    totals, params = [], []
     uniform_sync, resharded_sync, optimizer = [], [], []
     network = problem.hardware.inter_node_bandwidth_gb_s * problem.efficiency.network_fraction
     for i, (st, n) in enumerate(zip(stage_types, split)):
         terms = cache.terms(st.tp, stages)
-        timing = stage_time(terms, i, n, st.speed)
-        full_speed = stage_time(terms, i, n, 1.0)
-        timings.append(timing)
-        healthy.append(full_speed)
-        params.append(timing.params)
+        per_layer, fixed = cache.stage_affine(st, stages, i)
+        totals.append(n * per_layer + fixed)
+        backward_per_layer, backward_fixed = cache.backward_affine(st.tp, stages, i)
+        backward = n * backward_per_layer + backward_fixed
+        stage_params = n * terms.layer.params
+        stage_params += terms.embedding.params if i == 0 else 0.0
+        stage_params += terms.head.params if i == stages - 1 else 0.0
+        params.append(stage_params)
         overlap = terms.overlap_grad_reduce
-        bucket = terms.dp_sync_ms(min(terms.bucket_params, timing.params), sync_replicas) if sync_replicas > 1 else 0.0
-        uniform = terms.dp_sync_ms(timing.params, sync_replicas) if sync_replicas > 1 else 0.0
-        uniform_sync.append(exposed_sync_ms(uniform, full_speed.backward_ms, bucket, overlap))
-        resharded = resharded_sync_ms(timing.params, n, sync_replicas, terms.grad_bytes_per_param, network)
-        bucket_resharded = resharded_sync_ms(min(terms.bucket_params, timing.params), 1, sync_replicas, terms.grad_bytes_per_param, network)
-        resharded_sync.append(exposed_sync_ms(resharded, full_speed.backward_ms, bucket_resharded, overlap))
-        optimizer.append(timing.params * terms.optimizer_ms_per_param)
-    totals = [t.total_ms for t in timings]
+        bucket = terms.dp_sync_ms(min(terms.bucket_params, stage_params), sync_replicas) if sync_replicas > 1 else 0.0
+        uniform = terms.dp_sync_ms(stage_params, sync_replicas) if sync_replicas > 1 else 0.0
+        uniform_sync.append(exposed_sync_ms(uniform, backward, bucket, overlap))
+        resharded = resharded_sync_ms(stage_params, n, sync_replicas, terms.grad_bytes_per_param, network)
+        bucket_resharded = resharded_sync_ms(min(terms.bucket_params, stage_params), 1, sync_replicas, terms.grad_bytes_per_param, network)
+        resharded_sync.append(exposed_sync_ms(resharded, backward, bucket_resharded, overlap))
+        optimizer.append(stage_params * terms.optimizer_ms_per_param)
     degraded = Counter(st for st in stage_types if st != base)
     return Template(
         stage_types=stage_types,
         layers_per_stage=split,
-        timings=tuple(timings),
-        forward_ms=tuple(t.forward_ms for t in timings),
-        backward_ms=tuple(t.backward_ms for t in timings),
-        memory_bytes=tuple(t.memory_bytes for t in timings),
+        stage_ms=tuple(totals),
         params_per_gpu=tuple(params),
         bottleneck_ms=max(totals),
         total_ms=sum(totals),
@@ -210,6 +232,15 @@ def template_costs(
         base_groups=sum(1 for st in stage_types if st == base),
         degraded=tuple(sorted(degraded.items())),
     )
+
+
+def stage_timings(cache: TermsCache, template: Template) -> list[StageTime]:
+    """Full per-stage timing and memory of a template (for the plan; the search needs less)."""
+    stages = len(template.stage_types)
+    return [
+        stage_time(cache.terms(st.tp, stages), i, n, st.speed)
+        for i, (st, n) in enumerate(zip(template.stage_types, template.layers_per_stage))
+    ]
 
 
 def enumerate_templates(
