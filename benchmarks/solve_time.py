@@ -31,12 +31,18 @@ request = PlanRequest.model_validate(json.loads(sys.argv[1]))
 started = time.perf_counter()
 plan = plan_for(request)
 wall = time.perf_counter() - started
-stages = plan.replicas[0].stages
+shapes = {}
+for replica in plan.replicas:
+    tps = sorted({s.tp for s in replica.stages})
+    key = f"{len(replica.stages)} stages tp {'/'.join(map(str, tps))}"
+    shapes[key] = shapes.get(key, 0) + 1
+layout = "; ".join(f"{n} x {key}" for key, n in sorted(shapes.items(), key=lambda kv: -kv[1]))
 print(json.dumps({
     "wall_s": wall, "solver": plan.solver.status, "gap": plan.solver.gap,
     "candidates": plan.solver.candidates_total, "solved": plan.solver.candidates_solved,
-    "layout": f"tp={stages[0].tp} pp={len(stages)} dp={len(plan.replicas)} mbs={plan.micro_batch_size} "
-              f"{plan.schedule}{'' if plan.virtual_stages == 1 else ' v=' + str(plan.virtual_stages)} {plan.recompute}",
+    "layout": f"{layout}; mbs {plan.micro_batch_size}, {plan.schedule}"
+              f"{'' if plan.virtual_stages == 1 else ' v=' + str(plan.virtual_stages)}, recompute {plan.recompute}"
+              f"{'' if plan.uniform else ', non-uniform'}",
     "mfu": plan.predicted.mfu,
     "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
 }))
@@ -65,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--max-gpus", type=int, default=10**9, help="skip cases larger than this")
     args = parser.parse_args(argv)
-    lines = ["| case | layout found | MFU | solver | candidates (CP-SAT solved) | wall s | target s | peak RSS MiB |",
+    lines = ["| case | layout found (replicas x shape) | MFU | solver | candidates (CP-SAT solved) | wall s | target s | peak RSS MiB |",
              "|---|---|---:|---|---:|---:|---:|---:|"]
     for case in CASES:
         if case[1] * case[2] > args.max_gpus:

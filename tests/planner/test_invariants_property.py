@@ -44,7 +44,7 @@ def requests(draw):
                     "gpu": {"name": "test-gpu", "peak_tflops": 100.0, "memory_gib": memory_gib}},
         "failures": {"failed": failed, "slow": slow},
         "model": draw(st.sampled_from(ARCHITECTURES)),
-        "training": {"global_batch_size": draw(st.sampled_from([1, 4, 6, 16])),
+        "training": {"global_batch_size": draw(st.sampled_from([1, 4, 6, 7, 16, 30])),
                      "seq_length": draw(st.sampled_from([128, 512, 2048])),
                      "micro_batch_size": draw(st.sampled_from([None, 1, 2])),
                      "zero_stage": draw(st.sampled_from([0, 1])),
@@ -89,3 +89,41 @@ def test_model_that_cannot_fit_reports_numbers():
         raise AssertionError("llama3-405b cannot fit on 8 A100-80GB")
     # 405.9B parameters x 18 bytes = 7.3e12 bytes = 6.6 TiB; 8 x 80 GiB = 640 GiB.
     assert "6.6 TiB" in message and "640 GiB" in message and "8 surviving" in message
+
+
+PIPELINED_MODEL = {"num_layers": 16, "hidden_size": 2048, "ffn_hidden_size": 5632, "num_attention_heads": 16,
+                   "num_kv_heads": 4, "vocab_size": 32000, "swiglu": True, "tied_embeddings": False}
+
+
+@st.composite
+def damaged_clusters(draw):
+    """Clusters where the model needs pipelines (small GPU memory) and failures break symmetry."""
+    num_nodes = draw(st.integers(3, 8))
+    gpus_per_node = draw(st.sampled_from([4, 8]))
+    devices = [f"{n}:{g}" for n in range(num_nodes) for g in range(gpus_per_node)]
+    failed = draw(st.lists(st.sampled_from(devices), min_size=1, max_size=3, unique=True))
+    if draw(st.booleans()):
+        failed.append(f"{draw(st.integers(0, num_nodes - 1))}:*")
+    slow = [{"device": d, "speed": draw(st.sampled_from([0.25, 0.5, 0.8]))}
+            for d in draw(st.lists(st.sampled_from(devices), max_size=2, unique=True))]
+    return {
+        "cluster": {"num_nodes": num_nodes, "gpus_per_node": gpus_per_node,
+                    "gpu": {"name": "test-gpu", "peak_tflops": 300.0, "memory_gib": draw(st.sampled_from([12.0, 20.0]))}},
+        "failures": {"failed": failed, "slow": slow},
+        "model": PIPELINED_MODEL,
+        "training": {"global_batch_size": draw(st.sampled_from([24, 30, 45, 64])), "seq_length": 2048},
+        "options": {"time_limit_s": 5},
+    }
+
+
+@settings(max_examples=25)
+@given(damaged_clusters())
+def test_failure_aware_plans_satisfy_the_invariants(raw):
+    request = PlanRequest.model_validate(raw)
+    try:
+        plan = plan_for(request)
+    except InfeasibleError as error:
+        assert re.search(r"\d", str(error))
+        return
+    speeds = {s.device: s.speed for s in request.failures.slow}
+    check_invariants(plan, request, resolve_model(request.model), resolve_hardware(request.cluster).gpu, speeds)
