@@ -126,9 +126,17 @@ def _solve_fixed_budget(
         model.add(replicas[k] >= 1).only_enforce_if(used[k])
         model.add(replicas[k] == 0).only_enforce_if(~used[k])
 
-    # Tail: resharded sync once two different templates run; the largest optimizer step.
-    model.add(sum(used.values()) >= 2).only_enforce_if(mixed)
-    model.add(sum(used.values()) <= 1).only_enforce_if(~mixed)
+    # Tail: resharded sync once replicas differ in TP or stage boundaries; the largest optimizer step.
+    shardings: dict[tuple, list[int]] = {}
+    for k in usable:
+        shardings.setdefault(templates[k].sharding, []).append(k)
+    sharding_used = []
+    for members in shardings.values():
+        flag = model.new_bool_var("")
+        model.add_max_equality(flag, [used[k] for k in members])
+        sharding_used.append(flag)
+    model.add(sum(sharding_used) >= 2).only_enforce_if(mixed)
+    model.add(sum(sharding_used) <= 1).only_enforce_if(~mixed)
     for k in usable:
         t = templates[k]
         model.add(sync >= _ticks(t.sync_uniform_ms)).only_enforce_if(used[k])
@@ -287,28 +295,33 @@ def solve_allocation(
     def attempt(index: int) -> _Fixed | None:
         return _solve_fixed_budget(data, breakpoints[index], remaining(), solver)
 
-    # The largest useful budget first: when even it is infeasible, nothing here beats the incumbent.
-    if not _feasible(data, breakpoints[-1], solver, remaining()):
+    # The largest useful budget first, with the least tail: if even it is infeasible nothing here
+    # beats the incumbent, and its tail is the least any smaller budget can reach.
+    capacities_top = [_capacity(t, breakpoints[-1], v) for t in templates]
+    if _capacity_upper_bound(data, capacities_top) < total:
         return None
+    if not _healthy_nodes_suffice(data, capacities_top) and _relaxed_capacity(data, capacities_top) < total - 1e-6:
+        return None
+    top = attempt(len(breakpoints) - 1)
+    if top is None:
+        return None
+    least_tail = v * top.tail_ticks
     # Bisection for the least feasible budget; bounds decide most probes without a solve.
     first = bisect.bisect_left(
         range(len(breakpoints)), True, key=lambda i: _feasible(data, breakpoints[i], solver, remaining())
     )
-    if first == len(breakpoints):
-        return None
-    best_fixed = attempt(first)
+    best_fixed = attempt(first) if first < len(breakpoints) - 1 else top
     if best_fixed is None:
         return None
     best_budget = breakpoints[first]
     best_value = best_budget + v * best_fixed.tail_ticks
-    all_optimal = best_fixed.optimal
-    # Larger budgets can only pay off by a shorter tail: scan until the budget plus the
-    # shortest tail any template has is no better.
+    all_optimal = best_fixed.optimal and top.optimal
+    # Larger budgets pay off only by a shorter tail, never shorter than the top budget's.
     for index in range(first + 1, len(breakpoints)):
-        if breakpoints[index] + shortest_tail >= best_value or time.monotonic() >= deadline:
-            all_optimal = all_optimal and breakpoints[index] + shortest_tail >= best_value
+        if breakpoints[index] + least_tail >= best_value or time.monotonic() >= deadline:
+            all_optimal = all_optimal and breakpoints[index] + least_tail >= best_value
             break
-        fixed = attempt(index)
+        fixed = attempt(index) if index < len(breakpoints) - 1 else top
         if fixed is None:
             continue
         all_optimal = all_optimal and fixed.optimal

@@ -23,7 +23,7 @@ from planner.partitions import NodeClass, Partition, StageType, damaged_classes,
 from planner.problem import MAX_VIRTUAL_STAGES, PlanningProblem
 from cost_models.stage_costs import max_layers_fitting
 from cost_models.iteration import stage_time
-from planner.templates import SHORTER_PIPELINES, OuterChoice, Template, TermsCache, best_split, enumerate_templates
+from planner.templates import OuterChoice, Template, TermsCache, best_split, enumerate_templates, pipeline_lengths
 
 PRUNE_TOLERANCE = 1e-6
 
@@ -66,7 +66,7 @@ def evaluate_layout(layout_templates, allocation: Allocation, virtual_stages: in
     """Iteration time of an allocation, recomputed from the cost model (not from the solver's ticks)."""
     used = [(t, n, w) for t, n, w in zip(layout_templates, allocation.replicas_per_template,
                                          allocation.microbatches_per_template) if n > 0]
-    mixed = len(used) > 1
+    mixed = len({t.sharding for t, _, _ in used}) > 1
     replicas = [(t.stage_ms, -(-w // n)) for t, n, w in used]
     syncs = [t.sync_resharded_ms if mixed else t.sync_uniform_ms for t, _, _ in used]
     optimizers = [t.optimizer_ms for t, _, _ in used]
@@ -121,12 +121,12 @@ def _ends_in_layers(cache: TermsCache, tps: list[int]) -> float:
 def shortest_fitting_length(
     problem: PlanningProblem, outer: OuterChoice, cache: TermsCache, memo: dict | None = None
 ) -> int | None:
-    """Fewest stages (pp - 2 .. pp) of a base-only template that fits memory; lower-TP stages
+    """Fewest stages (see `pipeline_lengths`) of a base-only template that fits memory; lower-TP stages
     need more memory at every position, so no template is shorter. None if none fits.
     `memo` shares the per-length answer between outer choices of one search."""
     memo = {} if memo is None else memo
     units = problem.workload.model.num_layers // outer.virtual_stages
-    for stages in range(max(1, outer.pp - SHORTER_PIPELINES), outer.pp + 1):
+    for stages in pipeline_lengths(outer.pp):
         key = (outer.tp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, stages, cache.memory_replicas)
         if key not in memo:
             caps = [cache.layer_cap(outer.tp, stages, i, problem.hardware.gpu.memory_bytes) for i in range(stages)]
@@ -243,7 +243,7 @@ def _strong_lower_bound_ms(
     v = outer.virtual_stages
     fill = capacity.work * capacity.fastest / v
     bottlenecks = {}
-    for stages in range(max(1, outer.pp - SHORTER_PIPELINES), outer.pp + 1):
+    for stages in pipeline_lengths(outer.pp):
         bottleneck = _base_bottleneck_ms(problem, outer, cache, stages)
         if bottleneck is not None:
             bottlenecks[stages] = bottleneck
@@ -292,7 +292,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
     fits: dict[tuple, bool] = {}
     for index, outer in enumerate(outer_choices(problem)):
         inventory = inventories[outer.tp]
-        if max(1, outer.pp - SHORTER_PIPELINES) > inventory.group_count_bound():
+        if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
             continue  # not even the shortest allowed pipeline finds enough TP groups
         key = (outer.tp, outer.micro_batch_size, outer.recompute)
         if key not in capacities:
@@ -330,7 +330,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
                 heapq.heappush(queue, (tighter, index, _STRONG, outer))
             continue
         if stage == _STRONG:
-            replicas_bound = max(1, inventory.group_count_bound() // max(1, outer.pp - SHORTER_PIPELINES))
+            replicas_bound = max(1, inventory.group_count_bound() // pipeline_lengths(outer.pp)[0])
             templates = enumerate_templates(problem, outer, cache, inventory.degraded_types(), replicas_bound)
             if templates:
                 built[index] = templates

@@ -54,10 +54,11 @@ def plan(problem: PlanningProblem) -> PlanResult:
 
 
 def _combined_bound(uniform: SearchResult | None, found: NonUniformResult, value: float) -> tuple[float, bool]:
+    """Bound over the union of both spaces; optimal when the non-uniform search finished and
+    neither it nor the (possibly cut-short) uniform search leaves a bound below the answer."""
     uniform_bound = uniform.bound_ms if uniform is not None else float("inf")
-    uniform_done = uniform is None or uniform.optimal
     bound = min(value, uniform_bound, found.bound_ms)
-    optimal = uniform_done and found.exhausted and bound >= value * (1 - 1e-6)
+    optimal = found.exhausted and bound >= value * (1 - 1e-6)
     return (value if optimal else bound), optimal
 
 

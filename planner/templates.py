@@ -1,10 +1,11 @@
 """Replica templates: a sequence of stage types, its layer split and its costs.
 
-A template is a pipeline of `pp`, `pp - 1` or `pp - 2` stages of one of two
-kinds: base groups with at most one degraded stage (a group of lower TP or
-slower than the healthy base group), which then sits in a middle position
-(the ends carry the embedding and the head); or every stage the same degraded
-type (a pipeline built from damaged nodes' groups alone).
+A template is a pipeline of one of three kinds: base groups only (pp down to
+pp - max(2, pp // 4) stages); base groups with one degraded stage (a group of
+lower TP or slower than the healthy base group) in a middle position (the
+ends carry the embedding and the head); or every stage the same degraded type
+(a pipeline built from damaged nodes' groups alone). The last two have
+pp - 2 .. pp stages.
 
 Its layer split minimizes the bottleneck stage time, then the sum of stage
 times (what the pipeline pays per microbatch, then in fill and drain), under
@@ -28,7 +29,18 @@ from cost_models.stage_costs import PartSet, StageCostTerms, max_layers_fitting,
 from planner.partitions import StageType
 from planner.problem import PlanningProblem
 
-SHORTER_PIPELINES = 2
+SHORTER_PIPELINES = 2  # degraded templates: pp - 2 .. pp stages
+
+
+def pipeline_lengths(pp: int) -> range:
+    """Stage counts a replica may have under nominal `pp`: base-only pipelines as short as
+    pp - max(2, pp // 4) (so replicas of whole healthy groups can mix lengths, as Oobleck's
+    templates do); templates with degraded stages pp - 2 .. pp."""
+    return range(max(1, pp - max(SHORTER_PIPELINES, pp // 4)), pp + 1)
+
+
+def degraded_lengths(pp: int) -> range:
+    return range(max(1, pp - SHORTER_PIPELINES), pp + 1)
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,11 @@ class Template:
     optimizer_ms: float
     base_groups: int
     degraded: tuple[tuple[StageType, int], ...]
+
+    @property
+    def sharding(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """TP per stage and layer split: replicas alike in these need no resharding to sync."""
+        return tuple(st.tp for st in self.stage_types), self.layers_per_stage
 
     def degraded_counts(self) -> Counter[StageType]:
         return Counter(dict(self.degraded))
@@ -252,11 +269,12 @@ def enumerate_templates(
 ) -> list[Template]:
     base = StageType(outer.tp, 1.0)
     out = []
-    for stages in range(outer.pp, max(0, outer.pp - SHORTER_PIPELINES), -1):
+    for stages in reversed(pipeline_lengths(outer.pp)):
         sequences = [arrange(stages, base, ())]
-        sequences += [arrange(stages, base, (stage_type,)) for stage_type in sorted(degraded_types)]
-        if stages > 1:
-            sequences += [(stage_type,) * stages for stage_type in sorted(degraded_types)]
+        if stages in degraded_lengths(outer.pp):
+            sequences += [arrange(stages, base, (stage_type,)) for stage_type in sorted(degraded_types)]
+            if stages > 1:
+                sequences += [(stage_type,) * stages for stage_type in sorted(degraded_types)]
         for sequence in sequences:
             template = build_template(problem, outer, cache, sequence, base, sync_replicas)
             if template is not None:

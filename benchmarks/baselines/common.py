@@ -17,10 +17,11 @@ from dataclasses import dataclass, replace
 
 from cost_models.nonuniform import nonuniform_iteration_ms
 from cost_models.pipeline import pipeline_time_ms
+from cost_models.stage_costs import max_layers_fitting
 from planner.plan import plan_uniform
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
-from planner.templates import OuterChoice, Template
+from planner.templates import OuterChoice, Template, TermsCache
 
 Device = tuple[int, int]
 
@@ -145,5 +146,11 @@ def iteration_ms(templates: Sequence[Template], microbatches: Sequence[int], vir
     return nonuniform_iteration_ms(replicas, virtual_stages, syncs, optimizers)
 
 
-def fits_memory(problem: PlanningProblem, template: Template) -> bool:
-    return max(template.memory_bytes) <= problem.hardware.gpu.memory_bytes
+def fits_memory(problem: PlanningProblem, cache: TermsCache, template: Template) -> bool:
+    """Whether every stage's layers fit its GPUs' memory (the ZeRO-1 replicas `cache` was built for)."""
+    stages = len(template.stage_types)
+    capacity = problem.hardware.gpu.memory_bytes
+    return all(
+        n <= max_layers_fitting(cache.terms(st.tp, stages), i, capacity)
+        for i, (st, n) in enumerate(zip(template.stage_types, template.layers_per_stage))
+    )

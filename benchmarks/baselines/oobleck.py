@@ -50,7 +50,7 @@ from planner.templates import (
 )
 
 NAME = "oobleck"
-MAX_EVALUATIONS = 2000
+MAX_EVALUATIONS = 10000
 PRUNE_TOLERANCE = 1e-9
 
 

@@ -81,7 +81,7 @@ def _templates(
             template = None
             if all(st == base for st in stage_types):
                 kept = template_costs(problem, cache, stage_types, layout.layers_per_stage, base, count)
-                template = kept if fits_memory(problem, kept) else None
+                template = kept if fits_memory(problem, cache, kept) else None
             if template is None:
                 template = build_template(problem, layout.outer, cache, stage_types, base, count)
             built[stage_types] = template

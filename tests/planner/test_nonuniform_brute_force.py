@@ -23,7 +23,7 @@ from cost_models.stage_costs import max_layers_fitting
 from planner.candidates import tensor_parallel_sizes
 from planner.nonuniform import _inventory, _memory_replicas, outer_choices, search_nonuniform
 from planner.partitions import StageType, damaged_classes
-from planner.templates import SHORTER_PIPELINES, TermsCache, arrange, template_costs
+from planner.templates import TermsCache, arrange, degraded_lengths, pipeline_lengths, template_costs
 from tests.planner.helpers import small_problem
 
 INF = float("inf")
@@ -94,11 +94,11 @@ def brute_force_nonuniform_ms(problem) -> float:
     best = INF
     for outer in outer_choices(problem):
         inventory = _inventory(problem, outer.tp, sizes)
-        if max(1, outer.pp - SHORTER_PIPELINES) > inventory.group_count_bound():
+        if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
             continue
         total = problem.workload.global_batch_size // outer.micro_batch_size
         memory_replicas = _memory_replicas(problem, outer, inventory)
-        sync_replicas = max(1, inventory.group_count_bound() // max(1, outer.pp - SHORTER_PIPELINES))
+        sync_replicas = max(1, inventory.group_count_bound() // pipeline_lengths(outer.pp)[0])
         cache = TermsCache(problem, outer, memory_replicas)
         base = StageType(outer.tp, 1.0)
         allowed = [s for s in sizes if s <= outer.tp]
@@ -109,9 +109,11 @@ def brute_force_nonuniform_ms(problem) -> float:
             per_node.append(maximal_partitions(speeds, allowed) if speeds else [()])
         degraded_types = sorted({g for options in per_node for p in options for g in p if g != base})
         templates = []
-        for stages in range(max(1, outer.pp - SHORTER_PIPELINES), outer.pp + 1):
-            forms = [arrange(stages, base, ())] + [arrange(stages, base, (d,)) for d in degraded_types]
-            forms += [(d,) * stages for d in degraded_types] if stages > 1 else []
+        for stages in pipeline_lengths(outer.pp):
+            forms = [arrange(stages, base, ())]
+            if stages in degraded_lengths(outer.pp):
+                forms += [arrange(stages, base, (d,)) for d in degraded_types]
+                forms += [(d,) * stages for d in degraded_types] if stages > 1 else []
             for form in forms:
                 split = brute_split(problem, cache, form, outer.virtual_stages)
                 if split is not None:
@@ -149,7 +151,8 @@ def brute_force_nonuniform_ms(problem) -> float:
                 pipeline = best_pipeline_ms(replicas, total, outer.virtual_stages)
                 if pipeline == INF:
                     continue
-                kinds = {id(t) for t in replicas}
+                # Replicas alike in TP per stage and layer split share a sharding: no resharding.
+                kinds = {(tuple(st.tp for st in t.stage_types), t.layers_per_stage) for t in replicas}
                 mixed = len(kinds) > 1
                 sync = max(t.sync_resharded_ms if mixed else t.sync_uniform_ms for t in replicas)
                 step = max(t.optimizer_ms for t in replicas)
