@@ -8,7 +8,7 @@ from dataclasses import replace
 from api.convert import to_problem, to_wire
 from api.schemas import EstimateRequest, Plan, PlanRequest
 from planner.estimate import FixedLayout, estimate_layout
-from planner.plan import plan, plan_uniform
+from planner.plan import plan
 
 
 def new_plan_id() -> str:

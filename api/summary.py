@@ -15,10 +15,10 @@ def _replica_signature(replica) -> tuple:
 def render_table(plan: Plan, console: Console | None = None) -> None:
     console = console or Console()
     p = plan.predicted
-    first = plan.replicas[0]
     console.print(
         f"[bold]{plan.model or 'model'}[/bold]  status={plan.status}  uniform={plan.uniform}  "
-        f"replicas={len(plan.replicas)}  stages={len(first.stages)}  tp={first.stages[0].tp}  "
+        f"replicas={len(plan.replicas)}  stages={'/'.join(str(n) for n in sorted({len(r.stages) for r in plan.replicas}))}  "
+        f"tp={'/'.join(str(t) for t in sorted({s.tp for r in plan.replicas for s in r.stages}))}  "
         f"micro_batch_size={plan.micro_batch_size}  schedule={plan.schedule}"
         f"{f' (v={plan.virtual_stages})' if plan.virtual_stages > 1 else ''}  recompute={plan.recompute}"
     )

@@ -63,7 +63,6 @@ def place_slots(problem: PlanningProblem, tp: int, pp: int, dp: int) -> list[lis
 def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
     terms = found.candidate.terms
     shape = terms.shape
-    cluster = problem.cluster
     grid = place_slots(problem, shape.tp, shape.pp, shape.dp)
 
     bounds = []

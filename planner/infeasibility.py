@@ -66,7 +66,6 @@ def explain_infeasible(problem: PlanningProblem) -> str:
     if obvious is not None:
         return obvious
     cluster = problem.cluster
-    model = problem.workload.model
     gpu = problem.hardware.gpu
     surviving = cluster.total_devices - len(cluster.failed)
     leanest = _leanest_layout(problem)

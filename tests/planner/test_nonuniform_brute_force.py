@@ -126,7 +126,7 @@ def brute_force_nonuniform_ms(problem) -> float:
             for partition in choice:
                 supply.update(partition)
             # Every multiset of replicas the supply allows (at most `total` replicas).
-            def multisets(index, left, chosen):
+            def multisets(index, left, chosen, templates=templates, total=total):
                 if index == len(templates):
                     yield list(chosen)
                     return
@@ -134,7 +134,7 @@ def brute_force_nonuniform_ms(problem) -> float:
                 need = Counter(template.stage_types)
                 count = 0
                 while True:
-                    yield from multisets(index + 1, left, chosen + [template] * count)
+                    yield from multisets(index + 1, left, chosen + [template] * count, templates, total)
                     if len(chosen) + count + 1 > total or any(left[k] - need[k] * (count + 1) < 0 for k in need):
                         break
                     count += 1
