@@ -14,16 +14,24 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from cost_models.iteration import stage_time
 from cost_models.nonuniform import nonuniform_iteration_ms
+from cost_models.stage_costs import max_layers_fitting
 from planner.allocation import Allocation, AllocationInput, solve_allocation
 from planner.candidates import tensor_parallel_sizes
 from planner.partitions import NodeClass, Partition, StageType, damaged_classes, node_partitions
 from planner.problem import MAX_VIRTUAL_STAGES, PlanningProblem
-from cost_models.stage_costs import max_layers_fitting
-from cost_models.iteration import stage_time
-from planner.templates import OuterChoice, Template, TermsCache, best_split, enumerate_templates, pipeline_lengths
+from planner.templates import (
+    OuterChoice,
+    Template,
+    TermsCache,
+    best_split,
+    enumerate_templates,
+    pipeline_lengths,
+    template_costs,
+)
 
 PRUNE_TOLERANCE = 1e-6
 
@@ -37,6 +45,7 @@ class NonUniformLayout:
     partitions: tuple[tuple[Partition, ...], ...]
     iteration_ms: float
     memory_replicas: int  # what the templates' ZeRO memory was computed for
+    link_replicas: int  # what the templates' pipeline links were costed for
 
     def replica_plan(self) -> list[tuple[Template, list[int]]]:
         """Per used template, the microbatches of each of its replicas (balanced, heaviest first)."""
@@ -50,7 +59,7 @@ class NonUniformLayout:
         return out
 
     def terms_cache(self, problem: PlanningProblem) -> TermsCache:
-        return TermsCache(problem, self.outer, self.memory_replicas)
+        return TermsCache(problem, self.outer, self.memory_replicas, self.link_replicas)
 
 
 @dataclass(frozen=True)
@@ -189,6 +198,23 @@ def _memory_replicas(problem: PlanningProblem, outer: OuterChoice, inventory: _I
     return max(1, min(microbatches, inventory.healthy_base_groups // outer.pp))
 
 
+def _link_replicas(outer: OuterChoice, inventory: _Inventory) -> int:
+    """The most replicas an outer choice can build: gradient sync and pipeline links are costed
+    for this many during the search (more replicas never make either cheaper)."""
+    return max(1, inventory.group_count_bound() // pipeline_lengths(outer.pp)[0])
+
+
+def recost(problem: PlanningProblem, layout: NonUniformLayout) -> NonUniformLayout:
+    """The chosen layout costed with its actual replica count (sync, ZeRO memory, optimizer),
+    which is never more than the search's conservative figures."""
+    replicas = sum(layout.allocation.replicas_per_template)
+    cache = TermsCache(problem, layout.outer, replicas, layout.link_replicas)
+    base = StageType(layout.outer.tp, 1.0)
+    templates = tuple(template_costs(problem, cache, t.stage_types, t.layers_per_stage, base, replicas) for t in layout.templates)
+    value = evaluate_layout(templates, layout.allocation, layout.outer.virtual_stages)
+    return replace(layout, templates=templates, iteration_ms=value, memory_replicas=replicas)
+
+
 def outer_choices(problem: PlanningProblem) -> list[OuterChoice]:
     layers = problem.workload.model.num_layers
     batch = problem.workload.global_batch_size
@@ -297,7 +323,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
         key = (outer.tp, outer.micro_batch_size, outer.recompute)
         if key not in capacities:
             capacities[key] = _capacity_summary(problem, outer, inventory)
-        cache = TermsCache(problem, outer, _memory_replicas(problem, outer, inventory))
+        cache = TermsCache(problem, outer, _memory_replicas(problem, outer, inventory), _link_replicas(outer, inventory))
         shortest = shortest_fitting_length(problem, outer, cache, fits)
         if shortest is None:
             continue
@@ -322,7 +348,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
             break
         inventory = inventories[outer.tp]
         memory_replicas = _memory_replicas(problem, outer, inventory)
-        cache = TermsCache(problem, outer, memory_replicas)
+        cache = TermsCache(problem, outer, memory_replicas, _link_replicas(outer, inventory))
         if stage == _CHEAP:
             capacity = capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
             tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity))
@@ -330,8 +356,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
                 heapq.heappush(queue, (tighter, index, _STRONG, outer))
             continue
         if stage == _STRONG:
-            replicas_bound = max(1, inventory.group_count_bound() // pipeline_lengths(outer.pp)[0])
-            templates = enumerate_templates(problem, outer, cache, inventory.degraded_types(), replicas_bound)
+            templates = enumerate_templates(problem, outer, cache, inventory.degraded_types(), _link_replicas(outer, inventory))
             if templates:
                 built[index] = templates
                 least_tail = min(t.sync_uniform_ms + t.optimizer_ms for t in templates)
@@ -354,7 +379,8 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
         if value < best_ms:
             best_ms = value
             best = NonUniformLayout(
-                outer, tuple(templates), allocation, inventory.classes, inventory.partitions, value, memory_replicas
+                outer, tuple(templates), allocation, inventory.classes, inventory.partitions, value,
+                memory_replicas, _link_replicas(outer, inventory),
             )
     return NonUniformResult(best, bound, exhausted, considered, solved)
 

@@ -16,7 +16,7 @@ from planner.assemble import assemble_plan, finish_plan
 from planner.assemble_nonuniform import assemble_replicas
 from planner.errors import InfeasibleError
 from planner.infeasibility import explain_infeasible, obvious_infeasibility
-from planner.nonuniform import NonUniformLayout, NonUniformResult, search_nonuniform
+from planner.nonuniform import NonUniformLayout, NonUniformResult, recost, search_nonuniform
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
 from planner.search import SearchResult, search
@@ -109,7 +109,7 @@ def _breakdown(problem: PlanningProblem, layout: NonUniformLayout) -> dict[str, 
 def _assemble_nonuniform(
     problem: PlanningProblem, found: NonUniformResult, uniform: SearchResult | None, started: float
 ) -> PlanResult:
-    layout = found.layout
+    layout = recost(problem, found.layout)
     replicas, used = assemble_replicas(problem, layout)
     bound, optimal = _combined_bound(uniform, found, layout.iteration_ms)
     total = found.outer_total + (uniform.candidates_total if uniform else 0)

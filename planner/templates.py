@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost_models.iteration import StageTime, stage_time
 from cost_models.layout import ParallelShape
@@ -78,12 +78,20 @@ class Template:
 
 
 class TermsCache:
-    """StageCostTerms per (tp, stages) for one outer choice; layer costs shared per tp."""
+    """StageCostTerms per (tp, stages) for one outer choice; layer costs shared per tp.
 
-    def __init__(self, problem: PlanningProblem, outer: OuterChoice, memory_replicas: int) -> None:
+    memory_replicas: replicas ZeRO-1 shards optimizer state over (memory, optimizer step).
+    link_replicas: replicas assumed when deciding whether pipeline sends stay in a node; a
+        template's replicas are placed only after the search, so this is the most there can be.
+    """
+
+    def __init__(
+        self, problem: PlanningProblem, outer: OuterChoice, memory_replicas: int, link_replicas: int | None = None
+    ) -> None:
         self._problem = problem
         self._outer = outer
         self._replicas = memory_replicas
+        self._link_replicas = max(memory_replicas, link_replicas or memory_replicas)
         self.memory_replicas = memory_replicas
         self._parts: dict[int, PartSet] = {}
         self._terms: dict[tuple[int, int], StageCostTerms] = {}
@@ -128,9 +136,16 @@ class TermsCache:
             )
             if tp not in self._parts:
                 self._parts[tp] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
-            self._terms[key] = stage_cost_terms(
+            terms = stage_cost_terms(
                 problem.workload, problem.hardware, shape, problem.efficiency, problem.software, self._parts[tp]
             )
+            if self._link_replicas > self._replicas:
+                links = stage_cost_terms(
+                    problem.workload, problem.hardware, replace(shape, dp=self._link_replicas),
+                    problem.efficiency, problem.software, self._parts[tp],
+                )
+                terms = replace(terms, p2p_ms=links.p2p_ms)
+            self._terms[key] = terms
         return self._terms[key]
 
 

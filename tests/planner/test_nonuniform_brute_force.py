@@ -99,7 +99,7 @@ def brute_force_nonuniform_ms(problem) -> float:
         total = problem.workload.global_batch_size // outer.micro_batch_size
         memory_replicas = _memory_replicas(problem, outer, inventory)
         sync_replicas = max(1, inventory.group_count_bound() // pipeline_lengths(outer.pp)[0])
-        cache = TermsCache(problem, outer, memory_replicas)
+        cache = TermsCache(problem, outer, memory_replicas, sync_replicas)
         base = StageType(outer.tp, 1.0)
         allowed = [s for s in sizes if s <= outer.tp]
         damaged = sorted(cluster.damaged_nodes)
