@@ -154,6 +154,9 @@ def solve_split(
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
     solver.parameters.random_seed = random_seed
     solver.parameters.num_workers = 1
+    # Presolve can spend tens of seconds on these few-variable models with large tick-valued
+    # coefficients (seen: 25 s vs 0.01 s without it, same optimum).
+    solver.parameters.cp_model_presolve = False
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None

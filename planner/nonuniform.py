@@ -231,8 +231,22 @@ def outer_choices(problem: PlanningProblem) -> list[OuterChoice]:
     return out
 
 
-def _base_bottleneck_ms(problem: PlanningProblem, outer: OuterChoice, cache: TermsCache, stages: int) -> float | None:
-    """Bottleneck of the base-only template with `stages` stages (None if it does not fit)."""
+def _base_bottleneck_ms(
+    problem: PlanningProblem, outer: OuterChoice, cache: TermsCache, stages: int, memo: dict | None = None
+) -> float | None:
+    """Bottleneck of the base-only template with `stages` stages (None if it does not fit);
+    `memo` shares it between outer choices of one search (adjacent pp share lengths)."""
+    key = (outer.tp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, stages,
+           cache.memory_replicas, cache.link_replicas)
+    if memo is not None and key in memo:
+        return memo[key]
+    value = _base_bottleneck_uncached(problem, outer, cache, stages)
+    if memo is not None:
+        memo[key] = value
+    return value
+
+
+def _base_bottleneck_uncached(problem: PlanningProblem, outer: OuterChoice, cache: TermsCache, stages: int) -> float | None:
     base = StageType(outer.tp, 1.0)
     per_layer, fixed, caps = [], [], []
     terms = cache.terms(outer.tp, stages)
@@ -248,7 +262,8 @@ def _base_bottleneck_ms(problem: PlanningProblem, outer: OuterChoice, cache: Ter
 
 
 def _strong_lower_bound_ms(
-    problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory, cache: TermsCache, capacity: _Capacity
+    problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory, cache: TermsCache, capacity: _Capacity,
+    memo: dict | None = None,
 ) -> float:
     """A tighter bound from each allowed length's exact base bottleneck M(p).
 
@@ -270,7 +285,7 @@ def _strong_lower_bound_ms(
     fill = capacity.work * capacity.fastest / v
     bottlenecks = {}
     for stages in pipeline_lengths(outer.pp):
-        bottleneck = _base_bottleneck_ms(problem, outer, cache, stages)
+        bottleneck = _base_bottleneck_ms(problem, outer, cache, stages, memo)
         if bottleneck is not None:
             bottlenecks[stages] = bottleneck
     if not bottlenecks:
@@ -316,6 +331,8 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
     queue: list[tuple[float, int, int, OuterChoice]] = []
     capacities: dict[tuple[int, int, str], _Capacity] = {}
     fits: dict[tuple, bool] = {}
+    bottlenecks: dict[tuple, float | None] = {}
+    caps: dict[tuple, int] = {}
     for index, outer in enumerate(outer_choices(problem)):
         inventory = inventories[outer.tp]
         if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
@@ -323,7 +340,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
         key = (outer.tp, outer.micro_batch_size, outer.recompute)
         if key not in capacities:
             capacities[key] = _capacity_summary(problem, outer, inventory)
-        cache = TermsCache(problem, outer, _memory_replicas(problem, outer, inventory), _link_replicas(outer, inventory))
+        cache = TermsCache(problem, outer, _memory_replicas(problem, outer, inventory), _link_replicas(outer, inventory), caps)
         shortest = shortest_fitting_length(problem, outer, cache, fits)
         if shortest is None:
             continue
@@ -348,10 +365,10 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
             break
         inventory = inventories[outer.tp]
         memory_replicas = _memory_replicas(problem, outer, inventory)
-        cache = TermsCache(problem, outer, memory_replicas, _link_replicas(outer, inventory))
+        cache = TermsCache(problem, outer, memory_replicas, _link_replicas(outer, inventory), caps)
         if stage == _CHEAP:
             capacity = capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
-            tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity))
+            tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity, bottlenecks))
             if tighter < float("inf"):
                 heapq.heappush(queue, (tighter, index, _STRONG, outer))
             continue

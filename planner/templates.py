@@ -86,18 +86,27 @@ class TermsCache:
     """
 
     def __init__(
-        self, problem: PlanningProblem, outer: OuterChoice, memory_replicas: int, link_replicas: int | None = None
+        self,
+        problem: PlanningProblem,
+        outer: OuterChoice,
+        memory_replicas: int,
+        link_replicas: int | None = None,
+        shared_caps: dict | None = None,
     ) -> None:
         self._problem = problem
         self._outer = outer
         self._replicas = memory_replicas
         self._link_replicas = max(memory_replicas, link_replicas or memory_replicas)
         self.memory_replicas = memory_replicas
+        self.link_replicas = self._link_replicas
         self._parts: dict[int, PartSet] = {}
         self._terms: dict[tuple[int, int], StageCostTerms] = {}
         self._affine: dict[tuple[StageType, int, int], tuple[float, float]] = {}
         self._backward: dict[tuple[int, int, int], tuple[float, float]] = {}
-        self._caps: dict[tuple[int, int, int], int] = {}
+        self._stage_costs: dict[tuple, tuple[float, float, float, float, float]] = {}
+        # Memory caps depend on (tp, mbs, recompute, v, stages, replicas, position) only, so one
+        # search may share them between its outer choices.
+        self._caps: dict[tuple, int] = {} if shared_caps is None else shared_caps
 
     def stage_affine(self, stage_type: StageType, stages: int, position: int) -> tuple[float, float]:
         """(per-layer ms, fixed ms) of a stage; only first, middle and last positions differ in time."""
@@ -121,7 +130,8 @@ class TermsCache:
 
     def layer_cap(self, tp: int, stages: int, position: int, memory_bytes: float) -> int:
         """Most layers a stage fits in memory (depends on position: microbatches in flight)."""
-        key = (tp, stages, position)
+        outer = self._outer
+        key = (tp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, stages, self._replicas, position)
         if key not in self._caps:
             self._caps[key] = max_layers_fitting(self.terms(tp, stages), position, memory_bytes)
         return self._caps[key]
@@ -219,6 +229,40 @@ def build_template(
     return template_costs(problem, cache, stage_types, split, base, sync_replicas)
 
 
+def _stage_costs(
+    problem: PlanningProblem, cache: TermsCache, stage_type: StageType, stages: int, position: int, layers: int,
+    sync_replicas: int,
+) -> tuple[float, float, float, float, float]:
+    """(time per microbatch, parameters per GPU, exposed uniform sync, exposed resharded sync,
+    optimizer step) of one stage; memoized, since base stages repeat across templates."""
+    kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
+    key = (stage_type, stages, kind, layers, sync_replicas)
+    memo = cache._stage_costs
+    if key in memo:
+        return memo[key]
+    terms = cache.terms(stage_type.tp, stages)
+    per_layer, fixed = cache.stage_affine(stage_type, stages, position)
+    backward_per_layer, backward_fixed = cache.backward_affine(stage_type.tp, stages, position)
+    backward = layers * backward_per_layer + backward_fixed
+    params = layers * terms.layer.params
+    params += terms.embedding.params if position == 0 else 0.0
+    params += terms.head.params if position == stages - 1 else 0.0
+    network = problem.hardware.inter_node_bandwidth_gb_s * problem.efficiency.network_fraction
+    overlap = terms.overlap_grad_reduce
+    bucket_params = min(terms.bucket_params, params)
+    if sync_replicas > 1:
+        uniform = exposed_sync_ms(terms.dp_sync_ms(params, sync_replicas), backward,
+                                  terms.dp_sync_ms(bucket_params, sync_replicas), overlap)
+    else:
+        uniform = 0.0
+    resharded = exposed_sync_ms(
+        resharded_sync_ms(params, layers, sync_replicas, terms.grad_bytes_per_param, network), backward,
+        resharded_sync_ms(bucket_params, 1, sync_replicas, terms.grad_bytes_per_param, network), overlap,
+    )
+    memo[key] = (layers * per_layer + fixed, params, uniform, resharded, params * terms.optimizer_ms_per_param)
+    return memo[key]
+
+
 def template_costs(
     problem: PlanningProblem,
     cache: TermsCache,
@@ -229,38 +273,19 @@ def template_costs(
 ) -> Template:
     """Every cost of one template with a given split (also used by the brute-force tests)."""
     stages = len(stage_types)
-    totals, params = [], []
-    uniform_sync, resharded_sync, optimizer = [], [], []
-    network = problem.hardware.inter_node_bandwidth_gb_s * problem.efficiency.network_fraction
-    for i, (st, n) in enumerate(zip(stage_types, split)):
-        terms = cache.terms(st.tp, stages)
-        per_layer, fixed = cache.stage_affine(st, stages, i)
-        totals.append(n * per_layer + fixed)
-        backward_per_layer, backward_fixed = cache.backward_affine(st.tp, stages, i)
-        backward = n * backward_per_layer + backward_fixed
-        stage_params = n * terms.layer.params
-        stage_params += terms.embedding.params if i == 0 else 0.0
-        stage_params += terms.head.params if i == stages - 1 else 0.0
-        params.append(stage_params)
-        overlap = terms.overlap_grad_reduce
-        bucket = terms.dp_sync_ms(min(terms.bucket_params, stage_params), sync_replicas) if sync_replicas > 1 else 0.0
-        uniform = terms.dp_sync_ms(stage_params, sync_replicas) if sync_replicas > 1 else 0.0
-        uniform_sync.append(exposed_sync_ms(uniform, backward, bucket, overlap))
-        resharded = resharded_sync_ms(stage_params, n, sync_replicas, terms.grad_bytes_per_param, network)
-        bucket_resharded = resharded_sync_ms(min(terms.bucket_params, stage_params), 1, sync_replicas, terms.grad_bytes_per_param, network)
-        resharded_sync.append(exposed_sync_ms(resharded, backward, bucket_resharded, overlap))
-        optimizer.append(stage_params * terms.optimizer_ms_per_param)
+    costs = [_stage_costs(problem, cache, st, stages, i, n, sync_replicas) for i, (st, n) in enumerate(zip(stage_types, split))]
+    totals = [c[0] for c in costs]
     degraded = Counter(st for st in stage_types if st != base)
     return Template(
         stage_types=stage_types,
         layers_per_stage=split,
         stage_ms=tuple(totals),
-        params_per_gpu=tuple(params),
+        params_per_gpu=tuple(c[1] for c in costs),
         bottleneck_ms=max(totals),
         total_ms=sum(totals),
-        sync_uniform_ms=max(uniform_sync),
-        sync_resharded_ms=max(resharded_sync),
-        optimizer_ms=max(optimizer),
+        sync_uniform_ms=max(c[2] for c in costs),
+        sync_resharded_ms=max(c[3] for c in costs),
+        optimizer_ms=max(c[4] for c in costs),
         base_groups=sum(1 for st in stage_types if st == base),
         degraded=tuple(sorted(degraded.items())),
     )
