@@ -30,13 +30,14 @@ from planner.partitions import StageType
 from planner.problem import PlanningProblem
 
 SHORTER_PIPELINES = 2  # degraded templates: pp - 2 .. pp stages
+MIXED_LENGTHS = 6  # base-only templates: at most this many stages shorter than pp
 
 
 def pipeline_lengths(pp: int) -> range:
     """Stage counts a replica may have under nominal `pp`: base-only pipelines as short as
-    pp - max(2, pp // 4) (so replicas of whole healthy groups can mix lengths, as Oobleck's
-    templates do); templates with degraded stages pp - 2 .. pp."""
-    return range(max(1, pp - max(SHORTER_PIPELINES, pp // 4)), pp + 1)
+    pp - max(2, min(pp // 4, 6)) (so replicas of whole healthy groups can mix lengths, as
+    Oobleck's templates do); templates with degraded stages pp - 2 .. pp."""
+    return range(max(1, pp - max(SHORTER_PIPELINES, min(pp // 4, MIXED_LENGTHS))), pp + 1)
 
 
 def degraded_lengths(pp: int) -> range:
