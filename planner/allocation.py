@@ -111,7 +111,7 @@ def _solve_fixed_budget(
     # Groups: replicas use no more groups of a type than the nodes form.
     for st in degraded_types:
         made = sum(chosen[ci][pi] * counts[st] for ci, row in enumerate(supply) for pi, counts in enumerate(row) if counts[st])
-        needed = sum(replicas[k] * templates[k].degraded_counts()[st] for k in usable if templates[k].degraded_counts()[st])
+        needed = sum(replicas[k] * templates[k].degraded_map.get(st, 0) for k in usable if templates[k].degraded_map.get(st, 0))
         model.add(needed <= made)
     base_made = data.healthy_base_groups + sum(
         chosen[ci][pi] * counts[data.base] for ci, row in enumerate(supply) for pi, counts in enumerate(row) if counts[data.base]
@@ -211,7 +211,7 @@ def _relaxed_capacity(data: AllocationInput, capacities: list[int]) -> float:
             made = made + data.healthy_base_groups
             needed = sum(replicas[k] * data.templates[k].base_groups for k in usable)
         else:
-            needed = sum(replicas[k] * data.templates[k].degraded_counts()[st] for k in usable if data.templates[k].degraded_counts()[st])
+            needed = sum(replicas[k] * data.templates[k].degraded_map.get(st, 0) for k in usable if data.templates[k].degraded_map.get(st, 0))
         solver.Add(needed <= made)
     solver.Add(sum(replicas.values()) <= data.microbatches)
     solver.Maximize(sum(replicas[k] * capacities[k] for k in usable))

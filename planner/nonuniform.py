@@ -333,6 +333,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
     fits: dict[tuple, bool] = {}
     bottlenecks: dict[tuple, float | None] = {}
     caps: dict[tuple, int] = {}
+    template_memo: dict[tuple, Template | None] = {}
     for index, outer in enumerate(outer_choices(problem)):
         inventory = inventories[outer.tp]
         if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
@@ -373,7 +374,9 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
                 heapq.heappush(queue, (tighter, index, _STRONG, outer))
             continue
         if stage == _STRONG:
-            templates = enumerate_templates(problem, outer, cache, inventory.degraded_types(), _link_replicas(outer, inventory))
+            templates = enumerate_templates(
+                problem, outer, cache, inventory.degraded_types(), _link_replicas(outer, inventory), template_memo
+            )
             if templates:
                 built[index] = templates
                 least_tail = min(t.sync_uniform_ms + t.optimizer_ms for t in templates)

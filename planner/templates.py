@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from cost_models.iteration import StageTime, stage_time
 from cost_models.layout import ParallelShape
@@ -74,8 +75,12 @@ class Template:
         """TP per stage and layer split: replicas alike in these need no resharding to sync."""
         return tuple(st.tp for st in self.stage_types), self.layers_per_stage
 
+    @cached_property
+    def degraded_map(self) -> dict[StageType, int]:
+        return dict(self.degraded)
+
     def degraded_counts(self) -> Counter[StageType]:
-        return Counter(dict(self.degraded))
+        return Counter(self.degraded_map)
 
 
 class TermsCache:
@@ -307,8 +312,13 @@ def enumerate_templates(
     cache: TermsCache,
     degraded_types: list[StageType],
     sync_replicas: int,
+    memo: dict | None = None,
 ) -> list[Template]:
+    """Every template of the outer choice that fits memory. `memo` shares templates between
+    outer choices of one search: a template depends on its stage sequence, micro-batch size,
+    recompute, chunks and the replica counts its costs assume, not on the nominal pp."""
     base = StageType(outer.tp, 1.0)
+    memo = {} if memo is None else memo
     out = []
     for stages in reversed(pipeline_lengths(outer.pp)):
         sequences = [arrange(stages, base, ())]
@@ -317,9 +327,12 @@ def enumerate_templates(
             if stages > 1:
                 sequences += [(stage_type,) * stages for stage_type in sorted(degraded_types)]
         for sequence in sequences:
-            template = build_template(problem, outer, cache, sequence, base, sync_replicas)
-            if template is not None:
-                out.append(template)
+            key = (outer.tp, sequence, outer.micro_batch_size, outer.recompute, outer.virtual_stages,
+                   cache.memory_replicas, cache.link_replicas, sync_replicas)
+            if key not in memo:
+                memo[key] = build_template(problem, outer, cache, sequence, base, sync_replicas)
+            if memo[key] is not None:
+                out.append(memo[key])
     return out
 
 
