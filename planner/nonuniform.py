@@ -332,7 +332,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
     capacities: dict[tuple[int, int, str], _Capacity] = {}
     fits: dict[tuple, bool] = {}
     bottlenecks: dict[tuple, float | None] = {}
-    caps: dict[tuple, int] = {}
+    shared: dict = {}  # memory caps and stage times shared by every TermsCache of this search
     template_memo: dict[tuple, Template | None] = {}
     for index, outer in enumerate(outer_choices(problem)):
         inventory = inventories[outer.tp]
@@ -341,10 +341,9 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
         key = (outer.tp, outer.micro_batch_size, outer.recompute)
         if key not in capacities:
             capacities[key] = _capacity_summary(problem, outer, inventory)
-        cache = TermsCache(problem, outer, _memory_replicas(problem, outer, inventory), _link_replicas(outer, inventory), caps)
-        shortest = shortest_fitting_length(problem, outer, cache, fits)
-        if shortest is None:
-            continue
+        # The shortest allowed length keeps this bound valid whatever fits; whether anything
+        # fits memory is checked when the outer choice reaches the front of the queue.
+        shortest = pipeline_lengths(outer.pp)[0]
         queue.append((_lower_bound_ms(problem, outer, inventory, capacities[key], shortest), index, _CHEAP, outer))
     heapq.heapify(queue)
     considered = len(queue)
@@ -366,8 +365,10 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: f
             break
         inventory = inventories[outer.tp]
         memory_replicas = _memory_replicas(problem, outer, inventory)
-        cache = TermsCache(problem, outer, memory_replicas, _link_replicas(outer, inventory), caps)
+        cache = TermsCache(problem, outer, memory_replicas, _link_replicas(outer, inventory), shared)
         if stage == _CHEAP:
+            if shortest_fitting_length(problem, outer, cache, fits) is None:
+                continue
             capacity = capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
             tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity, bottlenecks))
             if tighter < float("inf"):

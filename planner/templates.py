@@ -89,6 +89,8 @@ class TermsCache:
     memory_replicas: replicas ZeRO-1 shards optimizer state over (memory, optimizer step).
     link_replicas: replicas assumed when deciding whether pipeline sends stay in a node; a
         template's replicas are placed only after the search, so this is the most there can be.
+    shared: a dict one search passes to all its caches, so memory caps and stage times
+        (which do not depend on the nominal pp) are computed once.
     """
 
     def __init__(
@@ -97,7 +99,7 @@ class TermsCache:
         outer: OuterChoice,
         memory_replicas: int,
         link_replicas: int | None = None,
-        shared_caps: dict | None = None,
+        shared: dict | None = None,
     ) -> None:
         self._problem = problem
         self._outer = outer
@@ -105,19 +107,23 @@ class TermsCache:
         self._link_replicas = max(memory_replicas, link_replicas or memory_replicas)
         self.memory_replicas = memory_replicas
         self.link_replicas = self._link_replicas
+        self._shape_key = (outer.micro_batch_size, outer.recompute, outer.virtual_stages, memory_replicas, self._link_replicas)
         self._parts: dict[int, PartSet] = {}
         self._terms: dict[tuple[int, int], StageCostTerms] = {}
-        self._affine: dict[tuple[StageType, int, int], tuple[float, float]] = {}
-        self._backward: dict[tuple[int, int, int], tuple[float, float]] = {}
+        # Stage times depend on (tp, mbs, recompute, v, stages, replicas, position kind, speed)
+        # only: shared between the outer choices of one search, like the memory caps.
+        shared = {} if shared is None else shared
+        self._affine: dict[tuple, tuple[float, float]] = shared.setdefault("affine", {})
+        self._backward: dict[tuple, tuple[float, float]] = shared.setdefault("backward", {})
         self._stage_costs: dict[tuple, tuple[float, float, float, float, float]] = {}
         # Memory caps depend on (tp, mbs, recompute, v, stages, replicas, position) only, so one
         # search may share them between its outer choices.
-        self._caps: dict[tuple, int] = {} if shared_caps is None else shared_caps
+        self._caps: dict[tuple, int] = shared.setdefault("caps", {})
 
     def stage_affine(self, stage_type: StageType, stages: int, position: int) -> tuple[float, float]:
         """(per-layer ms, fixed ms) of a stage; only first, middle and last positions differ in time."""
         kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
-        key = (stage_type, stages, kind)
+        key = (stage_type, stages, kind) + self._shape_key
         if key not in self._affine:
             terms = self.terms(stage_type.tp, stages)
             zero = stage_time(terms, position, 0, stage_type.speed).total_ms
@@ -127,7 +133,7 @@ class TermsCache:
     def backward_affine(self, tp: int, stages: int, position: int) -> tuple[float, float]:
         """(per-layer ms, fixed ms) of a stage's backward pass at full speed."""
         kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
-        key = (tp, stages, kind)
+        key = (tp, stages, kind) + self._shape_key
         if key not in self._backward:
             terms = self.terms(tp, stages)
             zero = stage_time(terms, position, 0, 1.0).backward_ms
