@@ -44,8 +44,26 @@ def serve(args: list[str]) -> int:
     return subprocess.call([str(BIN / "resiplan"), "serve", *args], cwd=ROOT)
 
 
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def _ensure_chromium() -> None:
+    """The plan page is tested in a real browser: Debian's Chromium, installed once with apt."""
+    if CHROMIUM.exists():
+        return
+    apt_get = ["apt-get"] if os.geteuid() == 0 else ["sudo", "apt-get"]
+    install = [*apt_get, "install", "-y", "--no-install-recommends", "chromium"]
+    print("dev.py: installing Debian's chromium for the plan-page test", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if subprocess.call(install, env=env) != 0:
+        # A fresh machine may not have the package lists yet.
+        subprocess.run([*apt_get, "update"], check=True, env=env)
+        subprocess.run(install, check=True, env=env)
+
+
 def test(args: list[str]) -> int:
     _ensure_venv("test")
+    _ensure_chromium()
     code = subprocess.call([str(PYTHON), "-m", "pytest", *args], cwd=ROOT)
     if code == PYTEST_NO_TESTS:
         print("dev.py: pytest collected no tests; that is a failure", file=sys.stderr)

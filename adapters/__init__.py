@@ -1,0 +1,1 @@
+"""Turn a Plan into what a trainer or a person consumes: framework configs, schedule CSVs, pictures."""

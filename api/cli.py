@@ -1,4 +1,4 @@
-"""The `resiplan` command line: serve, plan, estimate."""
+"""The `resiplan` command line: serve, plan, estimate, export."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ from planner.errors import PlanningError
 EXIT_BAD_REQUEST = 2
 
 
+def _read_text(path: str) -> str:
+    return sys.stdin.read() if path == "-" else Path(path).read_text()
+
+
 def _read_request(path: str, model: type[PlanRequest]) -> PlanRequest:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    return model.model_validate_json(text)
+    return model.model_validate_json(_read_text(path))
 
 
 def _print_plan(plan: Plan, output_format: str) -> None:
@@ -52,6 +55,19 @@ def _estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from adapters.registry import export_format
+
+    exporter = export_format(args.format)
+    plan = Plan.model_validate_json(_read_text(args.plan))
+    text = exporter.render(plan, args.replica)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="resiplan", description="Failure-aware parallel layout planning.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -70,6 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--request", required=True, metavar="REQUEST.json")
         command.add_argument("--format", choices=("json", "table"), default="json", help="json (default) or a table for people")
         command.set_defaults(run=handler)
+
+    from adapters.registry import FORMATS
+
+    export = commands.add_parser(
+        "export",
+        help="turn a plan (the JSON `plan` prints) into a trainer's input or a picture",
+        description="Formats: " + "; ".join(f"{f.name}: {f.description}" for f in FORMATS),
+    )
+    export.add_argument("--format", required=True, choices=[f.name for f in FORMATS])
+    export.add_argument("--replica", type=int, default=None, help="replica id (default: the slowest replica)")
+    export.add_argument("--output", "-o", default=None, metavar="FILE", help="write here instead of stdout")
+    export.add_argument("plan", metavar="PLAN.json", help="a Plan JSON file, '-' for stdin")
+    export.set_defaults(run=_export, request=None)
     return parser
 
 
@@ -78,16 +107,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except OSError as error:
-        print(f"resiplan: cannot read {error.filename or args.request}: {error.strerror or error}", file=sys.stderr)
+        print(f"resiplan: cannot read {error.filename or _input_name(args)}: {error.strerror or error}", file=sys.stderr)
     except UnicodeDecodeError:
-        print(f"resiplan: {args.request} is not UTF-8 text; a request is a JSON file", file=sys.stderr)
+        print(f"resiplan: {_input_name(args)} is not UTF-8 text; expected a JSON file", file=sys.stderr)
     except ValidationError as error:
-        print(f"resiplan: invalid request:\n{_validation_text(error)}", file=sys.stderr)
+        what = "plan" if args.command == "export" else "request"
+        print(f"resiplan: invalid {what}:\n{_validation_text(error)}", file=sys.stderr)
     except json.JSONDecodeError as error:
         print(f"resiplan: request is not JSON: {error}", file=sys.stderr)
     except PlanningError as error:
         print(f"resiplan: {error}", file=sys.stderr)
     return EXIT_BAD_REQUEST
+
+
+def _input_name(args: argparse.Namespace) -> str:
+    return getattr(args, "plan", None) or args.request
 
 
 def _validation_text(error: ValidationError) -> str:

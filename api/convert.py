@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 
-from api.schemas import Cluster, GpuObject, HfConfigModel, ModelArchitecture, Plan, PlanRequest
+from api.schemas import (
+    Cluster,
+    GpuObject,
+    HfConfigModel,
+    ModelArchitecture,
+    PipelineSchedule,
+    Plan,
+    PlanRequest,
+    ReplicaSchedule,
+    StageTimeline,
+)
 from cost_models.efficiency import SoftwareConfig, fitted_efficiency
 from cost_models.hardware import GpuSpec, gpu_preset, gpu_preset_names
 from cost_models.layout import Hardware, Workload
@@ -13,6 +23,7 @@ from planner.devices import build_cluster_state
 from planner.errors import PlanningError
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
+from planner.schedules.result import ScheduleChoice
 
 # A custom GPU without HBM bandwidth gets A100-80GB's bytes per FLOP.
 _REFERENCE_GPU = "A100-80GB"
@@ -120,12 +131,49 @@ def to_problem(request: PlanRequest) -> PlanningProblem:
         stock_layouts_only=not request.options.allow_non_uniform,
         time_limit_s=request.options.time_limit_s,
         random_seed=request.options.random_seed,
+        schedules=frozenset(request.options.schedules) if request.options.schedules is not None else None,
         efficiency=fitted_efficiency(),
         software=software,
     )
 
 
 def to_wire(result: PlanResult, plan_id: str, **extra) -> Plan:
-    return Plan.model_validate({"plan_id": plan_id, **asdict(result), **extra})
+    fields = {name: getattr(result, name) for name in result.__dataclass_fields__}
+    choice = fields.pop("pipeline_schedule")
+    body = {name: asdict(value) if is_dataclass(value) else value for name, value in fields.items()}
+    body["replicas"] = [asdict(replica) for replica in result.replicas]
+    body["pipeline_schedule"] = schedule_to_wire(choice) if choice is not None else None
+    body["slow_devices"] = [{"device": device, "speed": speed} for device, speed in result.slow_devices]
+    return Plan.model_validate({"plan_id": plan_id, **body, **extra})
+
+
+def schedule_to_wire(choice: ScheduleChoice) -> PipelineSchedule:
+    """Times rounded to a microsecond: enough for a Gantt chart, small for 64 stages x 512 microbatches."""
+    replicas = [
+        ReplicaSchedule(
+            replica_ids=list(timeline.replica_ids),
+            schedule=timeline.schedule.name,
+            makespan_ms=round(timeline.simulation.makespan_ms, 3),
+            bubble_fraction=round(timeline.simulation.bubble_fraction, 4),
+            stages=[
+                StageTimeline(
+                    stage=stage,
+                    ops=[item.op.label() for item in ops],
+                    start_ms=[round(item.start_ms, 3) for item in ops],
+                    end_ms=[round(item.end_ms, 3) for item in ops],
+                    busy_ms=round(timeline.simulation.busy_ms[stage], 3),
+                    peak_activation_gib=round(timeline.simulation.peak_activation_gib[stage], 3),
+                )
+                for stage, ops in enumerate(timeline.simulation.timelines)
+            ],
+        )
+        for timeline in choice.replicas
+    ]
+    return PipelineSchedule(
+        name=choice.name,
+        bubble_fraction=round(choice.slowest.simulation.bubble_fraction, 4),
+        candidates_ms={name: round(ms, 3) for name, ms in choice.candidates_ms},
+        replicas=replicas,
+    )
 
 

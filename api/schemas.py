@@ -100,6 +100,7 @@ class HfConfigModel(_Strict):
 
 Recompute = Literal["none", "selective", "full", "auto"]
 Schedule = Literal["1f1b", "interleaved"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "optimized"]
 
 
 class Training(_Strict):
@@ -115,6 +116,12 @@ class Options(_Strict):
     time_limit_s: float = Field(default=10.0, gt=0, le=3600, description="Solver wall-time budget, seconds.")
     allow_non_uniform: bool = True
     random_seed: int = Field(default=0, ge=0, le=2**31 - 1, description="CP-SAT seed; fixed for reproducible plans.")
+    schedules: list[ScheduleName] | None = Field(
+        default=None,
+        min_length=1,
+        description="Pipeline schedules the plan may use. Default: all, or gpipe/1f1b/interleaved (what stock "
+        "Megatron-LM and DeepSpeed run) when allow_non_uniform is false. `optimized` is resiplan's CP-SAT schedule.",
+    )
 
 
 ModelField = Annotated[
@@ -155,6 +162,13 @@ class Stage(BaseModel):
     forward_ms: float
     backward_ms: float
     speed: float = Field(default=1.0, description="Slowest member's speed.")
+    weight_grad_ms: float = Field(
+        default=0.0, description="Part of backward_ms computing weight gradients (W in zero-bubble schedules)."
+    )
+    activation_gib: float = Field(default=0.0, description="Activations one in-flight microbatch keeps on the stage.")
+    static_memory_gib: float = Field(
+        default=0.0, description="Weights, gradients, optimizer state and reserved memory: memory_gib minus activations."
+    )
 
 
 class Replica(BaseModel):
@@ -195,6 +209,39 @@ class Migration(BaseModel):
     estimated_s: float
 
 
+class StageTimeline(BaseModel):
+    """One stage's operations in the order it runs them, with simulated times."""
+
+    stage: int
+    ops: list[str] = Field(description="`F3` forward of microbatch 3, `B3` full backward, `I3`/`W3` input/weight "
+                                       "gradient halves; `F3.1` is model chunk 1 of an interleaved stage.")
+    start_ms: list[float]
+    end_ms: list[float]
+    busy_ms: float
+    peak_activation_gib: float
+
+
+class ReplicaSchedule(BaseModel):
+    """The timeline of one replica; replicas with the same stages and microbatches share it."""
+
+    replica_ids: list[int]
+    schedule: str
+    makespan_ms: float
+    bubble_fraction: float
+    stages: list[StageTimeline]
+
+
+class PipelineSchedule(BaseModel):
+    """What each stage runs, in order: the part of the plan trainers execute."""
+
+    name: str = Field(description="Schedule of the slowest replica: gpipe, 1f1b, interleaved, zb-h1, zb-h2 or optimized.")
+    bubble_fraction: float = Field(description="Idle share of the slowest replica's busiest stage.")
+    candidates_ms: dict[str, float] = Field(
+        default_factory=dict, description="Makespan of every schedule tried for the slowest replica."
+    )
+    replicas: list[ReplicaSchedule]
+
+
 class Plan(BaseModel):
     plan_id: str
     status: str
@@ -212,6 +259,10 @@ class Plan(BaseModel):
     model: str | None = None
     parent_plan_id: str | None = None
     migration: Migration | None = None
+    pipeline_schedule: PipelineSchedule | None = None
+    slow_devices: list[SlowDevice] = Field(
+        default_factory=list, description="The request's slow GPUs that are not failed, for maps and replanning."
+    )
 
 
 class ErrorDetail(BaseModel):

@@ -54,6 +54,9 @@ class LayerTime:
     backward_compute_ms: float
     forward_tp_comm_ms: float
     backward_tp_comm_ms: float
+    # The part of backward_compute_ms that computes weight gradients: zero-bubble
+    # schedules run it later, apart from the input gradient the previous stage waits for.
+    weight_grad_ms: float = 0.0
 
     @property
     def forward_ms(self) -> float:
@@ -157,6 +160,8 @@ def layer_time(
         backward_compute_ms=1e3 * backward_compute_s,
         forward_tp_comm_ms=comm_ms,
         backward_tp_comm_ms=backward_comm_ms,
+        # Each projection's backward is two GEMMs of its forward's size: dX and dW.
+        weight_grad_ms=1e3 * gemm_s,
     )
 
 
@@ -184,6 +189,7 @@ def head_time(
         backward_compute_ms=1e3 * BACKWARD_TO_FORWARD * forward_s,
         forward_tp_comm_ms=0.0,
         backward_tp_comm_ms=0.0,
+        weight_grad_ms=1e3 * gemm_s,
     )
 
 
@@ -205,4 +211,6 @@ def embedding_time(
         backward_compute_ms=1e3 * BACKWARD_TO_FORWARD * lookup_s,
         forward_tp_comm_ms=comm_ms,
         backward_tp_comm_ms=0.0,
+        # Token ids need no gradient: the embedding's whole backward is its weight gradient.
+        weight_grad_ms=1e3 * BACKWARD_TO_FORWARD * lookup_s,
     )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cost_models.pipeline import pipeline_time_ms
-from cost_models.stage_costs import StageCostTerms, stage_memory_bytes
+from cost_models.stage_costs import StageCostTerms, stage_memory
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,9 @@ class StageTime:
     p2p_ms: float
     params: float  # per GPU
     memory_bytes: float
+    weight_grad_ms: float = 0.0  # part of backward_ms a zero-bubble schedule may defer
+    static_memory_bytes: float = 0.0
+    activation_bytes_per_microbatch: float = 0.0
 
     @property
     def total_ms(self) -> float:
@@ -76,6 +79,8 @@ def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.
     forward_comm = sum(part.time.forward_tp_comm_ms * count for part, count in parts)
     backward_comm = sum(part.time.backward_tp_comm_ms * count for part, count in parts)
     params = sum(part.params * count for part, count in parts)
+    weight_grad = sum(part.time.weight_grad_ms * count for part, count in parts) / speed
+    memory = stage_memory(terms, stage, layers)
     half_p2p = terms.p2p_ms / 2.0
     return StageTime(
         forward_ms=forward_compute + forward_comm + half_p2p,
@@ -84,7 +89,10 @@ def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.
         tp_comm_ms=forward_comm + backward_comm,
         p2p_ms=terms.p2p_ms,
         params=params,
-        memory_bytes=stage_memory_bytes(terms, stage, layers),
+        memory_bytes=memory.peak_bytes(terms.in_flight(stage)),
+        weight_grad_ms=weight_grad,
+        static_memory_bytes=memory.static_bytes,
+        activation_bytes_per_microbatch=memory.per_microbatch_bytes,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from cost_models.efficiency import SoftwareConfig
 from cost_models.model_spec import ModelSpec
+from cost_models.pipeline import interleaved_group_sizes
 
 # bf16/fp16 weights (2) + fp32 gradients (4) + fp32 master weights, Adam m, v (12).
 WEIGHT_AND_GRAD_BYTES_PER_PARAM = 6.0
@@ -93,14 +94,16 @@ def in_flight_microbatches(schedule: str, stage: int, stages: int, microbatches:
     """Microbatches whose activations a stage holds at its peak, in units of its full layer set.
 
     1F1B: stage i holds p - i. Interleaved 1F1B (v chunks): rank r warms up
-    2 (p - r - 1) + (v - 1) p chunks and holds one more, each chunk 1/v of its
-    layers, so the first stage holds p (1 + (p - 1)/(p v)) layer sets,
-    Korthikanti's factor. GPipe holds all m.
+    2 (p - r - 1) + (v - 1) g chunks and holds one more, each chunk 1/v of its
+    layers, where g is the first microbatch group (p when m % p == 0, so the
+    first stage holds p (1 + (p - 1)/(p v)) layer sets, Korthikanti's factor;
+    up to 2p - 1 for other m). GPipe holds all m.
     """
     if schedule == "gpipe":
         return float(microbatches)
     if schedule == "interleaved" and virtual_stages > 1:
-        chunks = 2 * (stages - stage - 1) + (virtual_stages - 1) * stages + 1
+        first_group = interleaved_group_sizes(microbatches, stages)[0]
+        chunks = 2 * (stages - stage - 1) + (virtual_stages - 1) * first_group + 1
         chunks = min(chunks, microbatches * virtual_stages)
         return chunks / virtual_stages
     return float(min(stages - stage, microbatches))

@@ -24,3 +24,16 @@ def pipeline_time_ms(stage_times_ms: Sequence[float], microbatches: int, virtual
 def bubble_fraction(stages: int, microbatches: int, virtual_stages: int = 1) -> float:
     """Idle share relative to ideal compute for equal stages: (p - 1) / (v m)."""
     return (stages - 1) / (virtual_stages * microbatches)
+
+
+def interleaved_group_sizes(microbatches: int, stages: int) -> list[int]:
+    """Microbatch groups that visit chunk 0, chunk 1, ... together in interleaved 1F1B.
+
+    Megatron uses groups of p (it needs m % p == 0). For any m: max(1, m // p)
+    groups as even as possible, larger first. A group smaller than p
+    deadlocks the looped order, and the warm-up is sized by the first group,
+    so activation memory grows with it.
+    """
+    rounds = max(1, microbatches // stages)
+    size, larger = divmod(microbatches, rounds)
+    return [size + 1] * larger + [size] * (rounds - larger)

@@ -177,18 +177,39 @@ def stage_cost_terms(
     )
 
 
-def stage_memory_bytes(terms: StageCostTerms, stage: int, layers: int) -> float:
-    """Peak memory of one GPU of `stage` holding `layers` layers."""
+@dataclass(frozen=True)
+class StageMemory:
+    """One GPU of a stage: memory that stays, and what each in-flight microbatch adds."""
+
+    static_bytes: float  # weights, gradients, optimizer state, the head's logits, reserved
+    per_microbatch_bytes: float  # activations of one microbatch through the stage's layers
+
+    def peak_bytes(self, in_flight: float) -> float:
+        return self.static_bytes + in_flight * self.per_microbatch_bytes
+
+
+def stage_memory(terms: StageCostTerms, stage: int, layers: int) -> StageMemory:
     last = terms.shape.pp - 1
     params = layers * terms.layer.params
-    activation = layers * terms.layer.activation_bytes * terms.in_flight(stage)
+    per_microbatch = layers * terms.layer.activation_bytes
+    # The head's logits live only between its forward and backward, which run back to back.
+    once = 0.0
     if stage == 0:
         params += terms.embedding.params
-        activation += terms.embedding.activation_bytes * terms.in_flight(stage)
+        per_microbatch += terms.embedding.activation_bytes
     if stage == last:
         params += terms.head.params
-        activation += terms.head.activation_bytes
-    return params * terms.state_bytes_per_param + activation * (1 + ACTIVATION_FRAGMENTATION) + RESERVED_BYTES
+        once += terms.head.activation_bytes
+    fragmentation = 1 + ACTIVATION_FRAGMENTATION
+    return StageMemory(
+        static_bytes=params * terms.state_bytes_per_param + once * fragmentation + RESERVED_BYTES,
+        per_microbatch_bytes=per_microbatch * fragmentation,
+    )
+
+
+def stage_memory_bytes(terms: StageCostTerms, stage: int, layers: int) -> float:
+    """Peak memory of one GPU of `stage` holding `layers` layers under the shape's schedule."""
+    return stage_memory(terms, stage, layers).peak_bytes(terms.in_flight(stage))
 
 
 def max_layers_fitting(terms: StageCostTerms, stage: int, memory_bytes: float) -> int:

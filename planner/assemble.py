@@ -13,7 +13,14 @@ from cost_models.hardware import GIB
 from cost_models.iteration import stage_time
 from planner.devices import Slot, damaged_node_slots, device_id
 from planner.problem import PlanningProblem
-from planner.result import PlanResult, PredictedResult, ReplicaResult, SolverResult, StageResult
+from planner.result import (
+    PlanResult,
+    PredictedResult,
+    ReplicaResult,
+    SolverResult,
+    StageResult,
+    stage_schedule_fields,
+)
 from planner.search import SearchResult
 
 
@@ -87,6 +94,7 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
                 forward_ms=round(timing.forward_ms, 3),
                 backward_ms=round(timing.backward_ms, 3),
                 speed=slot.speed,
+                **stage_schedule_fields(timing),
             ))
         replicas.append(ReplicaResult(id=replica_id, num_microbatches=terms.num_microbatches, stages=tuple(stages)))
 
@@ -114,6 +122,21 @@ def is_uniform(replicas: tuple[ReplicaResult, ...]) -> bool:
     return len(signatures) == 1
 
 
+def predicted_figures(
+    problem: PlanningProblem, devices_used: int, iteration_ms: float, breakdown_s: dict[str, float]
+) -> PredictedResult:
+    workload = problem.workload
+    iteration_s = iteration_ms / 1e3
+    model_flops = iteration_model_flops(workload.model, workload.seq_length, workload.global_batch_size)
+    peak_flops = devices_used * problem.hardware.gpu.peak_tflops * 1e12
+    return PredictedResult(
+        iteration_time_s=round(iteration_s, 6),
+        tokens_per_s=round(workload.global_batch_size * workload.seq_length / iteration_s, 1),
+        mfu=round(model_flops / (iteration_s * peak_flops), 4),
+        breakdown={k: round(v, 6) for k, v in breakdown_s.items()},
+    )
+
+
 def finish_plan(
     problem: PlanningProblem,
     replicas: tuple[ReplicaResult, ...],
@@ -136,16 +159,7 @@ def finish_plan(
         for gpu in range(cluster.gpus_per_node)
         if (node, gpu) not in used and (node, gpu) not in cluster.failed
     ]
-    workload = problem.workload
-    iteration_s = iteration_ms / 1e3
-    model_flops = iteration_model_flops(workload.model, workload.seq_length, workload.global_batch_size)
-    peak_flops = len(used) * problem.hardware.gpu.peak_tflops * 1e12
-    predicted = PredictedResult(
-        iteration_time_s=round(iteration_s, 6),
-        tokens_per_s=round(workload.global_batch_size * workload.seq_length / iteration_s, 1),
-        mfu=round(model_flops / (iteration_s * peak_flops), 4),
-        breakdown={k: round(v, 6) for k, v in breakdown_s.items()},
-    )
+    predicted = predicted_figures(problem, len(used), iteration_ms, breakdown_s)
     return PlanResult(
         status="optimal" if solver.status == "OPTIMAL" else "feasible",
         uniform=is_uniform(replicas),
@@ -153,11 +167,12 @@ def finish_plan(
         schedule=schedule,
         virtual_stages=virtual_stages,
         recompute=recompute,
-        zero_stage=workload.zero_stage,
+        zero_stage=problem.workload.zero_stage,
         replicas=replicas,
         unused_devices=tuple(device_id(n, g) for n, g in unused),
         excluded_devices=tuple(device_id(n, g) for n, g in excluded),
         predicted=predicted,
         solver=solver,
         model=problem.model_name,
+        slow_devices=tuple((device_id(n, g), speed) for (n, g), speed in sorted(cluster.slow)),
     )

@@ -15,7 +15,7 @@ from planner.devices import device_id
 from planner.nonuniform import NonUniformLayout
 from planner.partitions import StageType
 from planner.problem import PlanningProblem
-from planner.result import ReplicaResult, StageResult
+from planner.result import ReplicaResult, StageResult, stage_schedule_fields
 from planner.templates import stage_timings
 
 Group = tuple[int, tuple[int, ...]]  # node, GPUs
@@ -86,6 +86,7 @@ def assemble_replicas(problem: PlanningProblem, layout: NonUniformLayout) -> tup
                     forward_ms=round(timings[i].forward_ms, 3),
                     backward_ms=round(timings[i].backward_ms, 3),
                     speed=stage_type.speed,
+                    **stage_schedule_fields(timings[i]),
                 ))
                 first += layers
             replicas.append(ReplicaResult(id=len(replicas), num_microbatches=microbatches[r], stages=tuple(stages)))

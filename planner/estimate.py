@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost_models.hardware import GIB
 from cost_models.layout import ParallelShape
@@ -14,6 +14,7 @@ from planner.devices import slot_inventory
 from planner.errors import InfeasibleError, PlanningError
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
+from planner.schedules.for_plan import with_schedules
 from planner.search import SearchResult, evaluate
 
 
@@ -120,4 +121,6 @@ def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult
         candidates_total=1,
         candidates_solved=0,
     )
-    return assemble_plan(problem, found)
+    # The layout names its schedule: simulate exactly that one, no search.
+    allowed = frozenset({"interleaved" if layout.virtual_stages > 1 else layout.schedule})
+    return with_schedules(replace(problem, schedules=allowed), assemble_plan(problem, found), budget_s=0.0)

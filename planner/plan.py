@@ -19,6 +19,7 @@ from planner.infeasibility import explain_infeasible, obvious_infeasibility
 from planner.nonuniform import NonUniformLayout, NonUniformResult, recost, search_nonuniform
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
+from planner.schedules.for_plan import MAX_OPTIMIZE_S_PER_REPLICA, with_schedules
 from planner.search import SearchResult, search
 from planner.templates import stage_timings
 
@@ -26,9 +27,19 @@ from planner.templates import stage_timings
 UNIFORM_TIME_SHARE = 0.4
 
 
+# Share of the time limit kept for choosing schedules once the layout is known.
+SCHEDULE_TIME_SHARE = 0.2
+
+
+def schedule_budget_s(problem: PlanningProblem) -> float:
+    return min(MAX_OPTIMIZE_S_PER_REPLICA, SCHEDULE_TIME_SHARE * problem.time_limit_s)
+
+
 def plan_uniform(problem: PlanningProblem) -> PlanResult:
-    """The best uniform layout on the healthy devices under the cost model."""
-    return assemble_plan(problem, search(problem))
+    """The best uniform layout on the healthy devices under the cost model, with its schedule."""
+    budget = schedule_budget_s(problem)
+    layout = assemble_plan(problem, search(replace(problem, time_limit_s=problem.time_limit_s - budget)))
+    return with_schedules(problem, layout, budget)
 
 
 def plan(problem: PlanningProblem) -> PlanResult:
@@ -38,6 +49,11 @@ def plan(problem: PlanningProblem) -> PlanResult:
         raise InfeasibleError(obvious)
     if problem.stock_layouts_only:
         return plan_uniform(problem)
+    budget = schedule_budget_s(problem)
+    return with_schedules(problem, _plan_layout(replace(problem, time_limit_s=problem.time_limit_s - budget)), budget)
+
+
+def _plan_layout(problem: PlanningProblem) -> PlanResult:
     started = time.monotonic()
     deadline = started + problem.time_limit_s
     try:

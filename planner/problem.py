@@ -59,6 +59,7 @@ class PlanningProblem:
     stock_layouts_only: bool = False
     time_limit_s: float = 10.0
     random_seed: int = 0
+    schedules: frozenset[str] | None = None  # pipeline schedules allowed; None: all (stock ones if stock_layouts_only)
     efficiency: EfficiencyParams = field(default_factory=EfficiencyParams)
     software: SoftwareConfig = field(default_factory=SoftwareConfig)
 

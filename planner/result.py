@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_models.hardware import GIB
+from cost_models.iteration import StageTime
+from planner.schedules.result import ScheduleChoice
+
 
 @dataclass(frozen=True)
 class StageResult:
@@ -15,6 +19,9 @@ class StageResult:
     forward_ms: float
     backward_ms: float
     speed: float
+    weight_grad_ms: float = 0.0
+    activation_gib: float = 0.0
+    static_memory_gib: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -58,3 +65,14 @@ class PlanResult:
     predicted: PredictedResult
     solver: SolverResult
     model: str
+    pipeline_schedule: ScheduleChoice | None = None
+    slow_devices: tuple[tuple[str, float], ...] = ()  # (device, speed) of every slow, not failed, GPU
+
+
+def stage_schedule_fields(timing: StageTime) -> dict[str, float]:
+    """What schedules need of a stage beyond forward and backward: W's share and memory parts."""
+    return {
+        "weight_grad_ms": round(timing.weight_grad_ms, 3),
+        "activation_gib": round(timing.activation_bytes_per_microbatch / GIB, 4),
+        "static_memory_gib": round(timing.static_memory_bytes / GIB, 4),
+    }

@@ -167,6 +167,10 @@ class TermsCache:
                     problem.efficiency, problem.software, self._parts[tp],
                 )
                 terms = replace(terms, p2p_ms=links.p2p_ms)
+            if outer.virtual_stages > 1:
+                # Replicas get any microbatch count, and interleaving holds the most
+                # for m = 2p - 1 (one group of 2p - 1): size memory for that.
+                terms = replace(terms, num_microbatches=2 * stages - 1)
             self._terms[key] = terms
         return self._terms[key]
 

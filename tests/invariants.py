@@ -86,3 +86,96 @@ def check_invariants(plan: Plan, request: PlanRequest, model: ModelSpec, gpu: Gp
     peak = sum(gpu.peak_tflops * 1e12 * speeds.get(d, 1.0) for d in used)
     floor_s = flops / peak
     assert plan.predicted.iteration_time_s >= floor_s * (1 - 1e-9), f"iteration {plan.predicted.iteration_time_s} s below floor {floor_s} s"
+
+    check_schedule(plan, gpu)
+
+
+def _op_parts(label: str) -> tuple[str, int, int]:
+    kind, rest = label[0], label[1:]
+    microbatch, _, chunk = rest.partition(".")
+    return kind, int(microbatch), int(chunk or 0)
+
+
+def check_schedule(plan: Plan, gpu: GpuSpec, tolerance_ms: float = 2e-3) -> None:
+    """The returned timelines are runnable and agree with the plan's own numbers.
+
+    Checked from the wire alone: every replica has one timeline; every
+    (microbatch, chunk) runs F and B (or I and W) once per stage; each op
+    lasts what the stage's times say; ops of one stage never overlap; an op
+    starts only after what it consumes (the previous virtual stage's F, the
+    next one's B/I, its own F, its own I); memory_gib is static memory plus
+    the activations alive at the timeline's peak; the iteration contains the
+    slowest pipeline.
+    """
+    schedule = plan.pipeline_schedule
+    assert schedule is not None, "plan has no pipeline_schedule"
+    covered = sorted(i for entry in schedule.replicas for i in entry.replica_ids)
+    assert covered == sorted(r.id for r in plan.replicas), "pipeline_schedule does not cover each replica once"
+    v = plan.virtual_stages
+    by_id = {r.id: r for r in plan.replicas}
+    for entry in schedule.replicas:
+        replica = by_id[entry.replica_ids[0]]
+        p, m = len(replica.stages), replica.num_microbatches
+        assert [s.stage for s in entry.stages] == list(range(p)), "timeline stages out of order"
+        ends: dict[tuple[str, int, int], float] = {}
+        rows = []
+        for stage, row in zip(replica.stages, entry.stages):
+            assert len(row.ops) == len(row.start_ms) == len(row.end_ms), "ops and times differ in length"
+            durations = {
+                "F": stage.forward_ms / v, "B": stage.backward_ms / v,
+                "I": (stage.backward_ms - stage.weight_grad_ms) / v, "W": stage.weight_grad_ms / v,
+            }
+            seen = set()
+            previous_end = 0.0
+            for label, start, end in zip(row.ops, row.start_ms, row.end_ms):
+                kind, microbatch, chunk = _op_parts(label)
+                assert (kind, microbatch, chunk) not in seen, f"stage {stage.id}: {label} twice"
+                seen.add((kind, microbatch, chunk))
+                assert start >= previous_end - tolerance_ms, f"stage {stage.id}: {label} overlaps the op before"
+                assert abs((end - start) - durations[kind]) <= tolerance_ms, f"stage {stage.id}: {label} lasts {end - start}"
+                previous_end = end
+                virtual = chunk * p + stage.id
+                ends[(kind if kind in "FW" else "G", microbatch, virtual)] = end
+            for microbatch in range(m):
+                for chunk in range(v):
+                    assert ("F", microbatch, chunk) in seen, f"stage {stage.id}: no F{microbatch}.{chunk}"
+                    full = ("B", microbatch, chunk) in seen
+                    split = ("I", microbatch, chunk) in seen and ("W", microbatch, chunk) in seen
+                    assert full != split, f"stage {stage.id}: microbatch {microbatch} needs B or I+W"
+            rows.append(row)
+        last_virtual = p * v - 1
+        for stage, row in zip(replica.stages, rows):
+            for label, start in zip(row.ops, row.start_ms):
+                kind, microbatch, chunk = _op_parts(label)
+                virtual = chunk * p + stage.id
+                needs = []
+                if kind == "F" and virtual > 0:
+                    needs.append(("F", microbatch, virtual - 1))
+                if kind in "BI":
+                    needs.append(("F", microbatch, virtual))
+                    if virtual < last_virtual:
+                        needs.append(("G", microbatch, virtual + 1))
+                if kind == "W":
+                    needs.append(("G", microbatch, virtual))
+                for need in needs:
+                    assert start >= ends[need] - tolerance_ms, f"stage {stage.id}: {label} starts before {need} ends"
+        makespan = max(row.end_ms[-1] for row in rows)
+        assert abs(makespan - entry.makespan_ms) <= tolerance_ms, "makespan_ms is not the last op's end"
+        assert plan.predicted.iteration_time_s * 1e3 >= makespan - tolerance_ms, "iteration shorter than its pipeline"
+        busiest = max(row.busy_ms for row in rows)
+        assert abs(entry.bubble_fraction - (1 - busiest / makespan)) <= 1e-3, "bubble_fraction disagrees"
+        for stage, row in zip(replica.stages, rows):
+            alive, peak = 0.0, 0.0
+            for label in row.ops:
+                kind = label[0]
+                if kind == "F":
+                    alive += stage.activation_gib / v
+                    peak = max(peak, alive)
+                elif kind in "BW":
+                    alive -= stage.activation_gib / v
+            expected = stage.static_memory_gib + peak
+            assert abs(stage.memory_gib - expected) <= 2e-3 + 1e-3 * expected, (
+                f"stage {stage.id}: memory_gib {stage.memory_gib} != static {stage.static_memory_gib} + peak {peak}"
+            )
+    slowest = max(schedule.replicas, key=lambda entry: entry.makespan_ms)
+    assert schedule.name == slowest.schedule == plan.schedule, "schedule names disagree"

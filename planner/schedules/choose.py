@@ -1,0 +1,96 @@
+"""Pick the fastest schedule for one replica that fits its memory.
+
+Candidates are the handcrafted schedules that apply to the replica's
+chunking, then a CP-SAT schedule seeded with the best of them when it can
+still gain (the best handcrafted one is above the lower bound). The
+simulator is the judge for every candidate, so the winner's timeline is
+exactly what the plan reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from planner.schedules.handcrafted import handcrafted_schedules
+from planner.schedules.ops import PipelineSpec, Schedule
+from planner.schedules.optimal import lower_bound_ms, optimize_schedule
+from planner.schedules.simulator import SimulationResult, simulate
+
+OPTIMIZED = "optimized"
+STOCK_SCHEDULES = frozenset({"gpipe", "1f1b", "interleaved"})  # what Megatron-LM and DeepSpeed run unchanged
+# The CP-SAT model grows with p * m * v; past this many ops it rarely beats the hint in seconds.
+MAX_OPTIMIZED_OPS = 6_000
+# Gains below this fraction of the makespan are not worth a second model.
+MIN_GAIN_FRACTION = 1e-3
+
+
+@dataclass(frozen=True)
+class ChosenSchedule:
+    schedule: Schedule
+    simulation: SimulationResult
+    candidates_ms: tuple[tuple[str, float], ...]
+
+
+def _fits(simulation: SimulationResult, spec: PipelineSpec) -> bool:
+    return not simulation.over_memory(spec)
+
+
+def choose_schedule(
+    spec: PipelineSpec,
+    *,
+    allowed: Collection[str] | None = None,
+    optimize_time_limit_s: float = 0.0,
+    seed: int = 0,
+) -> ChosenSchedule:
+    """The fastest allowed schedule whose activations fit; ties go to the simpler (earlier) one.
+
+    `allowed` None means every schedule. If no allowed schedule fits the
+    activation limit, the one with the smallest overshoot is returned: the
+    layout search already sized memory for 1F1B, so this happens only for a
+    restricted choice such as GPipe.
+    """
+    tried: list[tuple[Schedule, SimulationResult]] = [
+        (schedule, simulate(schedule, spec))
+        for schedule in handcrafted_schedules(spec)
+        if allowed is None or schedule.name in allowed
+    ]
+    if not tried:
+        raise ValueError(f"none of the schedules {sorted(allowed or ())} applies to {spec.virtual_stages} chunks per stage")
+    best = _best(tried, spec)
+    ops = spec.num_stages * spec.virtual_stages * spec.num_microbatches * 3
+    worth_optimizing = (
+        (allowed is None or OPTIMIZED in allowed)
+        and optimize_time_limit_s > 0
+        and spec.num_stages > 1
+        and ops <= MAX_OPTIMIZED_OPS
+        and _fits(best[1], spec)
+        and best[1].makespan_ms > lower_bound_ms(spec) * (1 + MIN_GAIN_FRACTION)
+    )
+    if worth_optimizing:
+        optimized = optimize_schedule(
+            spec, time_limit_s=optimize_time_limit_s, split_backward=True, hint=best[0], seed=seed
+        )
+        if optimized is not None:
+            simulation = simulate(optimized.schedule, spec)
+            tried.append((optimized.schedule, simulation))
+            if _fits(simulation, spec) and simulation.makespan_ms < best[1].makespan_ms * (1 - MIN_GAIN_FRACTION):
+                best = (optimized.schedule, simulation)
+    return ChosenSchedule(
+        schedule=best[0],
+        simulation=best[1],
+        candidates_ms=tuple((schedule.name, simulation.makespan_ms) for schedule, simulation in tried),
+    )
+
+
+def _best(tried: list[tuple[Schedule, SimulationResult]], spec: PipelineSpec) -> tuple[Schedule, SimulationResult]:
+    fitting = [item for item in tried if _fits(item[1], spec)]
+    if fitting:
+        return min(fitting, key=lambda item: round(item[1].makespan_ms, 6))
+    limits = spec.activation_limit_gib or ()
+    return min(
+        tried,
+        key=lambda item: max((peak - cap for peak, cap in zip(item[1].peak_activation_gib, limits)), default=0.0),
+    )
+
+

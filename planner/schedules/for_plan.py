@@ -1,0 +1,104 @@
+"""Give a plan its schedules: one simulated timeline per distinct replica.
+
+The layout search prices pipelines with the 1F1B bubble model; here every
+distinct replica gets the fastest schedule that fits its memory, found by
+simulation (and CP-SAT for the slowest replicas while time remains). The
+plan's iteration time then moves by exactly what the slowest replica's
+simulated makespan differs from the bubble model, so `predicted` and the
+returned timelines are the same numbers, and each stage's `memory_gib`
+becomes its static memory plus the chosen schedule's activation peak.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from cost_models.pipeline import pipeline_time_ms
+from planner.assemble import predicted_figures
+from planner.problem import PlanningProblem
+from planner.result import PlanResult, ReplicaResult
+from planner.schedules.build import replica_spec, timeline_signature
+from planner.schedules.choose import STOCK_SCHEDULES, ChosenSchedule, choose_schedule
+from planner.schedules.result import ReplicaTimeline, ScheduleChoice
+
+# A single replica's CP-SAT schedule gets at most this long, whatever the plan's budget.
+MAX_OPTIMIZE_S_PER_REPLICA = 2.0
+
+
+def allowed_schedules(problem: PlanningProblem) -> frozenset[str] | None:
+    if problem.schedules is not None:
+        return frozenset(problem.schedules)
+    return STOCK_SCHEDULES if problem.stock_layouts_only else None
+
+
+def with_schedules(problem: PlanningProblem, result: PlanResult, budget_s: float) -> PlanResult:
+    deadline = time.monotonic() + max(0.0, budget_s)
+    allowed = allowed_schedules(problem)
+    gpu_memory_gib = problem.hardware.gpu.memory_gib
+    groups: dict[tuple, list[ReplicaResult]] = {}
+    for replica in result.replicas:
+        groups.setdefault(timeline_signature(replica), []).append(replica)
+    specs = {key: replica_spec(members[0], result.virtual_stages, gpu_memory_gib) for key, members in groups.items()}
+    chosen = {key: choose_schedule(spec, allowed=allowed) for key, spec in specs.items()}
+
+    # CP-SAT only pays where it lowers the iteration: on the slowest replica, again and again.
+    optimized: set[tuple] = set()
+    while (remaining := deadline - time.monotonic()) > 0.05:
+        slowest = max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)
+        if slowest in optimized:
+            break
+        optimized.add(slowest)
+        chosen[slowest] = choose_schedule(
+            specs[slowest], allowed=allowed, optimize_time_limit_s=min(remaining, MAX_OPTIMIZE_S_PER_REPLICA),
+            seed=problem.random_seed,
+        )
+    return _apply(problem, result, groups, chosen)
+
+
+def _apply(
+    problem: PlanningProblem,
+    result: PlanResult,
+    groups: dict[tuple, list[ReplicaResult]],
+    chosen: dict[tuple, ChosenSchedule],
+) -> PlanResult:
+    v = result.virtual_stages
+    replicas = []
+    for replica in result.replicas:
+        simulation = chosen[timeline_signature(replica)].simulation
+        stages = tuple(
+            replace(stage, memory_gib=round(stage.static_memory_gib + simulation.peak_activation_gib[i], 3))
+            for i, stage in enumerate(replica.stages)
+        )
+        replicas.append(replace(replica, stages=stages))
+
+    def bubble_model_ms(replica: ReplicaResult) -> float:
+        return pipeline_time_ms([s.forward_ms + s.backward_ms for s in replica.stages], replica.num_microbatches, v)
+
+    modelled_ms = max(bubble_model_ms(r) for r in result.replicas if r.num_microbatches > 0)
+    slowest_key = max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)
+    slowest = chosen[slowest_key]
+    shift_ms = slowest.simulation.makespan_ms - modelled_ms
+    iteration_ms = result.predicted.iteration_time_s * 1e3 + shift_ms
+    breakdown = dict(result.predicted.breakdown)
+    breakdown["pipeline_bubble_s"] = breakdown.get("pipeline_bubble_s", 0.0) + shift_ms / 1e3
+    devices_used = sum(len(s.devices) for r in result.replicas for s in r.stages)
+    choice = ScheduleChoice(
+        name=slowest.schedule.name,
+        candidates_ms=slowest.candidates_ms,
+        replicas=tuple(
+            ReplicaTimeline(
+                replica_ids=tuple(r.id for r in groups[key]),
+                schedule=chosen[key].schedule,
+                simulation=chosen[key].simulation,
+            )
+            for key in groups
+        ),
+    )
+    return replace(
+        result,
+        replicas=tuple(replicas),
+        schedule=slowest.schedule.name,
+        predicted=predicted_figures(problem, devices_used, iteration_ms, breakdown),
+        pipeline_schedule=choice,
+    )
