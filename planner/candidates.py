@@ -138,6 +138,8 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
                 microbatches = batch // (dp * mbs)
                 for pp in range(1, min(layers, inventory.total // dp) + 1):
                     for schedule, v in _schedules(layers, pp, microbatches):
+                        if not problem.allows_virtual_stages(v):
+                            continue
                         for recompute in problem.recompute_modes:
                             yield ParallelShape(tp, pp, dp, mbs, recompute, schedule, v), inventory
 

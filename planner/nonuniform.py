@@ -225,7 +225,7 @@ def outer_choices(problem: PlanningProblem) -> list[OuterChoice]:
                 continue
             for pp in range(1, layers + 1):
                 chunks = [1] + [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if pp >= 2 and layers % v == 0 and layers // v >= pp]
-                for v in chunks:
+                for v in filter(problem.allows_virtual_stages, chunks):
                     for recompute in problem.recompute_modes:
                         out.append(OuterChoice(tp, pp, mbs, recompute, v))
     return out

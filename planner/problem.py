@@ -10,6 +10,9 @@ from cost_models.layout import Hardware, Workload
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 MICRO_BATCH_CHOICES = (1, 2, 4, 8)
 MAX_VIRTUAL_STAGES = 8
+STOCK_SCHEDULES = frozenset({"gpipe", "1f1b", "interleaved"})  # what Megatron-LM and DeepSpeed run unchanged
+CHUNKED_SCHEDULES = frozenset({"interleaved", "optimized"})  # schedules for v > 1 model chunks per stage
+SINGLE_CHUNK_SCHEDULES = frozenset({"gpipe", "1f1b", "zb-h1", "zb-h2", "optimized"})
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,20 @@ class PlanningProblem:
         if self.software.flash_attention:
             return tuple(mode for mode in RECOMPUTE_CHOICES if mode != "selective")
         return RECOMPUTE_CHOICES
+
+    @property
+    def allowed_schedules(self) -> frozenset[str] | None:
+        """Pipeline schedules the plan may use; None: any."""
+        if self.schedules is not None:
+            return self.schedules
+        return STOCK_SCHEDULES if self.stock_layouts_only else None
+
+    def allows_virtual_stages(self, virtual_stages: int) -> bool:
+        """Whether some allowed schedule runs `virtual_stages` model chunks per stage."""
+        allowed = self.allowed_schedules
+        if allowed is None:
+            return True
+        return bool(allowed & (CHUNKED_SCHEDULES if virtual_stages > 1 else SINGLE_CHUNK_SCHEDULES))
 
     @property
     def micro_batch_sizes(self) -> tuple[int, ...]:

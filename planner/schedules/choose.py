@@ -12,17 +12,19 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from planner.errors import PlanningError
 from planner.schedules.handcrafted import handcrafted_schedules
 from planner.schedules.ops import PipelineSpec, Schedule
 from planner.schedules.optimal import lower_bound_ms, optimize_schedule
 from planner.schedules.simulator import SimulationResult, simulate
 
 OPTIMIZED = "optimized"
-STOCK_SCHEDULES = frozenset({"gpipe", "1f1b", "interleaved"})  # what Megatron-LM and DeepSpeed run unchanged
 # The CP-SAT model grows with p * m * v; past this many ops it rarely beats the hint in seconds.
 MAX_OPTIMIZED_OPS = 6_000
 # Gains below this fraction of the makespan are not worth a second model.
 MIN_GAIN_FRACTION = 1e-3
+# When `optimized` is the only schedule allowed it runs even without a plan budget.
+MIN_REQUIRED_OPTIMIZE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -50,32 +52,41 @@ def choose_schedule(
     layout search already sized memory for 1F1B, so this happens only for a
     restricted choice such as GPipe.
     """
-    tried: list[tuple[Schedule, SimulationResult]] = [
-        (schedule, simulate(schedule, spec))
-        for schedule in handcrafted_schedules(spec)
-        if allowed is None or schedule.name in allowed
-    ]
-    if not tried:
-        raise ValueError(f"none of the schedules {sorted(allowed or ())} applies to {spec.virtual_stages} chunks per stage")
-    best = _best(tried, spec)
+    handcrafted = [(schedule, simulate(schedule, spec)) for schedule in handcrafted_schedules(spec)]
+    tried = [item for item in handcrafted if allowed is None or item[0].name in allowed]
+    optimize_allowed = allowed is None or OPTIMIZED in allowed
+    if not tried and not optimize_allowed:
+        raise PlanningError(
+            f"none of the schedules {sorted(allowed or ())} runs {spec.virtual_stages} model chunks per stage"
+        )
+    # Without an allowed handcrafted schedule the best one still seeds CP-SAT.
+    best = _best(tried or handcrafted, spec)
+    best_allowed = bool(tried)
     ops = spec.num_stages * spec.virtual_stages * spec.num_microbatches * 3
     worth_optimizing = (
-        (allowed is None or OPTIMIZED in allowed)
-        and optimize_time_limit_s > 0
+        optimize_allowed
+        and (optimize_time_limit_s > 0 or not tried)
         and spec.num_stages > 1
-        and ops <= MAX_OPTIMIZED_OPS
+        and (ops <= MAX_OPTIMIZED_OPS or not tried)
         and _fits(best[1], spec)
-        and best[1].makespan_ms > lower_bound_ms(spec) * (1 + MIN_GAIN_FRACTION)
+        and (best[1].makespan_ms > lower_bound_ms(spec) * (1 + MIN_GAIN_FRACTION) or not tried)
     )
     if worth_optimizing:
         optimized = optimize_schedule(
-            spec, time_limit_s=optimize_time_limit_s, split_backward=True, hint=best[0], seed=seed
+            spec, time_limit_s=max(optimize_time_limit_s, MIN_REQUIRED_OPTIMIZE_S), split_backward=True,
+            hint=best[0], seed=seed,
         )
         if optimized is not None:
             simulation = simulate(optimized.schedule, spec)
             tried.append((optimized.schedule, simulation))
-            if _fits(simulation, spec) and simulation.makespan_ms < best[1].makespan_ms * (1 - MIN_GAIN_FRACTION):
-                best = (optimized.schedule, simulation)
+            gains = simulation.makespan_ms < best[1].makespan_ms * (1 - MIN_GAIN_FRACTION)
+            if _fits(simulation, spec) and (gains or not best_allowed):
+                best, best_allowed = (optimized.schedule, simulation), True
+    if not best_allowed:
+        raise PlanningError(
+            "the only allowed schedule is `optimized` and CP-SAT found none in time; allow a handcrafted one "
+            f"({', '.join(schedule.name for schedule, _ in handcrafted)}) or raise options.time_limit_s"
+        )
     return ChosenSchedule(
         schedule=best[0],
         simulation=best[1],

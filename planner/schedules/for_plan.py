@@ -19,22 +19,17 @@ from planner.assemble import predicted_figures
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
 from planner.schedules.build import replica_spec, timeline_signature
-from planner.schedules.choose import STOCK_SCHEDULES, ChosenSchedule, choose_schedule
+from planner.schedules.choose import ChosenSchedule, choose_schedule
 from planner.schedules.result import ReplicaTimeline, ScheduleChoice
 
 # A single replica's CP-SAT schedule gets at most this long, whatever the plan's budget.
 MAX_OPTIMIZE_S_PER_REPLICA = 2.0
 
 
-def allowed_schedules(problem: PlanningProblem) -> frozenset[str] | None:
-    if problem.schedules is not None:
-        return frozenset(problem.schedules)
-    return STOCK_SCHEDULES if problem.stock_layouts_only else None
-
-
 def with_schedules(problem: PlanningProblem, result: PlanResult, budget_s: float) -> PlanResult:
-    deadline = time.monotonic() + max(0.0, budget_s)
-    allowed = allowed_schedules(problem)
+    started = time.monotonic()
+    deadline = started + max(0.0, budget_s)
+    allowed = problem.allowed_schedules
     gpu_memory_gib = problem.hardware.gpu.memory_gib
     groups: dict[tuple, list[ReplicaResult]] = {}
     for replica in result.replicas:
@@ -53,7 +48,10 @@ def with_schedules(problem: PlanningProblem, result: PlanResult, budget_s: float
             specs[slowest], allowed=allowed, optimize_time_limit_s=min(remaining, MAX_OPTIMIZE_S_PER_REPLICA),
             seed=problem.random_seed,
         )
-    return _apply(problem, result, groups, chosen)
+    scheduled = _apply(problem, result, groups, chosen)
+    # The solver's wall time covers the whole answer: layout search and schedules.
+    wall_time_s = round(result.solver.wall_time_s + time.monotonic() - started, 3)
+    return replace(scheduled, solver=replace(scheduled.solver, wall_time_s=wall_time_s))
 
 
 def _apply(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime, _simulate_comms_compute
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from api.convert import schedule_to_wire
 from api.schemas import Plan
@@ -154,3 +156,43 @@ def _run_case(rank: int, p: int, group: dist.ProcessGroup, name: str, csv_path: 
                 param.grad, ref_param.grad, rtol=1e-5, atol=1e-7,
                 msg=lambda text, i=i, param_name=param_name: f"{name}: stage {i} {param_name}: {text}",
             )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PyTorch's own validation: _PipelineScheduleRuntime._load_csv, then its comms simulator
+
+
+class _MockStage(_PipelineStageBase):
+    """Just what the schedule constructor reads; `_load_csv` needs no model (as in PyTorch's test_schedule.py)."""
+
+    def __init__(self, num_stages: int, group_size: int, group_rank: int = 0):
+        self.num_stages = num_stages
+        self.group_size = group_size
+        self.group_rank = group_rank
+        self.group = None
+        self.stage_index_to_group_rank = None
+
+    def _create_grad_recv_info(self, *args, **kwargs):
+        return None
+
+    def _prepare_forward_infra(self, *args, **kwargs):
+        return None
+
+    def _prepare_backward_infra(self, *args, **kwargs):
+        return None
+
+
+def torch_load(csv_text: str, tmp_path: Path, p: int, v: int, m: int) -> _PipelineScheduleRuntime:
+    """Load through PyTorch's loader (structure check + send/recv lowering), then dry-run its comms simulator."""
+    path = tmp_path / "schedule.csv"
+    path.write_text(csv_text)
+    stages = [_MockStage(num_stages=p * v, group_size=p) for _ in range(v)]
+    schedule = _PipelineScheduleRuntime(stages, n_microbatches=m)
+    schedule._load_csv(str(path))
+    # _load_csv's lowering also adds FSDP UNSHARD/RESHARD and REDUCE_GRAD, which the simulator does not know.
+    comms = {
+        rank: [a for a in actions if a.computation_type.value not in ("UNSHARD", "RESHARD", "REDUCE_GRAD")]
+        for rank, actions in schedule.pipeline_order_with_comms.items()
+    }
+    _simulate_comms_compute(comms, lambda s: schedule.stage_index_to_group_rank[s], p * v)
+    return schedule

@@ -9,12 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
-from torch.distributed.pipelining.schedules import (
-    _Action,
-    _PipelineScheduleRuntime,
-    _simulate_comms_compute,
-)
-from torch.distributed.pipelining.stage import _PipelineStageBase
+from torch.distributed.pipelining.schedules import _Action
 
 from adapters.registry import ExportError, export_format
 from adapters.torch_csv import action, render
@@ -27,7 +22,7 @@ from planner.schedules.handcrafted import (
     zb_h2,
 )
 from planner.schedules.ops import Schedule
-from tests.adapters.support import run_child, run_worker, schedule_plan, uniform_spec
+from tests.adapters.support import run_child, run_worker, schedule_plan, torch_load, uniform_spec
 
 
 def _rows(text: str) -> list[list[str]]:
@@ -166,42 +161,6 @@ def test_registry_and_cli_serve_this_renderer(tmp_path):
 # PyTorch's own validation: _PipelineScheduleRuntime._load_csv, then its comms simulator
 
 
-class _MockStage(_PipelineStageBase):
-    """Just what the schedule constructor reads; `_load_csv` needs no model (as in PyTorch's test_schedule.py)."""
-
-    def __init__(self, num_stages: int, group_size: int, group_rank: int = 0):
-        self.num_stages = num_stages
-        self.group_size = group_size
-        self.group_rank = group_rank
-        self.group = None
-        self.stage_index_to_group_rank = None
-
-    def _create_grad_recv_info(self, *args, **kwargs):
-        return None
-
-    def _prepare_forward_infra(self, *args, **kwargs):
-        return None
-
-    def _prepare_backward_infra(self, *args, **kwargs):
-        return None
-
-
-def _torch_load(csv_text: str, tmp_path: Path, p: int, v: int, m: int) -> _PipelineScheduleRuntime:
-    """Load through PyTorch's loader (structure check + send/recv lowering), then dry-run its comms simulator."""
-    path = tmp_path / "schedule.csv"
-    path.write_text(csv_text)
-    stages = [_MockStage(num_stages=p * v, group_size=p) for _ in range(v)]
-    schedule = _PipelineScheduleRuntime(stages, n_microbatches=m)
-    schedule._load_csv(str(path))
-    # _load_csv's lowering also adds FSDP UNSHARD/RESHARD and REDUCE_GRAD, which the simulator does not know.
-    comms = {
-        rank: [a for a in actions if a.computation_type.value not in ("UNSHARD", "RESHARD", "REDUCE_GRAD")]
-        for rank, actions in schedule.pipeline_order_with_comms.items()
-    }
-    _simulate_comms_compute(comms, lambda s: schedule.stage_index_to_group_rank[s], p * v)
-    return schedule
-
-
 SCHEDULES = {
     "gpipe": lambda p, m: (gpipe(p, m), 1),
     "1f1b": lambda p, m: (one_f_one_b(p, m), 1),
@@ -217,7 +176,7 @@ SCHEDULES = {
 def test_pytorch_accepts_export(name, p, m, tmp_path):
     schedule, v = SCHEDULES[name](p, m)
     text = render(_plan(schedule, p, m, v), None)
-    loaded = _torch_load(text, tmp_path, p, v, m)
+    loaded = torch_load(text, tmp_path, p, v, m)
     assert loaded.stage_index_to_group_rank == {c * p + r: r for c in range(v) for r in range(p)}
     assert {rank: [str(a) for a in actions] for rank, actions in loaded.pipeline_order.items()} == dict(
         enumerate(_rows(text))
@@ -232,13 +191,13 @@ def test_pytorch_rejects_a_deadlocking_order(tmp_path):
     broken.pipeline_schedule.replicas[0].stages[1].ops = ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"]
     text = render(broken, None)
     with pytest.raises(AssertionError, match="Malformed compute schedule"):
-        _torch_load(text, tmp_path, 2, 1, 4)
+        torch_load(text, tmp_path, 2, 1, 4)
 
 
 def test_pytorch_rejects_a_missing_action(tmp_path):
     text = render(_plan(one_f_one_b(2, 4), 2, 4), None).replace(",1B3", "")
     with pytest.raises(AssertionError, match="stage 1: expected 4 total backwards"):
-        _torch_load(text, tmp_path, 2, 1, 4)
+        torch_load(text, tmp_path, 2, 1, 4)
 
 
 def test_pytorch_rejects_weight_before_input(tmp_path):
@@ -246,7 +205,7 @@ def test_pytorch_rejects_weight_before_input(tmp_path):
     rows = _rows(text)
     rows[1] = ["1F0", "1W0", "1I0", "1F1", "1I1", "1W1"]
     with pytest.raises(AssertionError, match="Backward Weight for stage 1, microbatch 0 without first running"):
-        _torch_load("\n".join(",".join(r) for r in rows) + "\n", tmp_path, 2, 1, 2)
+        torch_load("\n".join(",".join(r) for r in rows) + "\n", tmp_path, 2, 1, 2)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -170,3 +170,27 @@ def test_plan_is_deterministic(client):
     first = post_plan(client, body).model_dump(exclude={"plan_id", "solver"})
     second = post_plan(client, body).model_dump(exclude={"plan_id", "solver"})
     assert first == second
+
+
+def test_options_schedules_restricts_the_pipeline_schedule(client):
+    body = small_request(
+        cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "A100-40GB"},
+        model="llama2-13b",
+        training={"global_batch_size": 16, "seq_length": 4096, "micro_batch_size": 1, "recompute": "full"},
+        failures={"slow": [{"device": "0:0", "speed": 0.5}]},
+        options={"time_limit_s": 2, "schedules": ["1f1b"]},
+    )
+    response = client.post("/v1/plan", json=body)
+    assert response.status_code == 200, response.text
+    plan = verify_plan(response.json(), body)
+    # 1F1B runs one model chunk per stage, so the search may not interleave.
+    assert plan.schedule == "1f1b" and plan.virtual_stages == 1
+    assert set(plan.pipeline_schedule.candidates_ms) == {"1f1b"}
+    assert all(entry.schedule == "1f1b" for entry in plan.pipeline_schedule.replicas)
+
+
+def test_options_schedules_rejects_unknown_names(client):
+    body = small_request(options={"schedules": ["pipedream"]})
+    response = client.post("/v1/plan", json=body)
+    assert response.status_code == 422
+    assert "schedules" in str(response.json()["detail"])
