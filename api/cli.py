@@ -1,9 +1,10 @@
-"""The `resiplan` command line: serve, plan, estimate, export."""
+"""The `resiplan` command line: serve, plan, estimate, export, launch."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from api.schemas import EstimateRequest, Plan, PlanRequest
 from planner.errors import PlanningError
 
 EXIT_BAD_REQUEST = 2
+LAUNCH_FORMATS = ("megatron", "deepspeed", "torchtitan")
+TOKEN_ENV = "RESIPLAN_API_TOKEN"
 
 
 def _read_text(path: str) -> str:
@@ -68,6 +71,55 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _launcher(format_name: str):
+    """The format's `launch_command(plan) -> str`, checked before any planning is asked for."""
+    import importlib
+
+    from adapters.registry import ExportError, export_format
+
+    try:
+        exporter = export_format(format_name)
+    except ExportError:
+        raise ExportError(f"unknown trainer {format_name!r}; launch works with: {', '.join(LAUNCH_FORMATS)}") from None
+    try:
+        module = importlib.import_module(exporter.module)
+    except ModuleNotFoundError as error:
+        missing = "it is not installed" if error.name == exporter.module else f"it needs the package {error.name!r}"
+        raise ExportError(f"format {format_name!r} is not available: {missing}") from error
+    launch_command = getattr(module, "launch_command", None)
+    if not callable(launch_command):
+        raise ExportError(
+            f"format {format_name!r} has no launch command; launch works with: {', '.join(LAUNCH_FORMATS)}"
+        )
+    return launch_command
+
+
+def _stock_request(request: PlanRequest) -> PlanRequest:
+    """Ask for a plan stock trainers run unless the request says otherwise explicitly."""
+    if "allow_non_uniform" in request.options.model_fields_set:
+        return request
+    options = request.options.model_copy(update={"allow_non_uniform": False})
+    return request.model_copy(update={"options": options})
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from adapters.client import PlannerClient, PlannerError
+
+    launch_command = _launcher(args.format)
+    request = _stock_request(_read_request(args.request, PlanRequest))
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    try:
+        with PlannerClient(args.server, token, timeout_s=args.timeout, retries=args.retries) as client:
+            plan = client.plan(request)
+    except PlannerError as error:
+        print(f"resiplan: {error}", file=sys.stderr)
+        return EXIT_BAD_REQUEST
+    print(f"resiplan: plan {plan.plan_id} ({args.server.rstrip('/')}/v1/plans/{plan.plan_id})", file=sys.stderr)
+    command = launch_command(plan)
+    sys.stdout.write(command if command.endswith("\n") else command + "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="resiplan", description="Failure-aware parallel layout planning.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -99,7 +151,39 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", "-o", default=None, metavar="FILE", help="write here instead of stdout")
     export.add_argument("plan", metavar="PLAN.json", help="a Plan JSON file, '-' for stdin")
     export.set_defaults(run=_export, request=None)
+
+    launch = commands.add_parser(
+        "launch",
+        help="ask a running resiplan service for a plan and print the trainer's launch command",
+        description="POSTs the request to the service and prints the `torchrun ...` line that runs the plan. "
+        "Unless the request sets options.allow_non_uniform, it asks for a plan stock trainers run "
+        "(allow_non_uniform: false). The plan id goes to stderr.",
+    )
+    launch.add_argument("--format", required=True, metavar="{" + ",".join(LAUNCH_FORMATS) + "}", help="the trainer")
+    launch.add_argument("--request", required=True, metavar="REQUEST.json", help="PlanRequest JSON, '-' for stdin")
+    launch.add_argument("--server", default="http://127.0.0.1:8000", help="service URL (default %(default)s)")
+    launch.add_argument("--token", default=None, help=f"bearer token (default: ${TOKEN_ENV})")
+    launch.add_argument("--retries", type=_non_negative_int, default=4, help="retries while the service is unreachable "
+                        "or busy (default %(default)s)")
+    launch.add_argument("--timeout", type=_positive_float, default=120.0, metavar="SECONDS",
+                        help="wait at least this long for the plan; never less than the request's time limit + 30 s "
+                        "(default %(default)s)")
+    launch.set_defaults(run=_launch)
     return parser
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

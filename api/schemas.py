@@ -263,6 +263,10 @@ class Plan(BaseModel):
     slow_devices: list[SlowDevice] = Field(
         default_factory=list, description="The request's slow GPUs that are not failed, for maps and replanning."
     )
+    architecture: ModelArchitecture | None = Field(default=None, description="The model's shape, for trainer configs.")
+    global_batch_size: int | None = None
+    seq_length: int | None = None
+    precision: str | None = None
 
 
 class ErrorDetail(BaseModel):

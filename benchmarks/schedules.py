@@ -22,9 +22,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from planner.schedules.bounds import lower_bound_ms
 from planner.schedules.handcrafted import handcrafted_schedules
 from planner.schedules.ops import ChunkTimes, PipelineSpec, Schedule
-from planner.schedules.optimal import lower_bound_ms, optimize_schedule
+from planner.schedules.optimal import optimize_schedule
 from planner.schedules.simulator import simulate
 
 STAGES = (4, 8, 16)

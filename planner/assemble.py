@@ -175,4 +175,8 @@ def finish_plan(
         solver=solver,
         model=problem.model_name,
         slow_devices=tuple((device_id(n, g), speed) for (n, g), speed in sorted(cluster.slow)),
+        architecture=problem.workload.model,
+        global_batch_size=problem.workload.global_batch_size,
+        seq_length=problem.workload.seq_length,
+        precision=problem.precision,
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from cost_models.hardware import GIB
 from cost_models.iteration import StageTime
+from cost_models.model_spec import ModelSpec
 from planner.schedules.result import ScheduleChoice
 
 
@@ -67,6 +68,11 @@ class PlanResult:
     model: str
     pipeline_schedule: ScheduleChoice | None = None
     slow_devices: tuple[tuple[str, float], ...] = ()  # (device, speed) of every slow, not failed, GPU
+    # What trainers need beyond the layout to configure a run of this plan.
+    architecture: ModelSpec | None = None
+    global_batch_size: int | None = None
+    seq_length: int | None = None
+    precision: str | None = None
 
 
 def stage_schedule_fields(timing: StageTime) -> dict[str, float]:

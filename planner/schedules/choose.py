@@ -13,16 +13,18 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from planner.errors import PlanningError
+from planner.schedules.bounds import lower_bound_ms
 from planner.schedules.handcrafted import handcrafted_schedules
 from planner.schedules.ops import PipelineSpec, Schedule
-from planner.schedules.optimal import lower_bound_ms, optimize_schedule
+from planner.schedules.optimal import OPTIMIZED, optimize_schedule
 from planner.schedules.simulator import SimulationResult, simulate
 
-OPTIMIZED = "optimized"
 # The CP-SAT model grows with p * m * v; past this many ops it rarely beats the hint in seconds.
 MAX_OPTIMIZED_OPS = 6_000
 # Gains below this fraction of the makespan are not worth a second model.
 MIN_GAIN_FRACTION = 1e-3
+# CP-SAT stops once its order is this close to the bound.
+OPTIMALITY_GAP = 2e-3
 # When `optimized` is the only schedule allowed it runs even without a plan budget.
 MIN_REQUIRED_OPTIMIZE_S = 1.0
 
@@ -34,6 +36,13 @@ class ChosenSchedule:
     candidates_ms: tuple[tuple[str, float], ...]
 
 
+TIE_PREFERENCE = ("1f1b", "interleaved", "zb-h1", "zb-h2", "gpipe", OPTIMIZED)
+
+
+def _preference(name: str) -> int:
+    return TIE_PREFERENCE.index(name) if name in TIE_PREFERENCE else len(TIE_PREFERENCE)
+
+
 def _fits(simulation: SimulationResult, spec: PipelineSpec) -> bool:
     return not simulation.over_memory(spec)
 
@@ -43,14 +52,16 @@ def choose_schedule(
     *,
     allowed: Collection[str] | None = None,
     optimize_time_limit_s: float = 0.0,
+    min_gain_ms: float = 0.0,
     seed: int = 0,
 ) -> ChosenSchedule:
-    """The fastest allowed schedule whose activations fit; ties go to the simpler (earlier) one.
+    """The fastest allowed schedule whose activations fit; ties go to the one holding less memory.
 
-    `allowed` None means every schedule. If no allowed schedule fits the
-    activation limit, the one with the smallest overshoot is returned: the
-    layout search already sized memory for 1F1B, so this happens only for a
-    restricted choice such as GPipe.
+    `allowed` None means every schedule. CP-SAT runs only when the best
+    handcrafted order is more than `min_gain_ms` above the lower bound. If
+    no allowed schedule fits the activation limit, the one with the smallest
+    overshoot is returned: the layout search already sized memory for 1F1B,
+    so this happens only for a restricted choice such as GPipe.
     """
     handcrafted = [(schedule, simulate(schedule, spec)) for schedule in handcrafted_schedules(spec)]
     tried = [item for item in handcrafted if allowed is None or item[0].name in allowed]
@@ -69,12 +80,13 @@ def choose_schedule(
         and spec.num_stages > 1
         and (ops <= MAX_OPTIMIZED_OPS or not tried)
         and _fits(best[1], spec)
-        and (best[1].makespan_ms > lower_bound_ms(spec) * (1 + MIN_GAIN_FRACTION) or not tried)
+        and (best[1].makespan_ms - lower_bound_ms(spec) > max(min_gain_ms, MIN_GAIN_FRACTION * best[1].makespan_ms)
+             or not tried)
     )
     if worth_optimizing:
         optimized = optimize_schedule(
             spec, time_limit_s=max(optimize_time_limit_s, MIN_REQUIRED_OPTIMIZE_S), split_backward=True,
-            hint=best[0], seed=seed,
+            hint=best[0], seed=seed, relative_gap_limit=OPTIMALITY_GAP,
         )
         if optimized is not None:
             simulation = simulate(optimized.schedule, spec)
@@ -97,7 +109,10 @@ def choose_schedule(
 def _best(tried: list[tuple[Schedule, SimulationResult]], spec: PipelineSpec) -> tuple[Schedule, SimulationResult]:
     fitting = [item for item in tried if _fits(item[1], spec)]
     if fitting:
-        return min(fitting, key=lambda item: round(item[1].makespan_ms, 6))
+        # Equal makespans: the one holding fewer activations, then the most widely run.
+        return min(fitting, key=lambda item: (
+            round(item[1].makespan_ms, 6), round(max(item[1].peak_activation_gib), 6), _preference(item[0].name),
+        ))
     limits = spec.activation_limit_gib or ()
     return min(
         tried,

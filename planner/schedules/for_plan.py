@@ -24,6 +24,8 @@ from planner.schedules.result import ReplicaTimeline, ScheduleChoice
 
 # A single replica's CP-SAT schedule gets at most this long, whatever the plan's budget.
 MAX_OPTIMIZE_S_PER_REPLICA = 2.0
+# CP-SAT is worth its seconds only if it can shorten the iteration by more than this share.
+MIN_ITERATION_GAIN = 5e-3
 
 
 def with_schedules(problem: PlanningProblem, result: PlanResult, budget_s: float) -> PlanResult:
@@ -46,7 +48,7 @@ def with_schedules(problem: PlanningProblem, result: PlanResult, budget_s: float
         optimized.add(slowest)
         chosen[slowest] = choose_schedule(
             specs[slowest], allowed=allowed, optimize_time_limit_s=min(remaining, MAX_OPTIMIZE_S_PER_REPLICA),
-            seed=problem.random_seed,
+            min_gain_ms=MIN_ITERATION_GAIN * result.predicted.iteration_time_s * 1e3, seed=problem.random_seed,
         )
     scheduled = _apply(problem, result, groups, chosen)
     # The solver's wall time covers the whole answer: layout search and schedules.

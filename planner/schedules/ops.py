@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 FORWARD = "F"
@@ -9,6 +10,12 @@ BACKWARD = "B"  # full backward: input and weight gradients together
 INPUT_GRAD = "I"  # backward for the activations' gradient only (zero-bubble B)
 WEIGHT_GRAD = "W"  # the deferred weight-gradient half
 OP_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD)
+_GIB_UNITS = 1_000_000  # memory units per GiB when a stage's chunks hold different activations
+
+
+def op_kinds(split_backward: bool) -> tuple[str, ...]:
+    """The kinds of op a schedule runs: F, I and W with split backwards, F and B with full ones."""
+    return (FORWARD, INPUT_GRAD, WEIGHT_GRAD) if split_backward else (FORWARD, BACKWARD)
 
 
 class ScheduleError(ValueError):
@@ -95,6 +102,11 @@ class PipelineSpec:
     def virtual_stages(self) -> int:
         return len(self.chunks[0])
 
+    @property
+    def hop_latency_ms(self) -> float:
+        """Latency between consecutive virtual stages: `p2p_latency_ms`, or 0 when one stage holds them all."""
+        return self.p2p_latency_ms if self.num_stages > 1 else 0.0
+
     def times(self, stage: int, op: Op) -> float:
         return self.chunks[stage][op.chunk].duration_ms(op.kind)
 
@@ -104,6 +116,19 @@ class PipelineSpec:
     def physical(self, virtual_stage: int) -> tuple[int, int]:
         """(stage, chunk) holding a virtual stage."""
         return virtual_stage % self.num_stages, virtual_stage // self.num_stages
+
+    def memory_units(self, stage: int) -> tuple[list[int], int] | None:
+        """Integer demand per chunk and capacity of a stage's activation cap, conservative; None if uncapped."""
+        if self.activation_limit_gib is None:
+            return None
+        cap = self.activation_limit_gib[stage]
+        sizes = [t.activation_gib for t in self.chunks[stage]]
+        if all(size <= 0 for size in sizes):
+            return None
+        if all(abs(size - sizes[0]) <= 1e-12 for size in sizes):
+            return [1] * len(sizes), math.floor(cap / sizes[0] + 1e-9)
+        demands = [max(0, math.ceil(size * _GIB_UNITS - 1e-6)) for size in sizes]
+        return demands, math.floor(cap * _GIB_UNITS + 1e-6)
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,7 @@ def _dependencies(op: Op, stage: int, spec: PipelineSpec) -> tuple[tuple[tuple, 
     """(result key, latency) pairs the op waits for."""
     vs = spec.virtual_stage(stage, op.chunk)
     last = spec.num_stages * spec.virtual_stages - 1
-    latency = spec.p2p_latency_ms if spec.num_stages > 1 else 0.0
+    latency = spec.hop_latency_ms
     if op.kind == FORWARD:
         return (((FORWARD, op.microbatch, vs - 1), latency),) if vs > 0 else ()
     if op.kind == WEIGHT_GRAD:

@@ -15,7 +15,9 @@ import itertools
 
 import pytest
 
+from planner.schedules.bounds import lower_bound_ms
 from planner.schedules.handcrafted import one_f_one_b, zb_h1
+from planner.schedules.list_scheduling import with_backward
 from planner.schedules.ops import (
     BACKWARD,
     FORWARD,
@@ -27,12 +29,7 @@ from planner.schedules.ops import (
     Schedule,
     ScheduleError,
 )
-from planner.schedules.optimal import (
-    OPTIMIZED,
-    lower_bound_ms,
-    optimize_schedule,
-    with_backward,
-)
+from planner.schedules.optimal import OPTIMIZED, optimize_schedule
 from planner.schedules.simulator import simulate
 
 TOLERANCE = 1e-6

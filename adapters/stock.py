@@ -1,0 +1,116 @@
+"""What stock trainers (Megatron-LM, DeepSpeed, torchtitan) need of a plan, or why they cannot run it.
+
+Stock frameworks run one shape everywhere: the same stage count, TP size and
+layer split in every replica, the same TP on every stage, and the same
+number of microbatches per replica. A plan that differs is refused with what
+differs and how to ask for one that does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from adapters.registry import ExportError
+from api.schemas import ModelArchitecture, Plan
+
+ASK_FOR_STOCK = (
+    'ask for a plan stock trainers run with "options": {"allow_non_uniform": false}, '
+    "or export it with --format torch-csv for PyTorch's pipelining runtime"
+)
+
+
+@dataclass(frozen=True)
+class StockLayout:
+    tp: int
+    pp: int
+    dp: int
+    virtual_stages: int
+    micro_batch_size: int
+    num_microbatches: int  # per replica
+    global_batch_size: int
+    seq_length: int
+    layers_per_stage: tuple[int, ...]  # in total per physical stage (all its chunks)
+    recompute: str
+    zero_stage: int
+    precision: str
+    schedule: str
+    architecture: ModelArchitecture
+    rank_devices: tuple[str, ...]  # global rank -> device, Megatron's order: tp fastest, then dp, then pp
+    gpus_per_node: int
+    nodes: tuple[int, ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def uneven(self) -> bool:
+        return len(set(self.layers_per_stage)) > 1
+
+
+def _differences(plan: Plan) -> list[str]:
+    replicas = plan.replicas
+    problems = []
+    if len({len(r.stages) for r in replicas}) > 1:
+        problems.append(f"replicas have different stage counts ({sorted({len(r.stages) for r in replicas})})")
+    tps = sorted({s.tp for r in replicas for s in r.stages})
+    if len(tps) > 1:
+        problems.append(f"stages use different TP sizes ({', '.join(map(str, tps))})")
+    splits = {tuple(tuple(s.layers) for s in r.stages) for r in replicas}
+    if len(splits) > 1:
+        problems.append(f"replicas split the layers differently ({len(splits)} different splits)")
+    microbatches = sorted({r.num_microbatches for r in replicas})
+    if len(microbatches) > 1:
+        problems.append(f"replicas run different microbatch counts ({', '.join(map(str, microbatches))})")
+    return problems
+
+
+def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = None) -> StockLayout:
+    """The plan as one uniform shape, or ExportError naming what `target` cannot run.
+
+    schedules: the plan schedules `target` runs (None: any).
+    """
+    problems = _differences(plan)
+    if schedules is not None and plan.schedule not in schedules:
+        allowed = ", ".join(f'"{name}"' for name in sorted(schedules))
+        problems.append(
+            f'its pipeline schedule "{plan.schedule}" is not one {target} runs (ask with "options": '
+            f'{{"schedules": [{allowed}]}})'
+        )
+    if plan.architecture is None or plan.global_batch_size is None or plan.seq_length is None:
+        problems.append("it was stored before plans carried the model architecture and batch; plan it again")
+    if problems:
+        raise ExportError(f"{target} cannot run this plan: {'; '.join(problems)}; {ASK_FOR_STOCK}")
+    replicas = sorted(plan.replicas, key=lambda r: r.id)
+    first = replicas[0]
+    pp = len(first.stages)
+    devices = [d for r in replicas for s in r.stages for d in s.devices]
+    devices += list(plan.unused_devices) + list(plan.excluded_devices)
+    gpus_per_node = 1 + max(int(d.split(":")[1]) for d in devices if not d.endswith("*"))
+    rank_devices = tuple(
+        device for stage in range(pp) for replica in replicas for device in replica.stages[stage].devices
+    )
+    return StockLayout(
+        tp=first.stages[0].tp,
+        pp=pp,
+        dp=len(replicas),
+        virtual_stages=plan.virtual_stages,
+        micro_batch_size=plan.micro_batch_size,
+        num_microbatches=first.num_microbatches,
+        global_batch_size=plan.global_batch_size,
+        seq_length=plan.seq_length,
+        layers_per_stage=tuple(s.layers[1] - s.layers[0] for s in first.stages),
+        recompute=plan.recompute,
+        zero_stage=plan.zero_stage,
+        precision=plan.precision or "bf16",
+        schedule=plan.schedule,
+        architecture=plan.architecture,
+        rank_devices=rank_devices,
+        gpus_per_node=gpus_per_node,
+        nodes=tuple(sorted({int(d.split(":")[0]) for d in rank_devices})),
+    )

@@ -1,0 +1,340 @@
+"""A uniform plan as torchtitan 0.3 command-line overrides, and the `torchrun` line that trains it.
+
+torchtitan 0.3 is configured by a Python config function (`--module llama3
+--config llama3_8b` picks `torchtitan.models.llama3.config_registry.llama3_8b`)
+whose fields the command line overrides, `--section.field value`. `render`
+gives the overrides, one per line, each a shell-quoted option and its
+values, so `$(cat plan.args)` or `xargs` splits them into arguments:
+
+    torchrun ... -m torchtitan.train --module llama3 --config llama3_8b $(cat plan.args)
+
+The last line is always `activation_checkpoint:<mode>`: tyro reads the
+activation-checkpointing policy as a subcommand, and every option after it
+as an option of that policy, so add your own overrides before it.
+
+What maps to what (torchtitan 0.3.0, PyTorch 2.13):
+
+    plan                               torchtitan
+    tp / pp                            --parallelism.tensor_parallel_degree / pipeline_parallel_degree
+    dp, zero_stage 0                   --parallelism.data_parallel_replicate_degree dp, _shard_degree 1
+    dp, zero_stage 1                   --parallelism.data_parallel_shard_degree dp, _replicate_degree 1,
+                                       --parallelism.fsdp_reshard_after_forward never
+    micro_batch_size                   --parallelism.pipeline_parallel_microbatch_size
+    num_microbatches m (pp > 1)        --training.local_batch_size m * mbs (torchtitan cuts it into m)
+    num_microbatches m (pp = 1)        --training.local_batch_size mbs; global / (mbs * dp) = m
+                                       gradient-accumulation steps
+    global_batch_size, seq_length      --training.global_batch_size, --training.seq_len
+    schedule gpipe/1f1b/interleaved    --parallelism.pipeline_parallel_schedule GPipe/1F1B/Interleaved1F1B
+    schedule zb-h1/zb-h2/optimized     --parallelism.pipeline_parallel_schedule_csv resiplan-schedule.csv
+                                       (the torch-csv export, run by _PipelineScheduleRuntime) with
+                                       pipeline_parallel_schedule PipelineScheduleSingle (v = 1) or
+                                       PipelineScheduleMulti (v > 1), as torchtitan documents
+    even layer split                   --parallelism.pipeline_parallel_layers_per_stage L with
+                                       first/last_stage_less_layers 0 (torchtitan then cuts exactly L)
+    uneven split (first/last stage)    --parallelism.module_fqns_per_model_part, one comma-separated
+                                       FQN list per model part (virtual stage), in virtual-stage order
+    recompute none/selective/full      activation_checkpoint:none / selective / full
+    precision bf16                     --training.mixed_precision_param bfloat16, --training.dtype float32
+    tp > 1                             --parallelism.enable_sequence_parallel
+
+Ranks: torchtitan's device mesh is (pp, dp_replicate, dp_shard, cp, tp), tp
+fastest, which is the rank order `stock_layout` gives (tp, then dp, then pp).
+`launch_command` starts ranks so that rank r runs on `rank_devices[r]`.
+
+Where torchtitan is not what the plan assumed:
+
+- ZeRO-1. torchtitan shards data-parallel state only with FSDP2 (params,
+  grads and optimizer states; ZeRO-3-like) or replicates all of it. A
+  zero_stage 1 plan gets FSDP over all dp ranks with reshard_after_forward
+  never: parameters are gathered once per step and stay whole through
+  forward and backward, gradients are reduce-scattered, optimizer states
+  stay sharded. Peak memory is at most the plan's (parameters are also
+  sharded between steps) and the traffic is ZeRO-1's (one reduce-scatter
+  plus one all-gather of the parameters per step).
+- Gradient accumulation without PP. torchtitan syncs (reduce-scatters or
+  all-reduces) gradients after every accumulation step, so with pp = 1 and
+  m > 1 microbatches it moves m times the data-parallel traffic the plan
+  counted once. With pp > 1 the pipeline runtime syncs once per step.
+- Selective recompute. torchtitan's selective policy is per operator: it
+  saves matmul, attention and collective outputs but recomputes every second
+  matmul, which is more recomputation (and less memory) than Megatron-style
+  selective recompute the planner models.
+- Interleaved. PyTorch's Interleaved1F1B runs m a multiple of its rounds
+  and orders warm-up its own way; export torch-csv and pass it with
+  --parallelism.pipeline_parallel_schedule_csv to run the plan's own order.
+- One schedule for all pipelines. torchtitan gives every pipeline the same
+  CSV; a plan whose replicas have different timelines gets the slowest
+  replica's order (or `replica_id`'s) everywhere. Same p, v and m, so it is
+  valid for all; only the slowest replica's is tuned for it.
+- Model. torchtitan builds the model from its config function: the
+  command line cannot change its shape. Llama 3 8B/70B/405B have built-in
+  configs; for any other model, `launch_command` leaves `--module` and
+  `--config` to $TORCHTITAN_MODULE and $TORCHTITAN_CONFIG, a config_registry
+  function of yours describing that architecture.
+- fp16. torchtitan 0.3 trains in bfloat16 or float32 only: fp16 plans are
+  refused.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections import defaultdict
+
+from adapters import torch_csv
+from adapters.registry import ExportError
+from adapters.stock import StockLayout, stock_layout
+from api.schemas import Plan
+
+TARGET = "torchtitan"
+ENTRY_MODULE = "torchtitan.train"
+SCHEDULE_CSV = "resiplan-schedule.csv"
+MASTER_PORT = 29500
+
+NAMED_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+CSV_SCHEDULES = frozenset({"zb-h1", "zb-h2", "optimized"})
+AC_MODES = {"none": "none", "selective": "selective", "full": "full"}
+# plan architecture name -> (--module, --config, num_layers) of torchtitan 0.3's own config functions
+BUILTIN_CONFIGS = {
+    "llama3-8b": ("llama3", "llama3_8b", 32),
+    "llama3-70b": ("llama3", "llama3_70b", 80),
+    "llama3-405b": ("llama3", "llama3_405b", 126),
+}
+EMBEDDING_FQN = "tok_embeddings"
+OUTPUT_FQNS = ("norm", "lm_head")
+
+
+def render(plan: Plan, replica_id: int | None = None) -> str:
+    """The overrides, one per line. `replica_id` only picks whose schedule a CSV schedule would follow."""
+    _check_replica(plan, replica_id)
+    return "\n".join(torchtitan_overrides(plan)) + "\n"
+
+
+def torchtitan_overrides(plan: Plan, schedule_csv_path: str = SCHEDULE_CSV) -> list[str]:
+    """One shell-quoted `--section.field value...` per entry; the activation-checkpoint subcommand last.
+
+    `shlex.split(" ".join(overrides))` is the argument list torchtitan's ConfigManager takes
+    (after `--module M --config C`). ExportError when torchtitan cannot run the plan.
+    """
+    layout = _layout(plan)
+    dp_replicate, dp_shard = (layout.dp, 1) if layout.zero_stage == 0 else (1, layout.dp)
+    microbatch = layout.micro_batch_size
+    local_batch = microbatch * layout.num_microbatches if layout.pp > 1 else microbatch
+    options: list[tuple[str, ...]] = [
+        ("--parallelism.tensor_parallel_degree", str(layout.tp)),
+        ("--parallelism.pipeline_parallel_degree", str(layout.pp)),
+        ("--parallelism.data_parallel_replicate_degree", str(dp_replicate)),
+        ("--parallelism.data_parallel_shard_degree", str(dp_shard)),
+        ("--parallelism.context_parallel_degree", "1"),
+        ("--parallelism.expert_parallel_degree", "1"),
+        ("--parallelism.enable_sequence_parallel",),
+    ]
+    if layout.zero_stage == 1:
+        options.append(("--parallelism.fsdp_reshard_after_forward", "never"))
+    options.append(("--parallelism.pipeline_parallel_microbatch_size", str(microbatch)))
+    if layout.pp > 1:
+        options += _pipeline_options(plan, layout, schedule_csv_path)
+    options += [
+        ("--training.local_batch_size", str(local_batch)),
+        ("--training.global_batch_size", str(layout.global_batch_size)),
+        ("--training.seq_len", str(layout.seq_length)),
+        ("--training.dtype", "float32"),
+        ("--training.mixed_precision_param", "bfloat16"),
+        ("--training.mixed_precision_reduce", "float32"),
+    ]
+    if layout.pp > 1:
+        # torchtitan refuses CUDA graphs with pipeline parallelism unless they are turned off
+        options.append(("--training.disable_cuda_graphs",))
+    lines = [" ".join(shlex.quote(word) for word in option) for option in options]
+    lines.append(f"activation_checkpoint:{AC_MODES[layout.recompute]}")
+    return lines
+
+
+def override_argv(plan: Plan, schedule_csv_path: str = SCHEDULE_CSV) -> list[str]:
+    """The overrides as an argument list."""
+    return shlex.split(" ".join(torchtitan_overrides(plan, schedule_csv_path)))
+
+
+def model_selection(plan: Plan) -> tuple[str, str] | None:
+    """torchtitan's own (--module, --config) for the plan's model, or None when it has none."""
+    architecture = plan.architecture
+    if architecture is None:
+        return None
+    builtin = BUILTIN_CONFIGS.get(architecture.name)
+    if builtin is None or builtin[2] != architecture.num_layers:
+        return None
+    return builtin[0], builtin[1]
+
+
+def schedule_csv(plan: Plan, replica_id: int | None = None) -> str | None:
+    """The torch-csv text torchtitan must read from SCHEDULE_CSV, or None when a named schedule runs the plan."""
+    layout = _layout(plan)
+    if layout.pp == 1 or layout.schedule not in CSV_SCHEDULES:
+        return None
+    _check_replica(plan, replica_id)
+    return torch_csv.render(plan, replica_id)
+
+
+def module_fqns_per_model_part(layout: StockLayout) -> list[list[str]]:
+    """The modules of each of the pp * v model parts, in virtual-stage order (chunk c of stage s is part c*p+s)."""
+    p, v = layout.pp, layout.virtual_stages
+    chunk_layers = []
+    for stage, count in enumerate(layout.layers_per_stage):
+        if count % v:
+            raise ExportError(
+                f"{TARGET} cannot run this plan: stage {stage} holds {count} layers, "
+                f"which do not cut into {v} equal model chunks"
+            )
+        chunk_layers.append(count // v)
+    parts: list[list[str]] = []
+    first = 0
+    for part in range(p * v):
+        count = chunk_layers[part % p]
+        parts.append([f"layers.{i}" for i in range(first, first + count)])
+        first += count
+    parts[0].insert(0, EMBEDDING_FQN)
+    parts[-1].extend(OUTPUT_FQNS)
+    return parts
+
+
+def launch_command(plan: Plan) -> str:
+    """Shell lines that start torchtitan on the plan's devices, rank r on `rank_devices[r]`.
+
+    torchrun's static rendezvous numbers ranks node by node (node_rank * nproc + local
+    rank), and CUDA_VISIBLE_DEVICES lists a node's GPUs in rank order where they are not
+    simply 0..nproc-1. Zero-bubble and optimized plans first write their schedule CSV.
+    """
+    layout = _layout(plan)
+    args = override_argv(plan)
+    selection = model_selection(plan)
+    if selection is None:
+        name = plan.architecture.name if plan.architecture is not None else "this model"
+        model = ["--module", "${TORCHTITAN_MODULE:?a torchtitan module whose config_registry describes "
+                 f"{name}}}", "--config", "${TORCHTITAN_CONFIG:?its config function}"]
+        model_text = " ".join(f'"{word}"' if word.startswith("$") else word for word in model)
+    else:
+        model_text = f"--module {shlex.quote(selection[0])} --config {shlex.quote(selection[1])}"
+    train = f"-m {ENTRY_MODULE} {model_text} {' '.join(shlex.quote(word) for word in args)}"
+
+    nodes = _node_blocks(layout)
+    nproc = len(nodes[0][1])
+    lines = [f"# resiplan plan {plan.plan_id}: {TARGET} on {layout.world_size} GPUs "
+             f"(tp {layout.tp}, pp {layout.pp}, dp {layout.dp}) on {len(nodes)} node(s)"]
+    csv_text = schedule_csv(plan)
+    if csv_text is not None:
+        lines.append(f"# the plan's {layout.schedule} schedule, read by --parallelism.pipeline_parallel_schedule_csv")
+        lines.append(f"cat > {SCHEDULE_CSV} <<'RESIPLAN_CSV'")
+        lines.extend(csv_text.rstrip("\n").split("\n"))
+        lines.append("RESIPLAN_CSV")
+    if len(nodes) == 1:
+        node, gpus = nodes[0]
+        lines.append(f"# on node {node}")
+        lines.append(f"{_visible(gpus)}torchrun --standalone --nnodes=1 --nproc_per_node={nproc} {train}")
+        return "\n".join(lines) + "\n"
+    rendezvous = (f"--nnodes={len(nodes)} --nproc_per_node={nproc} --master_addr=\"${{MASTER_ADDR:?address of node "
+                  f"{nodes[0][0]}}}\" --master_port={MASTER_PORT}")
+    if len({tuple(gpus) for _, gpus in nodes}) == 1:
+        mapping = ", ".join(f"{rank}->node {node}" for rank, (node, _) in enumerate(nodes))
+        lines.append(f"# NODE_RANK per node: {mapping}")
+        lines.append(f"{_visible(nodes[0][1])}torchrun {rendezvous} --node_rank=\"${{NODE_RANK:?0..{len(nodes) - 1}}}\" "
+                     f"{train}")
+        return "\n".join(lines) + "\n"
+    for rank, (node, gpus) in enumerate(nodes):
+        lines.append(f"# on node {node}")
+        lines.append(f"{_visible(gpus)}torchrun {rendezvous} --node_rank={rank} {train}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _layout(plan: Plan) -> StockLayout:
+    layout = stock_layout(plan, TARGET)
+    problems = []
+    if layout.precision != "bf16":
+        problems.append(f'torchtitan 0.3 trains in bfloat16 or float32, not {layout.precision} (ask with '
+                        '"training": {"precision": "bf16"})')
+    expected = layout.dp * layout.num_microbatches * layout.micro_batch_size
+    if layout.global_batch_size != expected:
+        problems.append(f"global_batch_size {layout.global_batch_size} is not dp {layout.dp} x "
+                        f"{layout.num_microbatches} microbatches x micro_batch_size {layout.micro_batch_size}")
+    if layout.sequence_parallel and layout.seq_length % layout.tp:
+        problems.append(f"seq_length {layout.seq_length} is not divisible by tp {layout.tp}, which torchtitan's "
+                        "sequence parallelism needs")
+    if layout.pp > 1 and layout.architecture.tied_embeddings:
+        problems.append("torchtitan 0.3 does not tie embeddings under pipeline parallelism (its Decoder refuses "
+                        "weight tying with pp > 1); estimate a pp 1 layout (POST /v1/estimate) or untie them")
+    if layout.recompute not in AC_MODES:
+        problems.append(f"unknown recompute mode {layout.recompute!r}")
+    if layout.pp == 1 and layout.virtual_stages > 1:
+        problems.append(f"virtual_stages {layout.virtual_stages} without pipeline parallelism")
+    if problems:
+        raise ExportError(f"{TARGET} cannot run this plan: {'; '.join(problems)}")
+    return layout
+
+
+def _pipeline_options(plan: Plan, layout: StockLayout, schedule_csv_path: str) -> list[tuple[str, ...]]:
+    v = layout.virtual_stages
+    options: list[tuple[str, ...]] = []
+    if layout.schedule in CSV_SCHEDULES:
+        options.append(("--parallelism.pipeline_parallel_schedule",
+                        "PipelineScheduleSingle" if v == 1 else "PipelineScheduleMulti"))
+        options.append(("--parallelism.pipeline_parallel_schedule_csv", schedule_csv_path))
+    elif layout.schedule in NAMED_SCHEDULES:
+        if (layout.schedule == "interleaved") != (v > 1):
+            raise ExportError(f"{TARGET} cannot run this plan: schedule {layout.schedule} with virtual_stages {v}")
+        options.append(("--parallelism.pipeline_parallel_schedule", NAMED_SCHEDULES[layout.schedule]))
+    else:
+        raise ExportError(f"{TARGET} cannot run this plan: unknown schedule {layout.schedule!r}")
+    parts = module_fqns_per_model_part(layout)
+    sizes = {sum(1 for fqn in part if fqn.startswith("layers.")) for part in parts}
+    if len(sizes) == 1:
+        # torchtitan cuts num_layers + first_less + last_less "effective layers" into ceil(.../L) parts
+        options += [
+            ("--parallelism.pipeline_parallel_layers_per_stage", str(sizes.pop())),
+            ("--parallelism.pipeline_parallel_first_stage_less_layers", "0"),
+            ("--parallelism.pipeline_parallel_last_stage_less_layers", "0"),
+        ]
+    else:
+        options.append(("--parallelism.module_fqns_per_model_part", *(",".join(part) for part in parts)))
+    return options
+
+
+def _check_replica(plan: Plan, replica_id: int | None) -> None:
+    if replica_id is None:
+        return
+    known = sorted(replica.id for replica in plan.replicas)
+    if replica_id not in known:
+        raise ExportError(f"plan has no replica {replica_id}; its replicas are {known[0]}..{known[-1]}")
+
+
+def _node_blocks(layout: StockLayout) -> list[tuple[int, list[int]]]:
+    """(node, its GPUs in local-rank order) per torchrun node rank; ExportError when torchrun cannot place the ranks."""
+    by_node: dict[int, list[int]] = defaultdict(list)
+    order: list[int] = []
+    for rank, device in enumerate(layout.rank_devices):
+        node, gpu = (int(part) for part in device.split(":"))
+        if node not in by_node:
+            order.append(node)
+        by_node[node].append(rank)
+    blocks = []
+    for node in order:
+        ranks = by_node[node]
+        if ranks != list(range(ranks[0], ranks[0] + len(ranks))):
+            raise ExportError(
+                f"{TARGET} via torchrun cannot place this plan: node {node} holds ranks {ranks[:4]}..., "
+                "not one contiguous block; torchrun numbers ranks node by node"
+            )
+        blocks.append((node, [int(layout.rank_devices[r].split(":")[1]) for r in ranks]))
+    if len({len(gpus) for _, gpus in blocks}) > 1:
+        counts = sorted({len(gpus) for _, gpus in blocks})
+        raise ExportError(
+            f"{TARGET} via torchrun cannot place this plan: its nodes run different numbers of ranks ({counts}); "
+            "torchrun starts the same --nproc_per_node on every node"
+        )
+    return blocks
+
+
+def _visible(gpus: list[int]) -> str:
+    if gpus == list(range(len(gpus))):
+        return ""
+    return f"CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))} "
