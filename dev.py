@@ -62,7 +62,7 @@ def _ensure_chromium() -> None:
 
 
 def test(args: list[str]) -> int:
-    _ensure_venv("test")
+    _ensure_venv("test,frameworks")
     _ensure_chromium()
     code = subprocess.call([str(PYTHON), "-m", "pytest", *args], cwd=ROOT)
     if code == PYTEST_NO_TESTS:

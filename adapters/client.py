@@ -29,9 +29,9 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 from urllib.parse import quote
 
 import httpx
@@ -39,7 +39,7 @@ from pydantic import ValidationError
 
 from api.schemas import Failures, Options, Plan, PlanRequest
 
-__all__ = ["PlannerClient", "PlannerError", "RETRY_STATUSES", "SOLVE_MARGIN_S"]
+__all__ = ["RETRY_STATUSES", "SOLVE_MARGIN_S", "PlannerClient", "PlannerError"]
 
 RETRY_STATUSES = frozenset({502, 503, 504})
 SOLVE_MARGIN_S = 30.0
@@ -158,7 +158,7 @@ class PlannerClient:
         if self._owns_http:
             self._http.close()
 
-    def __enter__(self) -> PlannerClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -209,7 +209,7 @@ class PlannerClient:
 
     def _backoff(self, attempt: int) -> float:
         """Delay before retry number `attempt` (1-based): backoff_s, 2 backoff_s, 4 backoff_s ... capped."""
-        delay = self.backoff_s * 2.0 ** (attempt - 1)
+        delay = self.backoff_s * 2.0 ** min(attempt - 1, 60)
         if self.jitter:
             delay *= 1.0 + self.jitter * self._rng.random()
         return min(delay, self.max_backoff_s)
@@ -278,8 +278,8 @@ def _retry_after_s(response: httpx.Response) -> float | None:
         except (TypeError, ValueError, IndexError):
             return None
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        seconds = (when - datetime.now(timezone.utc)).total_seconds()
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
     if not math.isfinite(seconds):
         return None
     return max(0.0, seconds)

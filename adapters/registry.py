@@ -39,7 +39,9 @@ FORMATS: tuple[ExportFormat, ...] = (
         "per-rank action CSV for torch.distributed.pipelining's _PipelineScheduleRuntime",
     ),
     ExportFormat("svg", "image/svg+xml", ".svg", "adapters.gantt_svg", "Gantt chart of a replica's schedule"),
-    ExportFormat("megatron", "text/plain", ".args", "adapters.megatron", "Megatron-LM pretrain_gpt.py arguments"),
+    ExportFormat(
+        "megatron", "text/x-shellscript", ".sh", "adapters.megatron", "Megatron-LM pretrain_gpt.py arguments (bash)"
+    ),
     ExportFormat("deepspeed", "application/json", ".json", "adapters.deepspeed", "DeepSpeed config and PipelineModule"),
     ExportFormat("torchtitan", "text/plain", ".args", "adapters.torchtitan", "torchtitan CLI overrides"),
 )

@@ -31,11 +31,15 @@ What maps to what (torchtitan 0.3.0, PyTorch 2.13):
                                        PipelineScheduleMulti (v > 1), as torchtitan documents
     even layer split                   --parallelism.pipeline_parallel_layers_per_stage L with
                                        first/last_stage_less_layers 0 (torchtitan then cuts exactly L)
-    uneven split (first/last stage)    --parallelism.module_fqns_per_model_part, one comma-separated
+    any other split                    --parallelism.module_fqns_per_model_part, one comma-separated
                                        FQN list per model part (virtual stage), in virtual-stage order
     recompute none/selective/full      activation_checkpoint:none / selective / full
     precision bf16                     --training.mixed_precision_param bfloat16, --training.dtype float32
-    tp > 1                             --parallelism.enable_sequence_parallel
+    sequence parallel (with tp > 1)    --parallelism.enable_sequence_parallel
+
+Schedules: what PyTorch's GPipe, 1F1B and Interleaved1F1B run is the
+plan's own order, action for action (tests/adapters/test_torchtitan.py
+checks it against the torch-csv export); the others run from that export.
 
 Ranks: torchtitan's device mesh is (pp, dp_replicate, dp_shard, cp, tp), tp
 fastest, which is the rank order `stock_layout` gives (tp, then dp, then pp).
@@ -59,24 +63,24 @@ Where torchtitan is not what the plan assumed:
   saves matmul, attention and collective outputs but recomputes every second
   matmul, which is more recomputation (and less memory) than Megatron-style
   selective recompute the planner models.
-- Interleaved. PyTorch's Interleaved1F1B runs m a multiple of its rounds
-  and orders warm-up its own way; export torch-csv and pass it with
-  --parallelism.pipeline_parallel_schedule_csv to run the plan's own order.
 - One schedule for all pipelines. torchtitan gives every pipeline the same
   CSV; a plan whose replicas have different timelines gets the slowest
   replica's order (or `replica_id`'s) everywhere. Same p, v and m, so it is
   valid for all; only the slowest replica's is tuned for it.
 - Model. torchtitan builds the model from its config function: the
-  command line cannot change its shape. Llama 3 8B/70B/405B have built-in
-  configs; for any other model, `launch_command` leaves `--module` and
-  `--config` to $TORCHTITAN_MODULE and $TORCHTITAN_CONFIG, a config_registry
-  function of yours describing that architecture.
+  command line cannot change its shape. Llama 3.1 8B and 70B shapes have
+  built-in bf16 configs (its 405B one trains in float8); for any other
+  model, `launch_command` leaves `--module` and `--config` to
+  $TORCHTITAN_MODULE and $TORCHTITAN_CONFIG, a config_registry function of
+  yours describing that architecture. Tied embeddings under PP are refused
+  (torchtitan's Decoder refuses them).
 - fp16. torchtitan 0.3 trains in bfloat16 or float32 only: fp16 plans are
   refused.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections import defaultdict
 
@@ -93,11 +97,12 @@ MASTER_PORT = 29500
 NAMED_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
 CSV_SCHEDULES = frozenset({"zb-h1", "zb-h2", "optimized"})
 AC_MODES = {"none": "none", "selective": "selective", "full": "full"}
-# plan architecture name -> (--module, --config, num_layers) of torchtitan 0.3's own config functions
+# torchtitan 0.3's own bf16 config functions, by the model shape they build:
+# (num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_kv_heads, vocab_size, tied) -> (--module, --config)
+# Not llama3_405b: it trains in float8 (torchao) with torch.compile, which the plan did not assume.
 BUILTIN_CONFIGS = {
-    "llama3-8b": ("llama3", "llama3_8b", 32),
-    "llama3-70b": ("llama3", "llama3_70b", 80),
-    "llama3-405b": ("llama3", "llama3_405b", 126),
+    (32, 4096, 14336, 32, 8, 128256, False): ("llama3", "llama3_8b"),
+    (80, 8192, 28672, 64, 8, 128256, False): ("llama3", "llama3_70b"),
 }
 EMBEDDING_FQN = "tok_embeddings"
 OUTPUT_FQNS = ("norm", "lm_head")
@@ -155,14 +160,13 @@ def override_argv(plan: Plan, schedule_csv_path: str = SCHEDULE_CSV) -> list[str
 
 
 def model_selection(plan: Plan) -> tuple[str, str] | None:
-    """torchtitan's own (--module, --config) for the plan's model, or None when it has none."""
-    architecture = plan.architecture
-    if architecture is None:
+    """torchtitan's own (--module, --config) building the plan's model shape, or None when it has none."""
+    arch = plan.architecture
+    if arch is None or not arch.swiglu:
         return None
-    builtin = BUILTIN_CONFIGS.get(architecture.name)
-    if builtin is None or builtin[2] != architecture.num_layers:
-        return None
-    return builtin[0], builtin[1]
+    shape = (arch.num_layers, arch.hidden_size, arch.ffn_hidden_size, arch.num_attention_heads,
+             arch.num_kv_heads or arch.num_attention_heads, arch.vocab_size, arch.tied_embeddings)
+    return BUILTIN_CONFIGS.get(shape)
 
 
 def schedule_csv(plan: Plan, replica_id: int | None = None) -> str | None:
@@ -199,26 +203,29 @@ def module_fqns_per_model_part(layout: StockLayout) -> list[list[str]]:
 def launch_command(plan: Plan) -> str:
     """Shell lines that start torchtitan on the plan's devices, rank r on `rank_devices[r]`.
 
-    torchrun's static rendezvous numbers ranks node by node (node_rank * nproc + local
-    rank), and CUDA_VISIBLE_DEVICES lists a node's GPUs in rank order where they are not
-    simply 0..nproc-1. Zero-bubble and optimized plans first write their schedule CSV.
+    torchrun's static rendezvous (--master_addr, --node_rank) numbers ranks node by node:
+    node rank k gets the ranks after those of node ranks 0..k-1, local rank i the i-th of
+    them, and local rank i uses the i-th visible GPU. CUDA_VISIBLE_DEVICES lists a node's
+    GPUs in rank order where they are not simply 0..nproc-1. One line serves every node
+    when all run the same GPUs; otherwise there is a line per node. Zero-bubble and
+    optimized plans first write their schedule CSV (a here-document) where torchtitan
+    reads it.
     """
     layout = _layout(plan)
     args = override_argv(plan)
     selection = model_selection(plan)
     if selection is None:
-        name = plan.architecture.name if plan.architecture is not None else "this model"
-        model = ["--module", "${TORCHTITAN_MODULE:?a torchtitan module whose config_registry describes "
-                 f"{name}}}", "--config", "${TORCHTITAN_CONFIG:?its config function}"]
-        model_text = " ".join(f'"{word}"' if word.startswith("$") else word for word in model)
+        name = _safe(plan.architecture.name) if plan.architecture is not None else "this model"
+        model_text = (f'--module "${{TORCHTITAN_MODULE:?a torchtitan module whose config_registry describes {name}}}" '
+                      '--config "${TORCHTITAN_CONFIG:?its config function}"')
     else:
         model_text = f"--module {shlex.quote(selection[0])} --config {shlex.quote(selection[1])}"
     train = f"-m {ENTRY_MODULE} {model_text} {' '.join(shlex.quote(word) for word in args)}"
 
     nodes = _node_blocks(layout)
-    nproc = len(nodes[0][1])
-    lines = [f"# resiplan plan {plan.plan_id}: {TARGET} on {layout.world_size} GPUs "
-             f"(tp {layout.tp}, pp {layout.pp}, dp {layout.dp}) on {len(nodes)} node(s)"]
+    header = (f"# resiplan plan {_safe(plan.plan_id)}: {TARGET} on {layout.world_size} GPUs "
+              f"(tp {layout.tp}, pp {layout.pp}, dp {layout.dp}) on {len(nodes)} node(s)")
+    lines = [header]
     csv_text = schedule_csv(plan)
     if csv_text is not None:
         lines.append(f"# the plan's {layout.schedule} schedule, read by --parallelism.pipeline_parallel_schedule_csv")
@@ -228,19 +235,21 @@ def launch_command(plan: Plan) -> str:
     if len(nodes) == 1:
         node, gpus = nodes[0]
         lines.append(f"# on node {node}")
-        lines.append(f"{_visible(gpus)}torchrun --standalone --nnodes=1 --nproc_per_node={nproc} {train}")
+        lines.append(f"{_visible(gpus)}torchrun --standalone --nnodes=1 --nproc_per_node={len(gpus)} {train}")
         return "\n".join(lines) + "\n"
-    rendezvous = (f"--nnodes={len(nodes)} --nproc_per_node={nproc} --master_addr=\"${{MASTER_ADDR:?address of node "
-                  f"{nodes[0][0]}}}\" --master_port={MASTER_PORT}")
+    rendezvous = (f"--nnodes={len(nodes)} --master_addr=\"${{MASTER_ADDR:?address of node {nodes[0][0]}}}\" "
+                  f"--master_port={MASTER_PORT}")
     if len({tuple(gpus) for _, gpus in nodes}) == 1:
-        mapping = ", ".join(f"{rank}->node {node}" for rank, (node, _) in enumerate(nodes))
-        lines.append(f"# NODE_RANK per node: {mapping}")
-        lines.append(f"{_visible(nodes[0][1])}torchrun {rendezvous} --node_rank=\"${{NODE_RANK:?0..{len(nodes) - 1}}}\" "
-                     f"{train}")
+        gpus = nodes[0][1]
+        mapping = ", ".join(f"{rank} on node {node}" for rank, (node, _) in enumerate(nodes))
+        lines.append(f"# on every node, NODE_RANK {mapping}")
+        lines.append(f"{_visible(gpus)}torchrun {rendezvous} --nproc_per_node={len(gpus)} "
+                     f"--node_rank=\"${{NODE_RANK:?0..{len(nodes) - 1}}}\" {train}")
         return "\n".join(lines) + "\n"
+    # torchrun gives node_rank k the ranks after those of node ranks 0..k-1, however many each runs
     for rank, (node, gpus) in enumerate(nodes):
         lines.append(f"# on node {node}")
-        lines.append(f"{_visible(gpus)}torchrun {rendezvous} --node_rank={rank} {train}")
+        lines.append(f"{_visible(gpus)}torchrun {rendezvous} --nproc_per_node={len(gpus)} --node_rank={rank} {train}")
     return "\n".join(lines) + "\n"
 
 
@@ -312,7 +321,7 @@ def _node_blocks(layout: StockLayout) -> list[tuple[int, list[int]]]:
     by_node: dict[int, list[int]] = defaultdict(list)
     order: list[int] = []
     for rank, device in enumerate(layout.rank_devices):
-        node, gpu = (int(part) for part in device.split(":"))
+        node = int(device.split(":")[0])
         if node not in by_node:
             order.append(node)
         by_node[node].append(rank)
@@ -325,13 +334,12 @@ def _node_blocks(layout: StockLayout) -> list[tuple[int, list[int]]]:
                 "not one contiguous block; torchrun numbers ranks node by node"
             )
         blocks.append((node, [int(layout.rank_devices[r].split(":")[1]) for r in ranks]))
-    if len({len(gpus) for _, gpus in blocks}) > 1:
-        counts = sorted({len(gpus) for _, gpus in blocks})
-        raise ExportError(
-            f"{TARGET} via torchrun cannot place this plan: its nodes run different numbers of ranks ({counts}); "
-            "torchrun starts the same --nproc_per_node on every node"
-        )
     return blocks
+
+
+def _safe(text: str) -> str:
+    """Plan-supplied text for a comment or a ${VAR:?message}: nothing the shell would act on."""
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
 
 
 def _visible(gpus: list[int]) -> str:

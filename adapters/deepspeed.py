@@ -1,0 +1,386 @@
+"""A uniform plan as a DeepSpeed config (ds_config.json), plus the PipelineModule settings it cannot hold.
+
+`render` gives one JSON document: a DeepSpeed config that `deepspeed.initialize(config=...)`
+or `--deepspeed_config ds_config.json` takes as it is, with one extra top-level key,
+`"resiplan"`, that DeepSpeed ignores (it reads only the keys it knows). That key holds
+what goes into the training script instead: the `PipelineModule` arguments (stages,
+topology, layer split), the tensor-parallel size, and the plan's rank-to-GPU map.
+
+    with open("ds_config.json") as f:
+        ds_config = json.load(f)
+    pm = ds_config["resiplan"]["pipeline_module"]
+    topology = PipeModelDataParallelTopology(**{k: pm["topology"][k] for k in ("num_pp", "num_mp", "num_dp")})
+    if pm["partition_method"] == "explicit":       # an uneven split: see planned_pipeline_module
+        parts = pipeline_parts(pm["transformer_layer_boundaries"], first_transformer_index=1, num_layers=len(layers))
+        model = planned_pipeline_module(layers, parts, topology=topology, loss_fn=...)
+    else:
+        model = PipelineModule(layers, topology=topology, partition_method=pm["partition_method"], loss_fn=...)
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config, model_parameters=...)
+
+What maps to what (DeepSpeed 0.19.8):
+
+    plan                               DeepSpeed
+    global_batch_size                  train_batch_size (= micro x accumulation x dp, which DeepSpeedConfig asserts)
+    micro_batch_size                   train_micro_batch_size_per_gpu
+    num_microbatches m                 gradient_accumulation_steps (the PipelineEngine runs m microbatches a step)
+    zero_stage 0 / 1                   zero_optimization.stage 0 / 1 (the PipelineEngine refuses stage >= 2)
+    precision bf16                     bf16.enabled; with ZeRO-1 also data_types.grad_accum_dtype fp32, which
+                                       makes DeepSpeed use its BF16_Optimizer (fp32 gradient accumulation)
+    precision fp16                     fp16.enabled with dynamic loss scaling (loss_scale 0)
+    tp / pp / dp                       PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp) for the
+                                       PipelineModule; its rank order (pipe, data, model; model fastest) is
+                                       the plan's rank_devices order (tp fastest, then dp, then pp)
+    tp > 1                             pipeline.pipe_partitioned / grad_partitioned (stage-to-stage tensors
+                                       split over the TP group); the TP layers themselves are model code
+    schedule 1f1b / gpipe              DeepSpeed's one training schedule, TrainSchedule (1F1B). A gpipe plan
+                                       runs with the same bubble and at most its activation memory. With
+                                       pp 1 any schedule is plain gradient accumulation.
+    even layer split                   partition_method "type:transformer" (balances the layers whose class
+                                       name matches the regex; embedding and head, which do not match, go to
+                                       the first and last stage). The regex must match your transformer-layer
+                                       class: Megatron-DeepSpeed's ParallelTransformerLayerPipe does; for,
+                                       say, LlamaDecoderLayer use "type:LlamaDecoderLayer".
+    uneven split                       partition_method "explicit", which is not a DeepSpeed method (a stock
+                                       PipelineModule raises NotImplementedError on it, rather than quietly
+                                       splitting evenly): `planned_pipeline_module` overrides
+                                       PipelineModule._partition_layers with the plan's boundaries.
+    recompute full                     pipeline.activation_checkpoint_interval 1 (every layer checkpointed)
+                                       and an activation_checkpointing section; partition_activations when
+                                       tp > 1 (the checkpoints split over the TP group, as the plan's
+                                       sequence-parallel memory model assumes)
+    recompute selective                activation_checkpoint_interval 0: see below
+    recompute none                     activation_checkpoint_interval 0
+    gradient clipping                  gradient_clipping 1.0 (not part of a plan; Megatron-LM's default)
+
+Where DeepSpeed is not what the plan assumed, and refusals:
+
+- Selective recompute. DeepSpeed's config can only checkpoint whole layers
+  (every `activation_checkpoint_interval` layers); it has no attention-core
+  recompute. The planner's selective mode saves only the attention score
+  matrix, which a fused attention kernel (torch SDPA, FlashAttention) never
+  stores, so the export asks for no layer checkpointing and the model's
+  attention must use such a kernel (or Megatron-DeepSpeed's
+  `--recompute-granularity selective`). With an unfused attention, re-plan
+  with `"training": {"recompute": "full"}`.
+- Tensor and sequence parallelism are model code (Megatron-DeepSpeed's
+  mpu and tensor-parallel layers, `--sequence-parallel`): DeepSpeed's config
+  has no field for them, and DeepSpeed checks nothing about heads; the
+  export refuses a plan whose TP does not divide the heads itself.
+- ZeRO-0 with bf16. DeepSpeed's pipeline engine puts every bf16 pipeline on
+  its BF16_Optimizer, which shards fp32 master weights and Adam states over
+  data-parallel ranks anyway, and without ZeRO it accumulates gradients in
+  bf16 (it refuses fp32 accumulation without ZeRO). Memory is at most the
+  plan's; gradient accumulation is less exact than the plan's fp32.
+- Layer split inside a stage. `activation_checkpoint_interval` counts the
+  PipelineModule's layers, so on the first and last stage the embedding and
+  head are checkpointed units too.
+- Refused: interleaved (v > 1) plans (DeepSpeed's PipelineEngine holds one
+  model chunk per stage), zero-bubble (zb-h1, zb-h2) and resiplan's optimized
+  schedules (TrainSchedule has no split backward or custom order), and every
+  non-uniform plan (`stock_layout` names what differs). Ask for a runnable
+  plan with `"options": {"allow_non_uniform": false, "schedules": ["1f1b"]}`.
+
+`launch_command` uses DeepSpeed's launcher (`deepspeed --hostfile --include`)
+when it places every rank on its planned GPU, and `torchrun` lines per node
+otherwise (see there).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from adapters.registry import ExportError
+from adapters.stock import StockLayout, stock_layout
+from api.schemas import Plan
+
+TARGET = "DeepSpeed"
+RESIPLAN_KEY = "resiplan"
+CONFIG_FILE = "ds_config.json"
+HOSTFILE = "resiplan-hostfile"
+TRAIN_SCRIPT = "train.py"
+TRAIN = f"{TRAIN_SCRIPT} --deepspeed --deepspeed_config {CONFIG_FILE}"  # what every launcher line runs
+MASTER_PORT = 29500
+GRADIENT_CLIPPING = 1.0
+EVEN_PARTITION_METHOD = "type:transformer"
+EXPLICIT_PARTITION_METHOD = "explicit"
+# plan schedules DeepSpeed's TrainSchedule (1F1B) runs as planned or better
+RUNNABLE_SCHEDULES = frozenset({"1f1b", "gpipe"})
+ASK_FOR_RUNNABLE = 'ask for a plan DeepSpeed runs with "options": {"allow_non_uniform": false, "schedules": ["1f1b"]}'
+SCHEDULE_REASONS = {
+    "interleaved": "DeepSpeed's PipelineEngine holds one model chunk per stage and has no interleaved schedule",
+    "zb-h1": "DeepSpeed's TrainSchedule has no split (input/weight-gradient) backward",
+    "zb-h2": "DeepSpeed's TrainSchedule has no split (input/weight-gradient) backward",
+    "optimized": "DeepSpeed runs only its own 1F1B order (TrainSchedule), not a solver-made one",
+}
+
+
+def render(plan: Plan, replica_id: int | None = None) -> str:
+    """The DeepSpeed config with the `resiplan` section, as JSON. Every replica runs the same config."""
+    _check_replica(plan, replica_id)
+    return json.dumps(document(plan), indent=2) + "\n"
+
+
+def document(plan: Plan) -> dict[str, Any]:
+    """`deepspeed_config(plan)` plus the `resiplan` key: the settings that go into the training script."""
+    layout = _layout(plan)
+    return {**_config(layout), RESIPLAN_KEY: _script_settings(plan, layout)}
+
+
+def deepspeed_config(plan: Plan) -> dict[str, Any]:
+    """The DeepSpeed config proper (what DeepSpeedConfig parses). ExportError when DeepSpeed cannot run the plan."""
+    return _config(_layout(plan))
+
+
+def pipeline_parts(boundaries: Sequence[int], first_transformer_index: int, num_layers: int) -> list[int]:
+    """PipelineModule `parts` (stage s builds layers[parts[s]:parts[s+1]]) from the plan's transformer boundaries.
+
+    boundaries: `transformer_layer_boundaries` of the export (pp + 1 entries, 0 .. num transformer layers).
+    first_transformer_index: where the first transformer layer sits in your layer list (after the embedding).
+    num_layers: the length of your layer list. Layers before the first transformer layer go to the first
+    stage, layers after the last one (final norm, head, loss) to the last stage, as the plan assumes.
+    """
+    boundaries = list(boundaries)
+    transformer_layers = boundaries[-1]
+    if boundaries[0] != 0 or boundaries != sorted(boundaries) or len(boundaries) < 2:
+        raise ValueError(f"boundaries {boundaries} are not increasing from 0")
+    if not 0 <= first_transformer_index <= num_layers - transformer_layers:
+        raise ValueError(f"{transformer_layers} transformer layers from index {first_transformer_index} do not fit "
+                         f"in {num_layers} layers")
+    return [0] + [first_transformer_index + b for b in boundaries[1:-1]] + [num_layers]
+
+
+def planned_pipeline_module(layers: Sequence[Any], parts: Sequence[int], **kwargs: Any) -> Any:
+    """A deepspeed.pipe.PipelineModule that builds the stage split `parts` instead of computing one.
+
+    DeepSpeed's `partition_method` ("parameters", "uniform", "type:regex") balances a weight per
+    layer, so it cannot reproduce an arbitrary split; PipelineModule._partition_layers is the one
+    place that sets `self.parts`, and this subclass overrides it. kwargs go to PipelineModule
+    (`topology` or `num_stages`, `loss_fn`, `activation_checkpoint_interval`, ...);
+    `partition_method` is ignored. Needs deepspeed and an initialized deepspeed.comm, as
+    PipelineModule itself does.
+    """
+    from deepspeed.pipe import PipelineModule
+
+    planned = [int(p) for p in parts]
+    layers = list(layers)
+    if planned[0] != 0 or planned[-1] != len(layers) or planned != sorted(planned):
+        raise ValueError(f"parts {planned} do not cut {len(layers)} layers in order")
+
+    class PlannedPipelineModule(PipelineModule):
+        def _partition_layers(self, method: str = "uniform") -> None:
+            if len(planned) != self.num_stages + 1:
+                raise ValueError(f"parts {planned} describe {len(planned) - 1} stages, the topology has "
+                                 f"{self.num_stages}")
+            self.parts = list(planned)
+            stage_id = self._topo.get_coord(self.global_rank).pipe
+            self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
+
+    return PlannedPipelineModule(layers, **{k: v for k, v in kwargs.items() if k != "partition_method"})
+
+
+def launch_command(plan: Plan) -> str:
+    """Shell lines that start the training script on the plan's GPUs, rank r on `rank_devices[r]`.
+
+    DeepSpeed's launcher numbers ranks host by host in hostfile order, sorts each host's
+    --include slots into CUDA_VISIBLE_DEVICES, and gives the process of global rank r
+    LOCAL_RANK r % (processes on its host) (deepspeed/launcher/launch.py), so it places
+    rank r on the planned GPU only when every host's planned GPUs, in rank order, are the
+    ones that rule picks: always with whole nodes, often not when nodes run different numbers
+    of GPUs (8 then 6: rank 8 gets LOCAL_RANK 2). Then it is one `deepspeed` line (with a hostfile naming resiplan node N `nodeN`,
+    which must reach that node over passwordless ssh). Otherwise there is a `torchrun` line
+    per node: torchrun gives node rank k the ranks after those of node ranks 0..k-1 and local
+    rank i the i-th visible GPU, and DeepSpeed reads RANK/LOCAL_RANK/WORLD_SIZE from it.
+    """
+    layout = _layout(plan)
+    blocks = _node_blocks(layout)
+    lines = [
+        (f"# resiplan plan {plan.plan_id}: {TARGET} on {layout.world_size} GPUs (tp {layout.tp}, pp {layout.pp}, "
+         f"dp {layout.dp}) on {len(blocks)} node(s)"),
+        (f"# {CONFIG_FILE}: this plan exported with --format deepspeed; {TRAIN_SCRIPT}: your script, which builds "
+         f"the PipelineModule from its \"{RESIPLAN_KEY}\" section"),
+    ]
+    if deepspeed_launcher_places(blocks):
+        return "\n".join(lines + deepspeed_launcher_lines(blocks, layout.gpus_per_node)) + "\n"
+    lines.append("# DeepSpeed's launcher would put some ranks on other GPUs of their node (its LOCAL_RANK is the "
+                 "global rank modulo the node's process count): one torchrun per node")
+    rendezvous = (f"--nnodes={len(blocks)} --master_addr=\"${{MASTER_ADDR:?address of node {blocks[0][0]}}}\" "
+                  f"--master_port={MASTER_PORT}")
+    for rank, (node, gpus) in enumerate(blocks):
+        lines.append(f"# on node {node}")
+        lines.append(f"CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))} torchrun {rendezvous} "
+                     f"--nproc_per_node={len(gpus)} --node_rank={rank} {TRAIN}")
+    return "\n".join(lines) + "\n"
+
+
+def deepspeed_launcher_lines(blocks: Sequence[tuple[int, Sequence[int]]], gpus_per_node: int) -> list[str]:
+    """The `deepspeed` launcher lines that start one process on each GPU of `blocks` ((node, GPUs) in rank order).
+
+    Where each rank runs follows DeepSpeed's rule (see deepspeed_launcher_places), not necessarily
+    the blocks' order.
+    """
+    if len(blocks) == 1:
+        node, gpus = blocks[0]
+        return [f"# on node {node}",
+                f"deepspeed --include localhost:{_slots(gpus)} --master_port {MASTER_PORT} {TRAIN}"]
+    include = "@".join(f"node{node}:{_slots(gpus)}" for node, gpus in blocks)
+    return [
+        "# host nodeN is resiplan node N, reachable over passwordless ssh; ranks go host by host in this order",
+        f"cat > {HOSTFILE} <<'RESIPLAN_HOSTS'",
+        *(f"node{node} slots={gpus_per_node}" for node, _ in blocks),
+        "RESIPLAN_HOSTS",
+        f"deepspeed --hostfile {HOSTFILE} --include {include} --master_port {MASTER_PORT} {TRAIN}",
+    ]
+
+
+def deepspeed_launcher_places(blocks: Sequence[tuple[int, Sequence[int]]]) -> bool:
+    """Whether DeepSpeed's launcher, given each node's GPUs as --include slots, runs rank r on block GPU r.
+
+    blocks: (node, its GPUs in rank order) in rank order. launch.py sorts the slots into
+    CUDA_VISIBLE_DEVICES and sets LOCAL_RANK = global rank % processes on the node.
+    """
+    first = 0
+    for _, gpus in blocks:
+        visible = sorted(gpus)
+        if any(visible[(first + i) % len(gpus)] != gpu for i, gpu in enumerate(gpus)):
+            return False
+        first += len(gpus)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _layout(plan: Plan) -> StockLayout:
+    schedule_problems = []
+    # one stage has no pipeline to schedule: every schedule is sequential microbatches with gradient accumulation
+    single_stage = plan.virtual_stages == 1 and all(len(replica.stages) == 1 for replica in plan.replicas)
+    if plan.schedule not in RUNNABLE_SCHEDULES and not single_stage:
+        reason = SCHEDULE_REASONS.get(plan.schedule, "DeepSpeed runs only 1F1B (TrainSchedule)")
+        schedule_problems.append(f'its pipeline schedule "{plan.schedule}" ({reason})')
+    if plan.virtual_stages > 1:
+        schedule_problems.append(f"it has {plan.virtual_stages} virtual stages per GPU (DeepSpeed's PipelineModule "
+                                 "holds one contiguous run of layers per stage)")
+    try:
+        layout = stock_layout(plan, TARGET)
+    except ExportError as error:
+        if not schedule_problems:
+            raise
+        raise ExportError(f"{error}; and {'; '.join(schedule_problems)}; {ASK_FOR_RUNNABLE}") from None
+    problems = list(schedule_problems)
+    expected = layout.micro_batch_size * layout.num_microbatches * layout.dp
+    if layout.global_batch_size != expected:
+        problems.append(f"global_batch_size {layout.global_batch_size} is not micro_batch_size "
+                        f"{layout.micro_batch_size} x {layout.num_microbatches} microbatches x dp {layout.dp}, "
+                        "the train_batch_size DeepSpeed asserts")
+    architecture = layout.architecture
+    for what, count in (("attention heads", architecture.num_attention_heads), ("KV heads", architecture.num_kv_heads)):
+        if count % layout.tp:
+            problems.append(f"tp {layout.tp} does not divide the model's {count} {what}")
+    if layout.zero_stage not in (0, 1):
+        problems.append(f"zero_stage {layout.zero_stage} (DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1)")
+    if layout.precision not in ("bf16", "fp16"):
+        problems.append(f"precision {layout.precision!r}")
+    if layout.recompute not in ("none", "selective", "full"):
+        problems.append(f"recompute mode {layout.recompute!r}")
+    if problems:
+        raise ExportError(f"{TARGET} cannot run this plan: {'; '.join(problems)}; {ASK_FOR_RUNNABLE}")
+    return layout
+
+
+def _config(layout: StockLayout) -> dict[str, Any]:
+    full = layout.recompute == "full"
+    config: dict[str, Any] = {
+        "train_batch_size": layout.global_batch_size,
+        "train_micro_batch_size_per_gpu": layout.micro_batch_size,
+        "gradient_accumulation_steps": layout.num_microbatches,
+        "gradient_clipping": GRADIENT_CLIPPING,
+        "zero_optimization": {"stage": layout.zero_stage},
+    }
+    if layout.precision == "bf16":
+        config["bf16"] = {"enabled": True}
+        if layout.zero_stage == 1:
+            config["data_types"] = {"grad_accum_dtype": "fp32"}
+    else:
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                          "hysteresis": 2, "min_loss_scale": 1}
+    config["pipeline"] = {
+        "activation_checkpoint_interval": 1 if full else 0,
+        "pipe_partitioned": layout.tp > 1,
+        "grad_partitioned": layout.tp > 1,
+    }
+    if full:
+        config["activation_checkpointing"] = {
+            "partition_activations": layout.tp > 1,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+    return config
+
+
+def _script_settings(plan: Plan, layout: StockLayout) -> dict[str, Any]:
+    boundaries = [0]
+    for count in layout.layers_per_stage:
+        boundaries.append(boundaries[-1] + count)
+    even = len(set(layout.layers_per_stage)) == 1
+    recompute = {
+        "none": "no activation checkpointing",
+        "selective": "no layer checkpointing: the model's attention must be a fused kernel (torch SDPA, "
+                     "FlashAttention), which never stores the score matrix selective recompute drops",
+        "full": "activation_checkpoint_interval 1: every layer's forward runs again in backward",
+    }[layout.recompute]
+    return {
+        "plan_id": plan.plan_id,
+        "pipeline_module": {
+            "num_stages": layout.pp,
+            "topology": {"class": "PipeModelDataParallelTopology", "num_pp": layout.pp, "num_mp": layout.tp,
+                         "num_dp": layout.dp},
+            "partition_method": EVEN_PARTITION_METHOD if even else EXPLICIT_PARTITION_METHOD,
+            "transformer_layers_per_stage": list(layout.layers_per_stage),
+            "transformer_layer_boundaries": boundaries,
+            "activation_checkpoint_interval": 1 if layout.recompute == "full" else 0,
+        },
+        "tensor_parallel": {"size": layout.tp, "sequence_parallel": layout.sequence_parallel},
+        "schedule": {"plan": layout.schedule,
+                     "deepspeed": "TrainSchedule (1F1B)" if layout.pp > 1 else "gradient accumulation (one stage)"},
+        "recompute": {"plan": layout.recompute, "deepspeed": recompute},
+        "model": layout.architecture.model_dump(),
+        "seq_length": layout.seq_length,
+        "world_size": layout.world_size,
+        "rank_devices": list(layout.rank_devices),
+    }
+
+
+def _check_replica(plan: Plan, replica_id: int | None) -> None:
+    if replica_id is None:
+        return
+    known = sorted(replica.id for replica in plan.replicas)
+    if replica_id not in known:
+        raise ExportError(f"plan has no replica {replica_id}; its replicas are {known[0]}..{known[-1]}")
+
+
+def _node_blocks(layout: StockLayout) -> list[tuple[int, list[int]]]:
+    """(node, its GPUs in rank order) in rank order; ExportError when a node's ranks are not one contiguous block."""
+    by_node: dict[int, list[int]] = defaultdict(list)
+    order: list[int] = []
+    for rank, device in enumerate(layout.rank_devices):
+        node = int(device.split(":")[0])
+        if node not in by_node:
+            order.append(node)
+        by_node[node].append(rank)
+    blocks = []
+    for node in order:
+        ranks = by_node[node]
+        if ranks != list(range(ranks[0], ranks[0] + len(ranks))):
+            raise ExportError(f"no launcher can place this plan: node {node} holds ranks {ranks[:4]}..., not one "
+                              "contiguous block; DeepSpeed's launcher and torchrun number ranks node by node")
+        blocks.append((node, [int(layout.rank_devices[r].split(":")[1]) for r in ranks]))
+    return blocks
+
+
+def _slots(gpus: Sequence[int]) -> str:
+    return ",".join(map(str, sorted(gpus)))

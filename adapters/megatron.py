@@ -1,0 +1,378 @@
+"""A uniform plan as Megatron-LM `pretrain_gpt.py` arguments, and the torchrun line that starts it.
+
+`megatron_args(plan)` is the argument list; `render` writes it as a bash
+array (`MEGATRON_ARGS=( ... )`, one flag and its value a line, shell-quoted)
+under comments with the world size and the rank order; `launch_command`
+writes the `torchrun ... pretrain_gpt.py ...` command for every node.
+
+What the plan sets, and how:
+
+    tp, pp                   --tensor-model-parallel-size, --pipeline-model-parallel-size
+                             (dp is not an argument: Megatron takes world size / (tp * pp))
+    v > 1 (interleaved)      --num-virtual-stages-per-pipeline-rank v (not
+                             --num-layers-per-virtual-pipeline-stage, which Megatron-LM
+                             refuses together with an uneven first/last stage)
+    m not a multiple of pp   --microbatch-group-size-per-virtual-pipeline-stage g when the
+                             plan's interleaved groups all have size g (Megatron's default
+                             group is pp and needs m % pp == 0)
+    layer split              even: nothing; only the first and/or last stage differ:
+                             --decoder-first/last-pipeline-num-layers; otherwise
+                             --pipeline-model-parallel-layout, e.g. "Et*3|t*5|t*5|t*3L"
+                             (one `|`-separated entry per virtual stage c*pp + s, `E`
+                             embedding, `t` a transformer layer, `L` the loss)
+    rank placement           Megatron's default order is tp fastest, then dp, then pp; when
+                             that would spread a node's ranks over non-contiguous global
+                             ranks (a replica kept on one node, its stages across
+                             pipeline ranks), --use-tp-pp-dp-mapping orders tp, pp, dp
+    tp > 1                   --sequence-parallel
+    recompute                selective: --recompute-granularity selective (core attention);
+                             full: --recompute-granularity full --recompute-method uniform
+                             --recompute-num-layers 1
+    zero_stage 1             --use-distributed-optimizer; always --overlap-grad-reduce
+    precision                --bf16 / --fp16
+    architecture             --num-layers, --hidden-size, --ffn-hidden-size,
+                             --num-attention-heads, --group-query-attention
+                             --num-query-groups (GQA), --swiglu,
+                             --untie-embeddings-and-output-weights (untied)
+    batch                    --seq-length, --max-position-embeddings (= seq length),
+                             --micro-batch-size, --global-batch-size
+
+Not set: data, tokenizer (the vocabulary comes from it), optimizer, learning
+rate schedule, iterations, checkpointing, and the model details the plan
+does not carry (normalization, position embedding type, biases, RoPE base);
+the rendered header says so.
+
+Refused (ExportError): what `stock_layout` refuses (replicas that differ in
+stage count, TP, layer split or microbatches; TP that differs between
+stages), schedules Megatron-LM does not run (zb-h1, zb-h2, optimized; a
+gpipe plan runs as Megatron's 1F1B, the same bubble with less activation
+memory), interleaved microbatch groups Megatron cannot reproduce, and a
+placement no torchrun launch reaches (some node's ranks non-contiguous in
+both rank orders).
+
+Validation: tests/adapters/test_megatron.py feeds these arguments to
+megatron-core 0.16 on CPU: `parallel_state.initialize_model_parallel` under
+torch's fake process group (group sizes and each checked rank's TP/PP/DP
+group devices), `TransformerConfig.__post_init__`, the layer offsets and
+counts megatron-core builds per pipeline rank and virtual stage, its
+microbatch calculator and its interleaved schedule table. Megatron-LM's own
+argument parser and `validate_args` (megatron/training/arguments.py) are not
+part of the megatron-core wheel: they live in the Megatron-LM repository
+(megatron.training, whose `initialize_megatron` asserts CUDA), and the
+megatron-core current Megatron-LM pairs with (>= 0.17) needs Python >= 3.12
+while this project runs on 3.11. The flag names and `validate_args` rules
+used here were taken from that file; the test copies the parser definitions
+of the emitted flags and the rules that concern them.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from adapters.registry import ExportError
+from adapters.stock import StockLayout, stock_layout
+from api.schemas import Plan
+from cost_models.pipeline import interleaved_group_sizes
+
+TARGET = "Megatron-LM"
+SCHEDULES = frozenset({"gpipe", "1f1b", "interleaved"})
+DEFAULT_ORDER = "tp-dp-pp"  # Megatron's default rank order: tp fastest, then dp, then pp
+TP_PP_DP_ORDER = "tp-pp-dp"  # with --use-tp-pp-dp-mapping
+ENTRY_SCRIPT = "pretrain_gpt.py"
+MASTER_PORT = 29500
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Layout
+
+
+def stock(plan: Plan) -> StockLayout:
+    """The plan's one shape, or ExportError saying what Megatron-LM cannot run."""
+    return stock_layout(plan, TARGET, SCHEDULES)
+
+
+def _reorder(layout: StockLayout, order: str) -> tuple[str, ...]:
+    """Global rank -> device in `order`; layout.rank_devices is in the default tp-dp-pp order."""
+    if order == DEFAULT_ORDER:
+        return layout.rank_devices
+    tp, pp, dp = layout.tp, layout.pp, layout.dp
+    return tuple(
+        layout.rank_devices[(stage * dp + replica) * tp + t]
+        for replica in range(dp)
+        for stage in range(pp)
+        for t in range(tp)
+    )
+
+
+def node_blocks(devices: Sequence[str]) -> list[tuple[int, list[int]]] | None:
+    """Consecutive ranks on one node as (node, its GPUs in rank order); None if a node's ranks are split.
+
+    torchrun gives each node one contiguous block of global ranks, so a rank
+    order is launchable exactly when every node appears in one run.
+    """
+    blocks: list[tuple[int, list[int]]] = []
+    for device in devices:
+        node, gpu = (int(part) for part in device.split(":"))
+        if blocks and blocks[-1][0] == node:
+            blocks[-1][1].append(gpu)
+        elif any(seen == node for seen, _ in blocks):
+            return None
+        else:
+            blocks.append((node, [gpu]))
+    return blocks
+
+
+def rank_order(layout: StockLayout) -> tuple[str, tuple[str, ...]]:
+    """(order name, global rank -> device) for the rank order Megatron will be told to use."""
+    for order in (DEFAULT_ORDER, TP_PP_DP_ORDER):
+        devices = _reorder(layout, order)
+        if node_blocks(devices) is not None:
+            return order, devices
+    raise ExportError(
+        f"{TARGET} cannot place this plan's ranks on its devices: torchrun gives each node one contiguous "
+        f"block of global ranks, and in both of Megatron's rank orders (tp-dp-pp, or tp-pp-dp with "
+        f"--use-tp-pp-dp-mapping) some node's ranks are not contiguous; export it with --format torch-csv "
+        f"and place the ranks yourself"
+    )
+
+
+def rank_devices(plan: Plan) -> tuple[str, ...]:
+    """Global rank -> device, in the rank order the emitted arguments select."""
+    return rank_order(stock(plan))[1]
+
+
+def _microbatch_group(layout: StockLayout) -> int | None:
+    """--microbatch-group-size-per-virtual-pipeline-stage for the plan's interleaved groups (None: Megatron's default)."""
+    if layout.virtual_stages == 1:
+        return None
+    p, m = layout.pp, layout.num_microbatches
+    if m % p == 0:
+        return None  # groups of pp, Megatron's default
+    groups = interleaved_group_sizes(m, p)
+    if len(set(groups)) == 1 and p <= groups[0] <= m:
+        return groups[0]
+    raise ExportError(
+        f"{TARGET} cannot run this plan's interleaved schedule: megatron-core runs groups of one size N in "
+        f"[pp={p}, m={m}] (and a last group of 0 or >= pp microbatches), this plan's {m} microbatches per "
+        f"replica run in groups of {groups}; ask for a plan with \"options\": {{\"schedules\": [\"1f1b\"]}} "
+        f"or a global batch that gives a multiple of {p} microbatches per replica"
+    )
+
+
+def _pipeline_layout(layout: StockLayout) -> str:
+    """Megatron's --pipeline-model-parallel-layout: one entry per virtual stage c*pp + s, E first, L last."""
+    p, v = layout.pp, layout.virtual_stages
+    entries = []
+    for virtual in range(p * v):
+        count = layout.layers_per_stage[virtual % p] // v
+        entry = f"t*{count}" if count > 1 else "t" * count
+        if virtual == 0:
+            entry = "E" + entry
+        if virtual == p * v - 1:
+            entry += "L"
+        entries.append(entry)
+    return "|".join(entries)
+
+
+def _split_args(layout: StockLayout) -> list[str]:
+    """The layer split: nothing when even, first/last stage sizes when only they differ, else a full layout."""
+    split, v = layout.layers_per_stage, layout.virtual_stages
+    for stage, layers in enumerate(split):
+        if layers % v:
+            raise ExportError(
+                f"{TARGET} cannot run this plan: stage {stage} holds {layers} layers, which do not split into "
+                f"virtual_stages={v} equal chunks"
+            )
+    virtual = ["--num-virtual-stages-per-pipeline-rank", str(v)] if v > 1 else []
+    if len(set(split)) == 1:
+        return virtual
+    first, last = ["--decoder-first-pipeline-num-layers", str(split[0])], ["--decoder-last-pipeline-num-layers", str(split[-1])]
+    if len(split) == 2:
+        return virtual + first + last
+    middle = set(split[1:-1])
+    if len(middle) == 1:
+        (size,) = middle
+        return virtual + (first if split[0] != size else []) + (last if split[-1] != size else [])
+    return ["--pipeline-model-parallel-layout", _pipeline_layout(layout)]  # sets the virtual stages itself
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Arguments
+
+
+def _args(layout: StockLayout, order: str) -> list[str]:
+    arch = layout.architecture
+    args = [
+        "--tensor-model-parallel-size", str(layout.tp),
+        "--pipeline-model-parallel-size", str(layout.pp),
+    ]
+    args += _split_args(layout)
+    group = _microbatch_group(layout)
+    if group is not None:
+        args += ["--microbatch-group-size-per-virtual-pipeline-stage", str(group)]
+    if order == TP_PP_DP_ORDER:
+        args.append("--use-tp-pp-dp-mapping")
+    if layout.sequence_parallel:
+        args.append("--sequence-parallel")
+    args += [
+        "--num-layers", str(arch.num_layers),
+        "--hidden-size", str(arch.hidden_size),
+        "--ffn-hidden-size", str(arch.ffn_hidden_size),
+        "--num-attention-heads", str(arch.num_attention_heads),
+    ]
+    kv_heads = arch.num_kv_heads or arch.num_attention_heads
+    if kv_heads != arch.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(kv_heads)]
+    if arch.swiglu:
+        args.append("--swiglu")
+    if not arch.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    args += [
+        "--seq-length", str(layout.seq_length),
+        "--max-position-embeddings", str(layout.seq_length),
+        "--micro-batch-size", str(layout.micro_batch_size),
+        "--global-batch-size", str(layout.global_batch_size),
+    ]
+    if layout.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif layout.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if layout.zero_stage == 1:
+        args.append("--use-distributed-optimizer")
+    args.append("--overlap-grad-reduce")
+    args.append("--fp16" if layout.precision == "fp16" else "--bf16")
+    return args
+
+
+def megatron_args(plan: Plan) -> list[str]:
+    """The pretrain_gpt.py arguments that set up this plan's parallel layout, model shape and batch."""
+    layout = stock(plan)
+    order, _ = rank_order(layout)
+    return _args(layout, order)
+
+
+def _lines(args: Sequence[str]) -> list[str]:
+    """Each flag with its values, shell-quoted."""
+    lines: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--") or not lines:
+            lines.append([arg])
+        else:
+            lines[-1].append(arg)
+    return [" ".join(shlex.quote(part) for part in line) for line in lines]
+
+
+def _ranges(blocks: list[tuple[int, list[int]]]) -> list[str]:
+    lines, rank = [], 0
+    for node, gpus in blocks:
+        last = rank + len(gpus) - 1
+        ranks = f"rank {rank}" if last == rank else f"ranks {rank}-{last}"
+        lines.append(f"#   {ranks}: {' '.join(f'{node}:{gpu}' for gpu in gpus)}")
+        rank = last + 1
+    return lines
+
+
+def _header(plan: Plan, layout: StockLayout, order: str, devices: tuple[str, ...]) -> list[str]:
+    arch = layout.architecture
+    blocks = node_blocks(devices) or []
+    lines = [
+        f"# {TARGET} {ENTRY_SCRIPT} arguments for resiplan plan {plan.plan_id} (model {arch.name})",
+        (
+            f"# world size {layout.world_size} = tp {layout.tp} x pp {layout.pp} x dp {layout.dp} "
+            f"(Megatron derives dp from the world size), on {len(layout.nodes)} node(s)"
+        ),
+        f"# pipeline: {layout.schedule}, layers per stage {list(layout.layers_per_stage)}"
+        + (f", {layout.virtual_stages} model chunks per stage" if layout.virtual_stages > 1 else ""),
+        (
+            f"# batch: {layout.num_microbatches} microbatches of {layout.micro_batch_size} per replica, "
+            f"global batch {layout.global_batch_size} of {layout.seq_length} tokens"
+        ),
+    ]
+    if layout.schedule == "gpipe":
+        lines.append("# the plan's gpipe order runs as Megatron's 1F1B: the same bubble, less activation memory")
+    lines.append(
+        f"# rank order {order}"
+        + (" (--use-tp-pp-dp-mapping)" if order == TP_PP_DP_ORDER else " (Megatron's default)")
+        + ": global rank -> device"
+    )
+    lines += _ranges(blocks)
+    lines += [
+        f"# not set here: data, tokenizer (vocabulary {arch.vocab_size}), optimizer, learning rate, iterations,",
+        "#   checkpointing, and the model details the plan does not carry (normalization, position embedding",
+        "#   type, biases, RoPE base)",
+        f'# use: torchrun ... {ENTRY_SCRIPT} "${{MEGATRON_ARGS[@]}}" ...   (resiplan launch prints the whole command)',
+    ]
+    return lines
+
+
+def render(plan: Plan, replica_id: int | None = None) -> str:
+    """A bash fragment: comments, then MEGATRON_ARGS=( one flag a line ). Every replica runs alike."""
+    layout = stock(plan)
+    if replica_id is not None and replica_id not in {r.id for r in plan.replicas}:
+        known = sorted(r.id for r in plan.replicas)
+        raise ExportError(f"plan has no replica {replica_id}; its replicas are {known[0]}..{known[-1]}")
+    order, devices = rank_order(layout)
+    lines = _header(plan, layout, order, devices)
+    lines.append("MEGATRON_ARGS=(")
+    lines += [f"  {line}" for line in _lines(_args(layout, order))]
+    lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launch
+
+
+def _left_out(plan: Plan, node: int) -> str:
+    unused = [d for d in plan.unused_devices if int(d.split(":")[0]) == node]
+    failed = [d for d in plan.excluded_devices if d.split(":")[0] == str(node)]
+    parts = ([f"{', '.join(unused)} unused"] if unused else []) + ([f"{', '.join(failed)} failed"] if failed else [])
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def launch_command(plan: Plan) -> str:
+    """The torchrun command (one per node, NODE_RANK picks the node) that runs this plan with Megatron-LM."""
+    layout = stock(plan)
+    order, devices = rank_order(layout)
+    blocks = node_blocks(devices) or []
+    counts = {len(gpus) for _, gpus in blocks}
+    identity = all(gpus == list(range(layout.gpus_per_node)) for _, gpus in blocks)
+    last = len(blocks) - 1
+    lines = [
+        (
+            f"# {TARGET} launch for resiplan plan {plan.plan_id}: {layout.world_size} ranks "
+            f"(tp {layout.tp} x pp {layout.pp} x dp {layout.dp}) on {len(blocks)} node(s)"
+        ),
+        "# run it on every node with NODE_RANK set as listed and MASTER_ADDR the host of NODE_RANK 0;",
+        "# a node's local rank i runs on the i-th GPU of its list (CUDA_VISIBLE_DEVICES keeps that order)",
+    ]
+    for node_rank, (node, gpus) in enumerate(blocks):
+        lines.append(
+            f"#   NODE_RANK={node_rank}: node {node}, {len(gpus)} ranks on GPUs "
+            f"{','.join(map(str, gpus))}{_left_out(plan, node)}"
+        )
+    if len(counts) > 1:
+        lines.append(
+            "# nodes run different numbers of ranks: torchrun numbers them in NODE_RANK order; Megatron-LM must "
+            "bind each rank to its LOCAL_RANK GPU (versions asserting local_rank == rank % device_count need "
+            "equal counts)"
+        )
+    if not identity or len(counts) > 1:
+        lines.append('case "$NODE_RANK" in')
+        for node_rank, (node, gpus) in enumerate(blocks):
+            nproc = f"NPROC_PER_NODE={len(gpus)}; " if len(counts) > 1 else ""
+            lines.append(
+                f"  {node_rank}) {nproc}export CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))} ;;  # node {node}"
+            )
+        lines.append("esac")
+    if layout.tp > 1:
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM requires it with tensor parallelism")
+    nproc = f'"${{NPROC_PER_NODE:?NODE_RANK must be 0..{last}}}"' if len(counts) > 1 else str(counts.pop())
+    command = (
+        f"torchrun --nnodes {len(blocks)} --nproc-per-node {nproc} --node-rank $NODE_RANK "
+        f"--master-addr $MASTER_ADDR --master-port {MASTER_PORT} {ENTRY_SCRIPT}"
+    )
+    arg_lines = _lines(_args(layout, order))
+    lines.append(" \\\n  ".join([command, *arg_lines]))
+    return "\n".join(lines) + "\n"

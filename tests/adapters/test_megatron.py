@@ -1,0 +1,557 @@
+"""The Megatron-LM export, checked by megatron-core 0.16's own code on CPU.
+
+Each real plan's emitted arguments are parsed back (with the definitions of
+those flags copied from Megatron-LM's megatron/training/arguments.py, which
+is not part of the megatron-core wheel) and handed to megatron-core:
+
+- `parallel_state.initialize_model_parallel` under torch's fake process
+  group, for a rank of every pipeline stage: TP/PP/DP/VPP sizes, and the
+  devices of the rank's TP, PP and DP groups, where a rank's device is the
+  one torchrun + CUDA_VISIBLE_DEVICES of `launch_command` give it;
+- `TransformerConfig.__post_init__`, built as Megatron-LM's
+  `core_transformer_config_from_args` builds it;
+- the layers megatron-core builds on each pipeline rank and model chunk
+  (`get_transformer_layer_offset` / `get_num_layers_to_build`, or the
+  `PipelineParallelLayerLayout`), against the plan's stages;
+- its microbatch calculator, and its (interleaved) 1F1B order
+  (`get_schedule_table`, `get_pp_rank_microbatches`) against the plan's
+  pipeline_schedule timelines.
+
+Deliberately broken plans must be rejected by that same megatron-core code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import shlex
+import warnings
+from functools import cache
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": expected on CPU
+    warnings.simplefilter("ignore")
+    from megatron.core import parallel_state
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        get_num_microbatches,
+        init_num_microbatches_calculator,
+    )
+    from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, get_schedule_table
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+from adapters import megatron
+from adapters.registry import ExportError, export_format
+from api.schemas import EstimateRequest, Plan, PlanRequest
+from api.service import estimate_for, plan_for
+from planner.schedules.handcrafted import interleaved_1f1b
+from planner.schedules.ops import Op, parse_op
+from tests.api.support import EXAMPLES_DIR, estimate_request, small_request
+
+STOCK = {"time_limit_s": 2, "allow_non_uniform": False}
+
+# megatron-core warns that Transformer Engine and Apex are missing, and about options of their kernels
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:megatron")
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real plans (planned once per test session)
+
+
+def _example(name: str) -> Plan:
+    body = json.loads((EXAMPLES_DIR / f"{name}.json").read_text())
+    body["options"] = {**body.get("options", {}), **STOCK}
+    return plan_for(PlanRequest.model_validate(body))
+
+
+def _estimate(layout: dict) -> Plan:
+    return estimate_for(EstimateRequest.model_validate(estimate_request(layout)))
+
+
+def _replica_major(plan: Plan) -> Plan:
+    """The same plan with each replica kept on one node (stages side by side): needs --use-tp-pp-dp-mapping."""
+    tp, pp = plan.replicas[0].stages[0].tp, len(plan.replicas[0].stages)
+    per_node = 8 // (tp * pp)
+    replicas = []
+    for replica in plan.replicas:
+        node, slot = divmod(replica.id, per_node)
+        stages = [
+            stage.model_copy(update={"devices": [f"{node}:{(slot * pp + s) * tp + t}" for t in range(tp)]})
+            for s, stage in enumerate(replica.stages)
+        ]
+        replicas.append(replica.model_copy(update={"stages": stages}))
+    return plan.model_copy(update={"replicas": replicas})
+
+
+PLANS = {
+    # llama2-70b on 256 A100s: interleaved (v=4), GQA, tp 4 x pp 4 x dp 16
+    "healthy-interleaved-70b": lambda: _example("healthy-256xa100-llama2-70b"),
+    # qwen2.5-32b with failed and slow GPUs: pp 7, first stage 6 layers, last 8, middle 10; GQA
+    "uneven-first-last": lambda: _example("mixed-256xa100-qwen2.5-32b"),
+    # llama3-8b with a slow GPU: only the last stage differs (2 layers); tp 1
+    "uneven-last-only": lambda: _example("slow-64xh100-llama3-8b"),
+    # a failed GPU: node 1 runs 6 ranks, node 0 runs 8; uneven first/last
+    "failed-gpu": lambda: plan_for(PlanRequest.model_validate(small_request(options=STOCK, failures={"failed": ["1:3"]}))),
+    # llama3-8b (GQA, 8 KV heads) with tp 2
+    "gqa-llama3-8b": lambda: plan_for(PlanRequest.model_validate(small_request(
+        model="llama3-8b", training={"global_batch_size": 64, "seq_length": 8192}, options=STOCK))),
+    # fixed layouts: recompute none / selective / full
+    "recompute-none": lambda: _estimate({"tp": 2, "pp": 2, "recompute": "none"}),
+    "recompute-selective-interleaved": lambda: _estimate(
+        {"tp": 1, "pp": 4, "virtual_stages": 2, "schedule": "interleaved", "recompute": "selective"}),
+    "recompute-full-layout": lambda: _estimate({"tp": 2, "pp": 4, "layers_per_stage": [8, 7, 9, 8], "recompute": "full"}),
+    # llama2-13b interleaved, relabelled so each replica sits on one node
+    "replica-major": lambda: _replica_major(plan_for(PlanRequest.model_validate(small_request(
+        model="llama2-13b", training={"global_batch_size": 64, "seq_length": 8192},
+        options={**STOCK, "schedules": ["interleaved"]})))),
+}
+
+
+@cache
+def real_plan(name: str) -> Plan:
+    return PLANS[name]()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Megatron-LM's argument definitions for the flags the adapter emits (copied from megatron/training/arguments.py)
+
+
+def megatron_lm_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    add = parser.add_argument
+    add("--tensor-model-parallel-size", type=int, default=1)
+    add("--pipeline-model-parallel-size", type=int, default=1)
+    add("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
+    add("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
+    add("--microbatch-group-size-per-virtual-pipeline-stage", type=int, default=None,
+        dest="microbatch_group_size_per_vp_stage")
+    add("--decoder-first-pipeline-num-layers", type=int, default=None)
+    add("--decoder-last-pipeline-num-layers", type=int, default=None)
+    add("--pipeline-model-parallel-layout", type=str, default=None)
+    add("--use-tp-pp-dp-mapping", action="store_true", default=False)
+    add("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm")
+    add("--sequence-parallel", action="store_true")
+    add("--num-layers", type=int, default=None)
+    add("--hidden-size", type=int, default=None)
+    add("--ffn-hidden-size", type=int, default=None)
+    add("--num-attention-heads", type=int, default=None)
+    add("--group-query-attention", action="store_true")
+    add("--num-query-groups", type=int, default=1)
+    add("--swiglu", action="store_true")
+    add("--untie-embeddings-and-output-weights", action="store_true")
+    add("--seq-length", type=int, default=None)
+    add("--max-position-embeddings", type=int, default=None)
+    add("--micro-batch-size", type=int, default=None)
+    add("--global-batch-size", type=int, default=None)
+    add("--recompute-granularity", type=str, default=None, choices=["full", "selective"])
+    add("--recompute-method", type=str, default=None, choices=["uniform", "block"])
+    add("--recompute-num-layers", type=int, default=None)
+    add("--use-distributed-optimizer", action="store_true")
+    add("--overlap-grad-reduce", action="store_true", default=False)
+    add("--bf16", action="store_true")
+    add("--fp16", action="store_true")
+    return parser
+
+
+def parse(args: list[str]) -> argparse.Namespace:
+    namespace = megatron_lm_parser().parse_args(args)  # unknown or malformed flags raise
+    # Megatron-LM's validate_args: the virtual pipeline size from whichever flag gives it
+    if namespace.pipeline_model_parallel_layout is not None:
+        stages = PipelineParallelLayerLayout.get_num_stages_from_str(namespace.pipeline_model_parallel_layout)
+        vpp = stages // namespace.pipeline_model_parallel_size
+    else:
+        vpp = namespace.num_virtual_stages_per_pipeline_rank
+    namespace.virtual_pipeline_model_parallel_size = vpp if vpp and vpp > 1 else None
+    return namespace
+
+
+def validate_like_megatron_lm(ns: argparse.Namespace) -> None:
+    """The rules of Megatron-LM's validate_args that concern the emitted flags (copied, not imported)."""
+    assert (
+        int(ns.num_layers_per_virtual_pipeline_stage is not None)
+        + int(ns.num_virtual_stages_per_pipeline_rank is not None)
+        + int(ns.pipeline_model_parallel_layout is not None)
+    ) <= 1
+    if ns.pipeline_model_parallel_layout is not None:
+        stages = PipelineParallelLayerLayout.get_num_stages_from_str(ns.pipeline_model_parallel_layout)
+        assert stages % ns.pipeline_model_parallel_size == 0
+    elif ns.num_layers_per_virtual_pipeline_stage is not None:
+        assert ns.decoder_first_pipeline_num_layers is None and ns.decoder_last_pipeline_num_layers is None
+    elif ns.num_virtual_stages_per_pipeline_rank is None and (
+        ns.decoder_first_pipeline_num_layers is None and ns.decoder_last_pipeline_num_layers is None
+    ):
+        assert ns.num_layers % ns.pipeline_model_parallel_size == 0
+    if ns.virtual_pipeline_model_parallel_size is not None:
+        if ns.overlap_p2p_comm:
+            assert ns.pipeline_model_parallel_size > 1
+        else:
+            assert ns.pipeline_model_parallel_size > 2
+    assert not (ns.bf16 and ns.fp16)
+    assert ns.max_position_embeddings >= ns.seq_length
+    if ns.recompute_granularity == "selective":
+        assert ns.recompute_method is None
+    assert ns.tensor_model_parallel_size > 1 or not ns.sequence_parallel
+
+
+def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
+    """As Megatron-LM's core_transformer_config_from_args builds it (for these flags); __post_init__ validates."""
+    kwargs = {f.name: getattr(ns, f.name) for f in dataclasses.fields(TransformerConfig) if hasattr(ns, f.name)}
+    kwargs.update(
+        pipeline_dtype=torch.float16 if ns.fp16 else torch.bfloat16,
+        batch_p2p_comm=not ns.overlap_p2p_comm,
+        num_layers_in_first_pipeline_stage=ns.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=ns.decoder_last_pipeline_num_layers,
+        num_query_groups=ns.num_query_groups if ns.group_query_attention else None,
+    )
+    if ns.swiglu:
+        kwargs.update(activation_func=F.silu, gated_linear_unit=True)
+    return TransformerConfig(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading the adapter's outputs back
+
+
+def rendered_args(text: str) -> list[str]:
+    lines = text.splitlines()
+    start, end = lines.index("MEGATRON_ARGS=("), lines.index(")")
+    return shlex.split(" ".join(lines[start + 1:end]))
+
+
+def launched(command: str) -> tuple[list[str], list[str]]:
+    """(pretrain_gpt.py arguments, global rank -> device) that this torchrun launch starts.
+
+    torchrun numbers ranks by NODE_RANK, each node's local ranks in order;
+    local rank i runs on the i-th GPU of CUDA_VISIBLE_DEVICES (all GPUs in
+    order when it is not set).
+    """
+    nodes = [(int(k), int(node), int(count), [int(g) for g in gpus.split(",")])
+             for k, node, count, gpus in re.findall(r"#   NODE_RANK=(\d+): node (\d+), (\d+) ranks on GPUs ([\d,]+)", command)]
+    visible = {int(k): [int(g) for g in gpus.split(",")]
+               for k, gpus in re.findall(r"^  (\d+)\) .*CUDA_VISIBLE_DEVICES=([\d,]+) ;;", command, re.MULTILINE)}
+    nproc = {int(k): int(n) for k, n in re.findall(r"^  (\d+)\) NPROC_PER_NODE=(\d+);", command, re.MULTILINE)}
+    torchrun = command[command.index("torchrun "):].replace("\\\n", " ")
+    words = shlex.split(torchrun)
+    flag = words[words.index("--nproc-per-node") + 1]
+    assert words[words.index("--nnodes") + 1] == str(len(nodes))
+    devices = []
+    for k, node, count, gpus in nodes:
+        local = nproc[k] if flag.startswith("${NPROC_PER_NODE") else int(flag)
+        gpu_list = visible.get(k, list(range(local)))
+        assert local == count == len(gpu_list) and gpu_list == gpus
+        devices += [f"{node}:{gpu}" for gpu in gpu_list]
+    return words[words.index(megatron.ENTRY_SCRIPT) + 1:], devices
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# megatron-core's checks
+
+
+def expected_layers(plan: Plan, stage: int, chunk: int) -> list[int]:
+    """Plan semantics: chunk c of stage s is virtual stage c*p + s; virtual stages hold consecutive layers."""
+    replica = plan.replicas[0]
+    p, v = len(replica.stages), plan.virtual_stages
+    sizes = [(s.layers[1] - s.layers[0]) // v for s in replica.stages]
+    start = sum(sizes[k % p] for k in range(chunk * p + stage))
+    return list(range(start, start + sizes[stage]))
+
+
+def megatron_layers(config: TransformerConfig, stage: int, chunk: int | None) -> list[int]:
+    if config.pipeline_model_parallel_layout is not None:
+        return config.pipeline_model_parallel_layout.get_layer_id_list(vp_stage=chunk, pp_rank=stage)
+    offset = get_transformer_layer_offset(config, vp_stage=chunk, pp_rank=stage)
+    return list(range(offset, offset + get_num_layers_to_build(config, vp_stage=chunk, pp_rank=stage)))
+
+
+def megatron_order(num_microbatches: int, chunks: int, group: int, warmup: int) -> list[Op]:
+    """megatron-core's (interleaved) 1F1B order on one pipeline rank, as plan ops."""
+    table = get_schedule_table(num_microbatches, chunks, group)
+    forwards = [Op("F", mb, c) for mb, c in table]
+    backwards = [Op("B", mb, chunks - 1 - c) for mb, c in table]
+    steady = len(table) - warmup
+    order = forwards[:warmup]
+    for k in range(steady):
+        order += [forwards[warmup + k], backwards[k]]
+    return order + backwards[steady:]
+
+
+def check_rank(plan: Plan, ns: argparse.Namespace, config: TransformerConfig, devices: list[str], rank: int) -> None:
+    """One rank's view after initialize_model_parallel, against the plan."""
+    replicas = sorted(plan.replicas, key=lambda r: r.id)
+    tp, pp, dp = replicas[0].stages[0].tp, len(replicas[0].stages), len(replicas)
+    v = plan.virtual_stages
+    assert parallel_state.get_tensor_model_parallel_world_size() == tp
+    assert parallel_state.get_pipeline_model_parallel_world_size() == pp
+    assert parallel_state.get_data_parallel_world_size() == dp
+    assert parallel_state.get_virtual_pipeline_model_parallel_world_size() == (v if v > 1 else None)
+
+    where = {d: (r, s, t) for r, replica in enumerate(replicas) for s, stage in enumerate(replica.stages)
+             for t, d in enumerate(stage.devices)}
+    r, s, t = where[devices[rank]]
+    assert parallel_state.get_tensor_model_parallel_rank() == t
+    assert parallel_state.get_pipeline_model_parallel_rank() == s
+    assert parallel_state.get_data_parallel_rank() == r
+
+    def group_devices(group) -> list[str]:
+        return [devices[g] for g in dist.get_process_group_ranks(group)]
+
+    assert group_devices(parallel_state.get_tensor_model_parallel_group()) == replicas[r].stages[s].devices
+    assert group_devices(parallel_state.get_pipeline_model_parallel_group()) == [st.devices[t] for st in replicas[r].stages]
+    assert group_devices(parallel_state.get_data_parallel_group()) == [rep.stages[s].devices[t] for rep in replicas]
+
+    # the layers this pipeline rank builds, chunk by chunk
+    for chunk in range(v):
+        assert megatron_layers(config, s, chunk if v > 1 else None) == expected_layers(plan, s, chunk), (s, chunk)
+    if v == 1:
+        assert expected_layers(plan, s, 0) == list(range(*replicas[0].stages[s].layers))
+
+    # the order megatron-core runs this rank's microbatches in, against the plan's timeline
+    if plan.schedule in ("1f1b", "interleaved"):
+        m = replicas[0].num_microbatches
+        group = config.microbatch_group_size_per_vp_stage
+        _, _, warmup, _ = get_pp_rank_microbatches(m, v, group)
+        timeline = next(e for e in plan.pipeline_schedule.replicas if replicas[r].id in e.replica_ids)
+        assert [parse_op(label) for label in timeline.stages[s].ops] == megatron_order(m, v, group, warmup)
+
+
+def ranks_to_check(plan: Plan, devices: list[str]) -> list[int]:
+    """A rank of every pipeline stage (spread over replicas and TP positions), and the last rank."""
+    rank_of = {d: i for i, d in enumerate(devices)}
+    replicas = sorted(plan.replicas, key=lambda r: r.id)
+    picked = {len(devices) - 1}
+    for s in range(len(replicas[0].stages)):
+        stage = replicas[(3 * s + 1) % len(replicas)].stages[s]
+        picked.add(rank_of[stage.devices[s % stage.tp]])
+    return sorted(picked)
+
+
+def run_megatron_core(plan: Plan, ns: argparse.Namespace, devices: list[str], ranks: list[int]) -> TransformerConfig:
+    """megatron-core's own checks; raises whatever megatron-core raises."""
+    config = transformer_config(ns)
+    world = len(devices)
+    order = "tp-cp-ep-pp-dp" if ns.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp"
+    for rank in ranks:
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+        try:
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=ns.tensor_model_parallel_size,
+                pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
+                virtual_pipeline_model_parallel_size=ns.virtual_pipeline_model_parallel_size,
+                order=order,
+                create_gloo_process_groups=False,
+            )
+            init_num_microbatches_calculator(
+                rank, None, ns.global_batch_size, ns.micro_batch_size, parallel_state.get_data_parallel_world_size()
+            )
+            assert get_num_microbatches() == plan.replicas[0].num_microbatches
+            check_rank(plan, ns, config, devices, rank)
+        finally:
+            destroy_num_microbatches_calculator()
+            parallel_state.destroy_model_parallel()
+            dist.destroy_process_group()
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real plans: accepted by megatron-core, and set up as planned
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_megatron_core_runs_the_plan(name):
+    plan = real_plan(name)
+    args = megatron.megatron_args(plan)
+    assert rendered_args(megatron.render(plan)) == args
+    assert export_format("megatron").render(plan) == megatron.render(plan)
+    launch_args, devices = launched(megatron.launch_command(plan))
+    assert launch_args == args
+    assert devices == list(megatron.rank_devices(plan))
+    assert sorted(devices) == sorted(d for r in plan.replicas for s in r.stages for d in s.devices)
+
+    ns = parse(args)
+    validate_like_megatron_lm(ns)
+    config = run_megatron_core(plan, ns, devices, ranks_to_check(plan, devices))
+    # the config megatron-core accepted is the plan's
+    arch = plan.architecture
+    assert (config.num_layers, config.hidden_size, config.ffn_hidden_size) == (
+        arch.num_layers, arch.hidden_size, arch.ffn_hidden_size)
+    assert config.num_attention_heads == arch.num_attention_heads
+    assert config.num_query_groups == (arch.num_kv_heads or arch.num_attention_heads)
+    assert config.sequence_parallel == (config.tensor_model_parallel_size > 1)
+    assert config.recompute_granularity == {"none": None}.get(plan.recompute, plan.recompute)
+    assert config.gated_linear_unit == arch.swiglu
+    assert ns.untie_embeddings_and_output_weights == (not arch.tied_embeddings)
+    assert ns.use_distributed_optimizer == (plan.zero_stage == 1)
+    assert (ns.seq_length, ns.micro_batch_size, ns.global_batch_size) == (
+        plan.seq_length, plan.micro_batch_size, plan.global_batch_size)
+
+
+def test_cases_cover_the_flag_variants():
+    """The parametrized plans exercise every way the adapter expresses a layout."""
+    flags = {name: megatron.megatron_args(real_plan(name)) for name in PLANS}
+    assert "--num-virtual-stages-per-pipeline-rank" in flags["healthy-interleaved-70b"]
+    assert {"--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"} <= set(flags["uneven-first-last"])
+    last_only = flags["uneven-last-only"]
+    assert "--decoder-last-pipeline-num-layers" in last_only and "--decoder-first-pipeline-num-layers" not in last_only
+    assert "--pipeline-model-parallel-layout" in flags["recompute-full-layout"]
+    assert "--use-tp-pp-dp-mapping" in flags["replica-major"]
+    assert "--group-query-attention" in flags["gqa-llama3-8b"]
+    recompute = {name: real_plan(name).recompute for name in PLANS if name.startswith("recompute-")}
+    assert sorted(recompute.values()) == ["full", "none", "selective"]
+    assert "NPROC_PER_NODE=6" in megatron.launch_command(real_plan("failed-gpu"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Broken plans: megatron-core's own checks reject them (so the checks above are live)
+
+
+def _check_broken(plan: Plan) -> None:
+    args = megatron.megatron_args(plan)
+    _, devices = launched(megatron.launch_command(plan))
+    run_megatron_core(plan, parse(args), devices, ranks_to_check(plan, devices))
+
+
+def _regroup_tp(plan: Plan, tp: int) -> Plan:
+    """A pp=1 plan with its devices regrouped into TP groups of `tp` per node (leftovers unused)."""
+    devices = sorted((d for r in plan.replicas for s in r.stages for d in s.devices),
+                     key=lambda d: tuple(map(int, d.split(":"))))
+    by_node: dict[str, list[str]] = {}
+    for device in devices:
+        by_node.setdefault(device.split(":")[0], []).append(device)
+    groups, unused = [], list(plan.unused_devices)
+    for node_devices in by_node.values():
+        whole = len(node_devices) // tp * tp
+        groups += [node_devices[i:i + tp] for i in range(0, whole, tp)]
+        unused += node_devices[whole:]
+    template = plan.replicas[0]
+    replicas = [
+        template.model_copy(update={"id": i, "stages": [template.stages[0].model_copy(update={"devices": g, "tp": tp})]})
+        for i, g in enumerate(groups)
+    ]
+    batch = len(replicas) * template.num_microbatches * plan.micro_batch_size
+    return plan.model_copy(update={"replicas": replicas, "unused_devices": unused, "global_batch_size": batch})
+
+
+def test_megatron_core_rejects_tp_that_does_not_divide_the_heads():
+    plan = _regroup_tp(_example("healthy-32xa100-llama2-7b"), 3)  # 32 heads
+    assert "--tensor-model-parallel-size 3" in megatron.render(plan)
+    with pytest.raises(ValueError, match=r"num_attention_heads \(32\) must be a multiple of tensor_model_parallel_size \(3\)"):
+        _check_broken(plan)
+
+
+def test_megatron_core_rejects_a_batch_not_divisible_by_micro_batch_times_dp():
+    plan = real_plan("recompute-none")
+    broken = plan.model_copy(update={"global_batch_size": plan.global_batch_size + 1})
+    with pytest.raises(AssertionError, match="is not divisible by micro batch size"):
+        _check_broken(broken)
+
+
+def test_megatron_core_rejects_pp_that_does_not_divide_the_layers():
+    plan = real_plan("recompute-none")  # pp 2, 16 + 16 layers: no uneven-split flags
+    broken = plan.model_copy(update={"architecture": plan.architecture.model_copy(update={"num_layers": 33})})
+    args = megatron.megatron_args(broken)
+    assert not {"--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                "--pipeline-model-parallel-layout"} & set(args)
+    with pytest.raises(AssertionError, match="divisible by pipeline_model_parallel_size"):
+        _check_broken(broken)
+
+
+def test_megatron_core_rejects_a_layout_that_misses_layers():
+    plan = real_plan("recompute-full-layout")  # 8, 7, 9, 8 of 32 layers
+    broken = plan.model_copy(update={"architecture": plan.architecture.model_copy(update={"num_layers": 31})})
+    with pytest.raises(AssertionError, match="must match num_layers 31"):
+        _check_broken(broken)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Refusals by the adapter
+
+
+@cache
+def _non_uniform_plan() -> Plan:
+    request = small_request(model="llama2-13b", training={"global_batch_size": 64, "seq_length": 8192},
+                            failures={"failed": ["0:3", "0:4", "0:5"]})
+    return plan_for(PlanRequest.model_validate(request))
+
+
+@pytest.mark.parametrize("export", [megatron.render, megatron.launch_command, megatron.megatron_args])
+def test_non_uniform_plan_is_refused_naming_what_differs(export):
+    plan = _non_uniform_plan()
+    assert not plan.uniform
+    with pytest.raises(ExportError) as refused:
+        export(plan)
+    message = str(refused.value)
+    assert "Megatron-LM cannot run this plan" in message
+    assert '"allow_non_uniform": false' in message
+    tps = {s.tp for r in plan.replicas for s in r.stages}
+    if len(tps) > 1:
+        assert f"stages use different TP sizes ({', '.join(map(str, sorted(tps)))})" in message
+    if len({len(r.stages) for r in plan.replicas}) > 1:
+        assert "replicas have different stage counts" in message
+    if len({r.num_microbatches for r in plan.replicas}) > 1:
+        assert "replicas run different microbatch counts" in message
+
+
+def test_zero_bubble_schedule_is_refused():
+    request = small_request(options={**STOCK, "schedules": ["zb-h1"]}, failures={"failed": ["1:3"]})
+    plan = plan_for(PlanRequest.model_validate(request))
+    assert plan.uniform and plan.schedule == "zb-h1"
+    with pytest.raises(ExportError, match=r'pipeline schedule "zb-h1" is not one Megatron-LM runs'):
+        megatron.megatron_args(plan)
+
+
+def test_unknown_replica_is_refused():
+    with pytest.raises(ExportError, match="plan has no replica 99"):
+        megatron.render(real_plan("recompute-none"), 99)
+
+
+@pytest.mark.parametrize(("m", "p", "group"), [(8, 4, None), (10, 4, 5), (12, 5, 6), (9, 4, "refused"), (3, 4, "refused")])
+def test_interleaved_microbatch_groups_match_megatron_core(m, p, group):
+    """The plan's interleaved groups as megatron-core's group size, or refused when no size reproduces them."""
+    layout = dataclasses.replace(megatron.stock(real_plan("recompute-selective-interleaved")), pp=p, num_microbatches=m)
+    if group == "refused":
+        with pytest.raises(ExportError, match="groups of one size"):
+            megatron._microbatch_group(layout)
+        return
+    assert megatron._microbatch_group(layout) == group
+    v = layout.virtual_stages
+    planned = [op for op in interleaved_1f1b(p, m, v).orders[0] if op.kind == "F"]
+    table = get_schedule_table(m, v, group or p)
+    assert [(op.microbatch, op.chunk) for op in planned] == table
+
+
+def test_uneven_interleaved_layout_is_what_megatron_core_builds():
+    """An uneven split with v = 2 has no first/last flags to express it: the layout string, as megatron-core reads it."""
+    layout = dataclasses.replace(
+        megatron.stock(real_plan("recompute-full-layout")), layers_per_stage=(4, 6, 2), pp=3, virtual_stages=2
+    )
+    text = megatron._pipeline_layout(layout)
+    assert text == "Et*2|t*3|t|t*2|t*3|tL"
+    config = TransformerConfig(num_layers=12, hidden_size=64, num_attention_heads=8, pipeline_model_parallel_size=3,
+                               pipeline_model_parallel_layout=text, pipeline_dtype=torch.bfloat16, bf16=True)
+    assert config.virtual_pipeline_model_parallel_size == 2
+    built = config.pipeline_model_parallel_layout.layout  # [pp rank][chunk] -> layer types
+    assert [[chunk.count(LayerType.decoder) for chunk in rank] for rank in built] == [[2, 2], [3, 3], [1, 1]]
+
+
+def test_rank_order_falls_back_to_tp_pp_dp_and_refuses_what_torchrun_cannot_place():
+    plan = real_plan("replica-major")
+    layout = megatron.stock(plan)
+    order, _ = megatron.rank_order(layout)
+    assert order == "tp-pp-dp"
+    assert megatron.node_blocks(layout.rank_devices) is None  # the default order splits nodes
+    # a node split across non-contiguous ranks in both orders: swap one device between nodes 0 and 1
+    replicas = [r.model_copy(deep=True) for r in plan.replicas]
+    replicas[0].stages[1].devices[0], replicas[2].stages[0].devices[0] = (
+        replicas[2].stages[0].devices[0], replicas[0].stages[1].devices[0])
+    with pytest.raises(ExportError, match="cannot place this plan's ranks"):
+        megatron.megatron_args(plan.model_copy(update={"replicas": replicas}))

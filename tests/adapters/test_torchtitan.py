@@ -1,0 +1,630 @@
+"""The torchtitan export, checked by torchtitan 0.3's own code on CPU.
+
+For real plans: torchtitan's ConfigManager parses the overrides into its
+Trainer.Config (its __post_init__ checks run), ParallelDims accepts the
+degrees, its device mesh (on a fake process group) puts every rank where
+the plan put it, its pipeline code splits the model into the plan's layer
+ranges and builds the schedule (named, or the plan's own from the CSV),
+and the model config validates TP against the heads. Deliberately broken
+overrides are refused by the same code; plans torchtitan cannot run are
+refused by the adapter first.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import io
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleMulti,
+    _PipelineScheduleRuntime,
+    get_schedule_class,
+)
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torchtitan.config import ConfigManager
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.distributed.pipeline_parallel import (
+    _build_pipeline_schedule,
+    _generate_llm_fqn_per_model_part,
+    _get_pipeline_metadata,
+    _get_pp_rank_to_stage_indices_mapping,
+    _split_module,
+)
+from torchtitan.models.common import ComplexRoPE
+from torchtitan.models.llama3 import _build_llama3_layers, _debugmodel
+
+from adapters import torch_csv
+from adapters.registry import ExportError, export_format
+from adapters.stock import stock_layout
+from adapters.torchtitan import (
+    BUILTIN_CONFIGS,
+    SCHEDULE_CSV,
+    launch_command,
+    model_selection,
+    module_fqns_per_model_part,
+    override_argv,
+    render,
+    schedule_csv,
+    torchtitan_overrides,
+)
+from api.schemas import Plan, PlanRequest
+from api.service import plan_for
+from tests.adapters.support import _MockStage
+from tests.api.support import small_request
+
+A100_40 = {"num_nodes": 2, "gpus_per_node": 8, "gpu": "A100-40GB"}
+ONE_NODE_40 = {"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-40GB"}
+SLOW = {"slow": [{"device": "0:3", "speed": 0.5}]}
+FAILED = {"failed": ["1:5"]}
+STOCK = {"time_limit_s": 3, "allow_non_uniform": False}
+COMPUTE = ("F", "B", "I", "W")  # PyTorch's compute actions; the schedules add REDUCE_GRAD, comms, (un)shards
+
+
+def _request(model: str, batch: int, seq: int, options: dict, **extra) -> dict:
+    training = {"global_batch_size": batch, "seq_length": seq, **extra.pop("training", {})}
+    return small_request(model=model, training=training, options={**STOCK, **options}, **extra)
+
+
+# Each solves to OPTIMAL in well under a second, so the plan does not depend on machine load.
+REQUESTS = {
+    # pp 4 x tp 2 x dp 2, 10 layers a stage: --pipeline_parallel_layers_per_stage
+    "1f1b-even": _request("llama2-13b", 64, 4096, {"schedules": ["1f1b"]}, cluster=A100_40),
+    # a slow GPU: stage 0 holds 11 layers, stage 1 21; torchtitan's own llama3_8b config
+    "1f1b-uneven-first": _request("llama3-8b", 32, 4096, {"schedules": ["1f1b"]}, cluster=ONE_NODE_40, failures=SLOW),
+    # a failed GPU: 7 stages of tp 2 on 8 + 6 GPUs, the last stage 2 layers; selective recompute, no ZeRO
+    "1f1b-uneven-last": _request("llama3-8b", 32, 4096, {}, failures=FAILED,
+                                 training={"recompute": "selective", "zero_stage": 0}),
+    "interleaved": _request("llama2-13b", 64, 4096, {"schedules": ["interleaved"]}),
+    "gpipe-full": _request("llama2-70b", 32, 4096, {"schedules": ["gpipe"]}),
+    # pp 1: torchtitan accumulates the 4 microbatches as gradient-accumulation steps
+    "no-pp-selective": _request("llama3-8b", 64, 8192, {"schedules": ["1f1b"]}, training={"recompute": "selective"}),
+    # zero-bubble and optimized orders travel as the torch-csv export
+    "zb-h1-uneven": _request("llama3-8b", 32, 4096, {"schedules": ["zb-h1"], "allow_non_uniform": True},
+                             cluster=ONE_NODE_40, failures=SLOW),
+    "optimized-uneven": _request("llama3-8b", 16, 4096, {"schedules": ["optimized"], "time_limit_s": 5},
+                                 cluster=ONE_NODE_40, failures=SLOW),
+    "optimized-interleaved": _request("llama2-70b", 16, 4096, {"schedules": ["optimized"], "time_limit_s": 8,
+                                                                "allow_non_uniform": True}),
+}
+NON_UNIFORM = _request("llama3-8b", 32, 4096, {"schedules": ["1f1b"], "allow_non_uniform": True}, failures=FAILED)
+
+
+@functools.cache
+def real_plan(name: str) -> Plan:
+    body = NON_UNIFORM if name == "non-uniform" else REQUESTS[name]
+    return plan_for(PlanRequest.model_validate(body))
+
+
+@pytest.fixture(params=sorted(REQUESTS))
+def case(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def plan(case) -> Plan:
+    return real_plan(case)
+
+
+@functools.cache
+def parsed_config(case: str):
+    """torchtitan's Trainer.Config from the case's overrides; shared, so tests must not change it."""
+    return parse(real_plan(case), override_argv(real_plan(case)))
+
+
+@functools.cache
+def meta_model(plan_case: str):
+    """The torchtitan model for the case's architecture, on the meta device."""
+    plan = real_plan(plan_case)
+    with torch.device("meta"):
+        return model_config(plan, parsed_config(plan_case)).build()
+
+
+def base_args(plan: Plan) -> list[str]:
+    """torchtitan's own config for the plan's model, else its small llama3 (the overrides do not depend on it)."""
+    module, config = model_selection(plan) or ("llama3", "llama3_debugmodel")
+    return ["--module", module, "--config", config]
+
+
+def parse(plan: Plan, argv: list[str]):
+    return ConfigManager().parse_args(base_args(plan) + argv)
+
+
+def tiny_llama3(plan: Plan, tied: bool | None = None):
+    """A torchtitan Llama3 model config with the plan's layer count and heads, every width tiny."""
+    arch = plan.architecture
+    config = _debugmodel("flex")
+    head_dim = 8
+    dim = arch.num_attention_heads * head_dim
+    config.layers = _build_llama3_layers(
+        n_layers=arch.num_layers, dim=dim, n_heads=arch.num_attention_heads, n_kv_heads=arch.num_kv_heads,
+        hidden_dim=32, rope=ComplexRoPE.Config(dim=head_dim, max_seq_len=131072, theta=500000, scaling="llama"),
+        attn_backend="flex",
+    )
+    config.dim = dim
+    config.tok_embeddings.embedding_dim = dim
+    config.norm.normalized_shape = dim
+    config.lm_head.in_features = dim
+    config.enable_weight_tying = arch.tied_embeddings if tied is None else tied
+    return config
+
+
+def model_config(plan: Plan, parsed):
+    """The model torchtitan would build: its own for a built-in model, else the tiny stand-in."""
+    return parsed.model_spec.model if model_selection(plan) else tiny_llama3(plan)
+
+
+def flat(text: str) -> str:
+    """tyro's boxed error text as one line."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+def compute_rows(csv_text: str) -> list[list[str]]:
+    return list(csv.reader(io.StringIO(csv_text)))
+
+
+def build_schedule(parsed, layout, stages=None):
+    """torchtitan's own schedule builder, for PP rank 0's stages (model-free stand-ins)."""
+    p, v = layout.pp, layout.virtual_stages
+    return _build_pipeline_schedule(
+        parallelism=parsed.parallelism, local_batch_size=parsed.training.local_batch_size,
+        stages=stages or [_MockStage(num_stages=p * v, group_size=p) for _ in range(v)],
+        loss_fn=lambda *args, **kwargs: (None, None),
+    )
+
+
+class RecordingStage(_MockStage):
+    """A stage whose compute only records itself and whose sends and receives are empty."""
+
+    def __init__(self, stage_index: int, num_stages: int):
+        super().__init__(num_stages=num_stages, group_size=num_stages, group_rank=stage_index)
+        self.stage_index = stage_index
+        self.actions: list[str] = []
+
+    is_first = property(lambda self: self.stage_index == 0)
+    is_last = property(lambda self: self.stage_index == self.num_stages - 1)
+
+    def get_fwd_recv_ops(self, *args, **kwargs):
+        return []
+
+    get_fwd_send_ops = get_bwd_recv_ops = get_bwd_send_ops = get_fwd_recv_ops
+
+    def forward_one_chunk(self, microbatch, *args, **kwargs):
+        self.actions.append(f"{self.stage_index}F{microbatch}")
+
+    def backward_one_chunk(self, microbatch, *args, **kwargs):
+        self.actions.append(f"{self.stage_index}B{microbatch}")
+
+    def perform_reduce_grad(self, *args, **kwargs):
+        pass
+
+
+def executed_order(parsed, layout) -> list[list[str]]:
+    """Per PP rank, the compute actions torchtitan's schedule runs.
+
+    Multi-stage schedules (and the CSV runtime) execute their `pipeline_order`. Single-stage
+    ones (1F1B, GPipe) run a hand-written loop instead, and their `pipeline_order` is only a
+    description (PyTorch 2.13's 1F1B one is off by one microbatch on the last stage), so
+    their loop is run for real on recording stages.
+    """
+    schedule = build_schedule(parsed, layout)
+    assert schedule._n_microbatches == layout.num_microbatches
+    if isinstance(schedule, PipelineScheduleMulti):
+        return [[str(a) for a in schedule.pipeline_order[rank] if a is not None and a.computation_type.value in COMPUTE]
+                for rank in range(layout.pp)]
+    rows = []
+    for rank in range(layout.pp):
+        stage = RecordingStage(rank, layout.pp)
+        schedule = build_schedule(parsed, layout, [stage])
+        schedule._initialize_stage = lambda *args, **kwargs: None  # shape inference needs a model
+        schedule._step_microbatches(target_mbs=[None] * layout.num_microbatches, losses=[])
+        rows.append(stage.actions)
+    return rows
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    """Run in tmp_path, with the plan's schedule CSV where torchtitan is told to read it."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def fake_world():
+    """A one-process fake process group of any world size, for torchtitan's device mesh."""
+    def init(world_size: int) -> None:
+        dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    yield init
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Accepted: every real plan's overrides go through torchtitan's own config, mesh, pipeline and model code
+
+
+def test_the_cases_cover_every_mapping():
+    """Guards the coverage the cases were chosen for, should the planner answer them differently."""
+    layouts = {case: stock_layout(real_plan(case), "torchtitan") for case in REQUESTS}
+    renders = {case: render(real_plan(case)) for case in REQUESTS}
+    assert {layout.recompute for layout in layouts.values()} == {"none", "selective", "full"}
+    assert {layout.zero_stage for layout in layouts.values()} == {0, 1}
+    assert {layout.schedule for layout in layouts.values() if layout.pp > 1} >= {
+        "1f1b", "gpipe", "interleaved", "zb-h1", "optimized"}
+    assert any(layout.pp == 1 and layout.num_microbatches > 1 for layout in layouts.values())
+    csv_v = {layouts[case].virtual_stages for case in REQUESTS if schedule_csv(real_plan(case))}
+    assert 1 in csv_v and max(csv_v) > 1
+    assert any("layers_per_stage" in text for text in renders.values())
+    assert any("module_fqns_per_model_part" in text for text in renders.values())
+    assert any(layout.uneven and layout.layers_per_stage[0] != layout.layers_per_stage[1] for layout in layouts.values())
+    assert any(layout.uneven and layout.layers_per_stage[-1] != layout.layers_per_stage[-2] for layout in layouts.values())
+    assert any(len(layout.nodes) > 1 for layout in layouts.values())
+
+
+def test_render_is_the_overrides_one_per_line(plan):
+    text = render(plan, None)
+    lines = text.rstrip("\n").split("\n")
+    assert lines == torchtitan_overrides(plan)
+    assert shlex.split(text) == override_argv(plan)
+    assert lines[-1].startswith("activation_checkpoint:")  # tyro's subcommand: anything after it belongs to it
+    assert export_format("torchtitan").render(plan, None) == text
+
+
+def test_config_manager_parses_the_plans_values(case, plan):
+    layout = stock_layout(plan, "torchtitan")
+    parsed = parsed_config(case)
+    par, training = parsed.parallelism, parsed.training
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (layout.tp, layout.pp)
+    assert par.context_parallel_degree == par.expert_parallel_degree == 1
+    if layout.zero_stage == 1:  # optimizer states sharded: FSDP over every dp rank, parameters whole within a step
+        assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (layout.dp, 1)
+        assert par.fsdp_reshard_after_forward == "never"
+    else:
+        assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (1, layout.dp)
+    assert par.pipeline_parallel_microbatch_size == layout.micro_batch_size
+    assert training.seq_len == layout.seq_length
+    assert training.global_batch_size == layout.global_batch_size
+    # torchtitan's arithmetic (Trainer.__init__): accumulation steps and pipeline microbatches per step
+    accumulation = training.global_batch_size // (training.local_batch_size * layout.dp)
+    assert training.global_batch_size % (training.local_batch_size * layout.dp) == 0
+    if layout.pp > 1:
+        assert accumulation == 1
+        assert training.local_batch_size // par.pipeline_parallel_microbatch_size == layout.num_microbatches
+        assert training.disable_cuda_graphs
+    else:
+        assert accumulation == layout.num_microbatches
+    assert training.mixed_precision_param == "bfloat16" and training.dtype == "float32"
+    assert par.enable_sequence_parallel
+    expected_ac = {"none": type(None), "selective": SelectiveAC.Config, "full": FullAC.Config}[layout.recompute]
+    assert type(parsed.activation_checkpoint) is expected_ac
+    if layout.pp > 1 and layout.schedule in ("zb-h1", "zb-h2", "optimized"):
+        assert par.pipeline_parallel_schedule_csv == SCHEDULE_CSV
+    elif layout.pp > 1:
+        assert par.pipeline_parallel_schedule == {"gpipe": "GPipe", "1f1b": "1F1B",
+                                                  "interleaved": "Interleaved1F1B"}[layout.schedule]
+        assert not par.pipeline_parallel_schedule_csv
+
+
+def test_parallel_dims_and_mesh_place_every_rank_where_the_plan_did(case, plan, fake_world):
+    layout = stock_layout(plan, "torchtitan")
+    parsed = parsed_config(case)
+    dims = ParallelDims.from_config(parsed.parallelism, world_size=layout.world_size)  # validates in __post_init__
+    assert (dims.tp, dims.pp, dims.dp_replicate * dims.dp_shard, dims.cp) == (layout.tp, layout.pp, layout.dp, 1)
+    assert dims.world_size == layout.world_size == sum(len(s.devices) for r in plan.replicas for s in r.stages)
+
+    fake_world(layout.world_size)
+    dims.build_mesh()
+    # rank 0's groups along each axis give the axis strides of torchtitan's (pp, dp, cp, tp) mesh
+    strides = {}
+    for axis, name, size in (("tp", "tp", layout.tp), ("dp", "batch", layout.dp), ("pp", "pp", layout.pp)):
+        strides[axis] = dims.get_mesh(name).mesh.tolist()[1] if size > 1 else 0
+        if size > 1:
+            assert dims.get_mesh(name).mesh.tolist() == [i * strides[axis] for i in range(size)]
+    replicas = sorted(plan.replicas, key=lambda r: r.id)
+    for rank, device in enumerate(layout.rank_devices):
+        tp_i = rank // strides["tp"] % layout.tp if layout.tp > 1 else 0
+        dp_i = rank // strides["dp"] % layout.dp if layout.dp > 1 else 0
+        pp_i = rank // strides["pp"] % layout.pp if layout.pp > 1 else 0
+        assert replicas[dp_i].stages[pp_i].devices[tp_i] == device, f"rank {rank}"
+
+
+def test_model_config_accepts_tp_and_seq_len(plan):
+    parsed = parse(plan, override_argv(plan))  # its own: update_from_config changes the model config
+    model = model_config(plan, parsed)
+    model.update_from_config(config=parsed)  # TP divides heads and KV heads, seq_len within RoPE, no tying under PP
+    assert len(model.layers) == plan.architecture.num_layers
+
+
+def test_pipeline_split_is_the_plans(case, plan):
+    layout = stock_layout(plan, "torchtitan")
+    if layout.pp == 1:
+        assert not any("pipeline_parallel_schedule" in line or "module_fqns" in line for line in render(plan).split("\n"))
+        return
+    parsed = parsed_config(case)
+    par = parsed.parallelism
+    dims = ParallelDims.from_config(par, world_size=layout.world_size)
+    # exactly what torchtitan's pipeline_llm does to choose each model part's modules
+    num_parts, num_layers, first_less, last_less = _get_pipeline_metadata(dims, par, model_config(plan, parsed))
+    parts = par.module_fqns_per_model_part or _generate_llm_fqn_per_model_part(
+        num_parts, num_layers, first_less, last_less)
+    assert parts == module_fqns_per_model_part(layout)
+    p, v = layout.pp, layout.virtual_stages
+    assert len(parts) == p * v
+    names = [fqn for part in parts for fqn in part]
+    assert names == ["tok_embeddings"] + [f"layers.{i}" for i in range(num_layers)] + ["norm", "lm_head"]
+    for rank in range(p):
+        local = _get_pp_rank_to_stage_indices_mapping(rank, p, par.pipeline_parallel_schedule, len(parts))
+        assert local == tuple(rank + c * p for c in range(v))  # the looped placement the plan's chunks assume
+        held = sum(1 for i in local for fqn in parts[i] if fqn.startswith("layers."))
+        assert held == layout.layers_per_stage[rank]
+    # the names are the real model's modules
+    whole = meta_model(case)
+    modules = {name for name, _ in whole.named_children()} | {f"layers.{name}" for name, _ in whole.layers.named_children()}
+    assert set(names) <= modules
+
+
+def test_torchtitans_splitter_keeps_exactly_each_parts_modules():
+    case = "1f1b-uneven-first"
+    parts = parsed_config(case).parallelism.module_fqns_per_model_part
+    assert parts is not None and len(parts) == 2
+    for index, part in enumerate(parts):
+        chunk = _split_module(meta_model(case), part)
+        assert [f"layers.{name}" for name, _ in chunk.layers.named_children()] == [f for f in part if f.startswith("layers.")]
+        assert (chunk.tok_embeddings is not None) == (index == 0)
+        assert (chunk.norm is not None) == (chunk.lm_head is not None) == (index == len(parts) - 1)
+
+
+def test_torchtitan_runs_the_plans_schedule(case, plan, in_tmp):
+    layout = stock_layout(plan, "torchtitan")
+    if layout.pp == 1:
+        return
+    text = schedule_csv(plan)
+    if text is not None:
+        (in_tmp / SCHEDULE_CSV).write_text(text)
+    parsed = parsed_config(case)
+    schedule = build_schedule(parsed, layout)
+    if text is not None:
+        assert type(schedule) is _PipelineScheduleRuntime  # loaded and validated by _load_csv
+    else:
+        assert type(schedule) is get_schedule_class(parsed.parallelism.pipeline_parallel_schedule)
+    # what torchtitan runs is the plan's own order, action for action
+    assert executed_order(parsed, layout) == compute_rows(torch_csv.render(plan, None))
+
+
+def test_launch_command_runs_every_rank_on_its_device(plan, tmp_path):
+    layout = stock_layout(plan, "torchtitan")
+    calls = run_launch(plan, tmp_path)
+    nnodes = {int(call["args"]["--nnodes"]) for call in calls}
+    assert nnodes == {len(calls)}
+    base = 0
+    for node_rank, call in enumerate(sorted(calls, key=lambda c: int(c["args"]["--node_rank"]))):
+        assert int(call["args"]["--node_rank"]) == node_rank
+        nproc = int(call["args"]["--nproc_per_node"])
+        visible = call["visible"] or list(range(nproc))
+        devices = layout.rank_devices[base:base + nproc]
+        assert len({d.split(":")[0] for d in devices}) == 1, f"node rank {node_rank} spans nodes: {devices}"
+        assert [int(d.split(":")[1]) for d in devices] == visible[:nproc]
+        base += nproc
+        if len(calls) > 1:
+            assert call["args"]["--master_addr"] == "10.0.0.1"
+        # the words torchtitan gets after bash: the model, then the overrides the other tests parse
+        assert call["train"] == base_args(plan) + override_argv(plan)
+    assert base == layout.world_size
+    text = schedule_csv(plan)
+    if text is not None:
+        assert (tmp_path / SCHEDULE_CSV).read_text() == text  # the here-document wrote what torchtitan reads
+
+
+STUB = 'torchrun() { { echo "VISIBLE=${CUDA_VISIBLE_DEVICES-}"; printf "%s\\n" "$@"; echo "--END--"; } >> calls.txt; }\n'
+
+
+def run_launch(plan: Plan, cwd: Path) -> list[dict]:
+    """Run the launch lines in bash, `torchrun` stubbed to record its arguments and CUDA_VISIBLE_DEVICES.
+
+    A single line for all nodes runs once per NODE_RANK; per-node lines run once.
+    """
+    def run(node_rank: int) -> list[dict]:
+        (cwd / "calls.txt").unlink(missing_ok=True)
+        env = {"PATH": "/usr/bin:/bin", "MASTER_ADDR": "10.0.0.1", "NODE_RANK": str(node_rank),
+               "TORCHTITAN_MODULE": "llama3", "TORCHTITAN_CONFIG": "llama3_debugmodel"}
+        subprocess.run(["bash", "-euc", STUB + launch_command(plan)], cwd=cwd, env=env, check=True)
+        calls = []
+        for block in (cwd / "calls.txt").read_text().split("--END--\n")[:-1]:
+            visible, *words = block.rstrip("\n").split("\n")
+            visible = visible.removeprefix("VISIBLE=")
+            split = words.index("-m")
+            assert words[split + 1] == "torchtitan.train"
+            args = dict(word.split("=", 1) for word in words[:split] if "=" in word)
+            if "--standalone" in words[:split]:
+                args.setdefault("--node_rank", "0")
+            calls.append({"visible": [int(g) for g in visible.split(",")] if visible else None,
+                          "args": args, "train": words[split + 2:]})
+        return calls
+
+    calls = run(0)
+    nodes = int(calls[0]["args"]["--nnodes"])
+    if len(calls) == 1 and nodes > 1:
+        calls += [call for node_rank in range(1, nodes) for call in run(node_rank)]
+    return calls
+
+
+def test_launch_uses_torchtitans_own_llama3_config():
+    plan = real_plan("1f1b-uneven-first")
+    assert model_selection(plan) == ("llama3", "llama3_8b")
+    assert "--module llama3 --config llama3_8b" in launch_command(plan)
+    other = real_plan("1f1b-even")  # llama2-13b: torchtitan has no config for it
+    assert model_selection(other) is None
+    assert '"${TORCHTITAN_MODULE:?' in launch_command(other)
+
+
+@pytest.mark.parametrize(("shape", "selection"), sorted(BUILTIN_CONFIGS.items()))
+def test_builtin_configs_build_the_shape_they_are_chosen_for(shape, selection):
+    parsed = ConfigManager().parse_args(["--module", selection[0], "--config", selection[1]])
+    model = parsed.model_spec.model
+    attention, ffn = model.layers[0].attention, model.layers[0].feed_forward
+    built = (len(model.layers), model.dim, ffn.w1.out_features, attention.n_heads, attention.n_kv_heads,
+             model.vocab_size, model.enable_weight_tying)
+    assert built == shape
+
+
+def test_launch_lines_quote_plan_supplied_text(tmp_path):
+    plan = real_plan("1f1b-even")
+    hostile = plan.model_copy(update={
+        "plan_id": "x\ntouch pwned-id",
+        "architecture": plan.architecture.model_copy(update={"name": 'a}"; touch pwned-name; echo "'}),
+    })
+    calls = run_launch(hostile, tmp_path)
+    assert calls and not list(tmp_path.glob("pwned*"))
+
+
+def test_uneven_interleaved_parts_follow_the_looped_placement():
+    layout = stock_layout(real_plan("interleaved"), "torchtitan")  # 2 stages x 4 chunks
+    layout = dataclasses.replace(layout, layers_per_stage=(16, 24))  # 4 + 6 layers a chunk
+    parts = module_fqns_per_model_part(layout)
+    assert [sum(f.startswith("layers.") for f in part) for part in parts] == [4, 6] * 4
+    for rank in range(2):
+        local = _get_pp_rank_to_stage_indices_mapping(rank, 2, "Interleaved1F1B", len(parts))
+        assert sum(f.startswith("layers.") for i in local for f in parts[i]) == layout.layers_per_stage[rank]
+    with pytest.raises(ExportError, match="do not cut into 4 equal model chunks"):
+        module_fqns_per_model_part(dataclasses.replace(layout, layers_per_stage=(18, 22)))
+
+
+def test_interleaved_with_named_schedule_not_csv():
+    plan = real_plan("interleaved")
+    assert plan.virtual_stages > 1 and schedule_csv(plan) is None
+    assert "--parallelism.pipeline_parallel_schedule Interleaved1F1B" in render(plan)
+
+
+def test_uneven_split_spelled_as_module_fqns():
+    plan = real_plan("1f1b-uneven-first")
+    line = next(line for line in render(plan).split("\n") if line.startswith("--parallelism.module_fqns_per_model_part"))
+    first, second = line.split()[1:]
+    assert first == "tok_embeddings," + ",".join(f"layers.{i}" for i in range(11))
+    assert second == ",".join(f"layers.{i}" for i in range(11, 32)) + ",norm,lm_head"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Refused: broken overrides by torchtitan's own checks, unrunnable plans by the adapter
+
+
+def _replace(argv: list[str], option: str, value: str) -> list[str]:
+    argv = list(argv)
+    argv[argv.index(option) + 1] = value
+    return argv
+
+
+def test_torchtitan_refuses_degrees_that_miss_the_world_size():
+    plan = real_plan("1f1b-even")
+    layout = stock_layout(plan, "torchtitan")
+    argv = _replace(override_argv(plan), "--parallelism.data_parallel_shard_degree", str(layout.dp + 1))
+    parsed = parse(plan, argv)
+    with pytest.raises(AssertionError, match="Invalid parallel dims"):
+        ParallelDims.from_config(parsed.parallelism, world_size=layout.world_size)
+
+
+def test_torchtitan_refuses_a_batch_the_microbatch_does_not_divide(capsys):
+    plan = real_plan("1f1b-even")
+    argv = _replace(override_argv(plan), "--parallelism.pipeline_parallel_microbatch_size",
+                    str(stock_layout(plan, "torchtitan").num_microbatches + 1))
+    with pytest.raises(SystemExit):
+        parse(plan, argv)
+    assert "must be evenly divisible by parallelism.pipeline_parallel_microbatch_size" in flat(capsys.readouterr().err)
+
+
+def test_torchtitan_refuses_pipelining_with_cuda_graphs(capsys):
+    plan = real_plan("1f1b-even")
+    argv = [word for word in override_argv(plan) if word != "--training.disable_cuda_graphs"]
+    with pytest.raises(SystemExit):
+        parse(plan, argv)
+    assert "CUDA graphs do not support pipeline parallelism" in flat(capsys.readouterr().err)
+
+
+def test_torchtitan_refuses_options_after_the_checkpoint_subcommand(capsys):
+    plan = real_plan("1f1b-even")
+    argv = override_argv(plan)
+    with pytest.raises(SystemExit):
+        parse(plan, argv[-1:] + argv[:-1])
+    assert "Unrecognized options" in flat(capsys.readouterr().err)
+
+
+def test_torchtitan_refuses_tp_that_does_not_divide_the_heads():
+    plan = real_plan("1f1b-even")  # llama2-13b: 40 heads
+    argv = _replace(override_argv(plan), "--parallelism.tensor_parallel_degree", "3")
+    parsed = parse(plan, argv)
+    with pytest.raises(ValueError, match=r"tensor_parallel_degree \(3\) must divide n_heads \(40\)"):
+        tiny_llama3(plan).update_from_config(config=parsed)
+
+
+def test_torchtitan_refuses_tied_embeddings_under_pp():
+    plan = real_plan("1f1b-even")
+    parsed = parse(plan, override_argv(plan))
+    with pytest.raises(NotImplementedError, match="Weight tying is not supported with Pipeline Parallel"):
+        tiny_llama3(plan, tied=True).update_from_config(config=parsed)
+    tied = plan.model_copy(update={"architecture": plan.architecture.model_copy(update={"tied_embeddings": True})})
+    with pytest.raises(ExportError, match="tie embeddings under pipeline parallelism"):
+        render(tied)
+
+
+def test_torchtitan_refuses_a_wrong_layers_per_stage():
+    plan = real_plan("interleaved")  # 2 stages x 4 chunks of 5 layers
+    layout = stock_layout(plan, "torchtitan")
+    per_rank = str(plan.architecture.num_layers // layout.pp)  # one chunk per rank: not interleaved
+    argv = _replace(override_argv(plan), "--parallelism.pipeline_parallel_layers_per_stage", per_rank)
+    parsed = parse(plan, argv)
+    dims = ParallelDims.from_config(parsed.parallelism, world_size=layout.world_size)
+    with pytest.raises(ValueError, match="Multi-stage schedule requires at least 2 stages per rank"):
+        _get_pipeline_metadata(dims, parsed.parallelism, tiny_llama3(plan))
+
+
+def test_torchtitan_refuses_interleaving_an_uneven_microbatch_count():
+    plan = real_plan("interleaved")
+    layout = stock_layout(plan, "torchtitan")
+    odd = layout.pp * 2 + 1  # not a multiple of Interleaved1F1B's rounds
+    argv = _replace(override_argv(plan), "--training.local_batch_size", str(odd * layout.micro_batch_size))
+    argv = _replace(argv, "--training.global_batch_size", str(odd * layout.micro_batch_size * layout.dp))
+    with pytest.raises(ValueError, match="multiple of the number of rounds"):
+        build_schedule(parse(plan, argv), layout)
+
+
+def test_torchtitan_refuses_a_csv_for_other_microbatches(in_tmp):
+    plan = real_plan("zb-h1-uneven")
+    layout = stock_layout(plan, "torchtitan")
+    (in_tmp / SCHEDULE_CSV).write_text(schedule_csv(plan))
+    fewer = layout.num_microbatches - 1
+    argv = _replace(override_argv(plan), "--training.local_batch_size", str(fewer * layout.micro_batch_size))
+    argv = _replace(argv, "--training.global_batch_size", str(fewer * layout.micro_batch_size * layout.dp))
+    with pytest.raises(AssertionError, match="microbatch"):
+        build_schedule(parse(plan, argv), layout)
+    (in_tmp / SCHEDULE_CSV).unlink()
+    with pytest.raises(FileNotFoundError):
+        build_schedule(parse(plan, override_argv(plan)), layout)
+
+
+def test_adapter_refuses_a_non_uniform_plan():
+    plan = real_plan("non-uniform")
+    assert not plan.uniform
+    with pytest.raises(ExportError) as refused:
+        render(plan)
+    message = str(refused.value)
+    assert message.startswith("torchtitan cannot run this plan")
+    assert "different TP sizes" in message and "different microbatch counts" in message
+    assert '"allow_non_uniform": false' in message
+    with pytest.raises(ExportError):
+        launch_command(plan)
+
+
+def test_adapter_refuses_fp16_and_unknown_replicas():
+    plan = real_plan("1f1b-even")
+    with pytest.raises(ExportError, match="bfloat16 or float32, not fp16"):
+        render(plan.model_copy(update={"precision": "fp16"}))
+    with pytest.raises(ExportError, match="no replica 99"):
+        render(plan, 99)
