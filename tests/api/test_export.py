@@ -81,3 +81,23 @@ def test_cli_export_rejects_a_file_that_is_not_a_plan(tmp_path, capsys):
     assert out == ""
     assert err.startswith("resiplan: invalid plan:")
     assert "plan_id" in err
+
+
+def test_trainer_exports_over_http(client):
+    stock = dict(SLOW_PIPELINE, options={"time_limit_s": 2, "allow_non_uniform": False})
+    response = client.post("/v1/plan", json=stock)
+    assert response.status_code == 200, response.text
+    plan = Plan.model_validate(response.json())
+    megatron = client.get(f"/v1/plans/{plan.plan_id}/export/megatron")
+    assert megatron.status_code == 200, megatron.text
+    assert megatron.headers["content-type"].startswith("text/x-shellscript")
+    assert f"--pipeline-model-parallel-size {len(plan.replicas[0].stages)}" in megatron.text
+
+
+def test_trainer_export_of_a_plan_it_cannot_run_is_422(client):
+    plan = _stored_plan(client)  # failure-aware: a CP-SAT or zero-bubble schedule Megatron does not run
+    assert plan.schedule not in {"1f1b", "interleaved", "gpipe"}
+    response = client.get(f"/v1/plans/{plan.plan_id}/export/megatron")
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert "Megatron" in detail and "allow_non_uniform" in detail
