@@ -28,7 +28,7 @@ UNIFORM_TIME_SHARE = 0.4
 
 
 # Share of the time limit kept for choosing schedules once the layout is known.
-SCHEDULE_TIME_SHARE = 0.2
+SCHEDULE_TIME_SHARE = 0.1
 
 
 def schedule_budget_s(problem: PlanningProblem) -> float:

@@ -23,7 +23,9 @@ from planner.schedules.choose import ChosenSchedule, choose_schedule
 from planner.schedules.result import ReplicaTimeline, ScheduleChoice
 
 # A single replica's CP-SAT schedule gets at most this long, whatever the plan's budget.
-MAX_OPTIMIZE_S_PER_REPLICA = 2.0
+MAX_OPTIMIZE_S_PER_REPLICA = 1.0
+# Building the model alone takes a few tenths of a second at p = 9, m = 37: less time left is wasted.
+MIN_OPTIMIZE_S = 0.25
 # CP-SAT is worth its seconds only if it can shorten the iteration by more than this share.
 MIN_ITERATION_GAIN = 5e-3
 
@@ -41,7 +43,7 @@ def with_schedules(problem: PlanningProblem, result: PlanResult, budget_s: float
 
     # CP-SAT only pays where it lowers the iteration: on the slowest replica, again and again.
     optimized: set[tuple] = set()
-    while (remaining := deadline - time.monotonic()) > 0.05:
+    while (remaining := deadline - time.monotonic()) > MIN_OPTIMIZE_S:
         slowest = max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)
         if slowest in optimized:
             break
