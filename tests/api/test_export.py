@@ -95,8 +95,11 @@ def test_trainer_exports_over_http(client):
 
 
 def test_trainer_export_of_a_plan_it_cannot_run_is_422(client):
-    plan = _stored_plan(client)  # failure-aware: a CP-SAT or zero-bubble schedule Megatron does not run
-    assert plan.schedule not in {"1f1b", "interleaved", "gpipe"}
+    zero_bubble = dict(SLOW_PIPELINE, options={"time_limit_s": 2, "schedules": ["zb-h1", "zb-h2"]})
+    response = client.post("/v1/plan", json=zero_bubble)
+    assert response.status_code == 200, response.text
+    plan = Plan.model_validate(response.json())
+    assert plan.schedule in {"zb-h1", "zb-h2"}
     response = client.get(f"/v1/plans/{plan.plan_id}/export/megatron")
     assert response.status_code == 422
     detail = response.json()["detail"]
