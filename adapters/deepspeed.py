@@ -88,12 +88,11 @@ otherwise (see there).
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 from adapters.registry import ExportError
-from adapters.stock import StockLayout, stock_layout
+from adapters.stock import StockLayout, check_replica, launch_blocks, stock_layout
 from api.schemas import Plan
 
 TARGET = "DeepSpeed"
@@ -119,7 +118,7 @@ SCHEDULE_REASONS = {
 
 def render(plan: Plan, replica_id: int | None = None) -> str:
     """The DeepSpeed config with the `resiplan` section, as JSON. Every replica runs the same config."""
-    _check_replica(plan, replica_id)
+    check_replica(plan, replica_id)
     return json.dumps(document(plan), indent=2) + "\n"
 
 
@@ -195,7 +194,7 @@ def launch_command(plan: Plan) -> str:
     rank i the i-th visible GPU, and DeepSpeed reads RANK/LOCAL_RANK/WORLD_SIZE from it.
     """
     layout = _layout(plan)
-    blocks = _node_blocks(layout)
+    blocks = launch_blocks(layout, "DeepSpeed's launcher")
     lines = [
         (f"# resiplan plan {plan.plan_id}: {TARGET} on {layout.world_size} GPUs (tp {layout.tp}, pp {layout.pp}, "
          f"dp {layout.dp}) on {len(blocks)} node(s)"),
@@ -353,33 +352,6 @@ def _script_settings(plan: Plan, layout: StockLayout) -> dict[str, Any]:
         "world_size": layout.world_size,
         "rank_devices": list(layout.rank_devices),
     }
-
-
-def _check_replica(plan: Plan, replica_id: int | None) -> None:
-    if replica_id is None:
-        return
-    known = sorted(replica.id for replica in plan.replicas)
-    if replica_id not in known:
-        raise ExportError(f"plan has no replica {replica_id}; its replicas are {known[0]}..{known[-1]}")
-
-
-def _node_blocks(layout: StockLayout) -> list[tuple[int, list[int]]]:
-    """(node, its GPUs in rank order) in rank order; ExportError when a node's ranks are not one contiguous block."""
-    by_node: dict[int, list[int]] = defaultdict(list)
-    order: list[int] = []
-    for rank, device in enumerate(layout.rank_devices):
-        node = int(device.split(":")[0])
-        if node not in by_node:
-            order.append(node)
-        by_node[node].append(rank)
-    blocks = []
-    for node in order:
-        ranks = by_node[node]
-        if ranks != list(range(ranks[0], ranks[0] + len(ranks))):
-            raise ExportError(f"no launcher can place this plan: node {node} holds ranks {ranks[:4]}..., not one "
-                              "contiguous block; DeepSpeed's launcher and torchrun number ranks node by node")
-        blocks.append((node, [int(layout.rank_devices[r].split(":")[1]) for r in ranks]))
-    return blocks
 
 
 def _slots(gpus: Sequence[int]) -> str:

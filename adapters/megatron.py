@@ -71,7 +71,7 @@ import shlex
 from collections.abc import Sequence
 
 from adapters.registry import ExportError
-from adapters.stock import StockLayout, stock_layout
+from adapters.stock import StockLayout, check_replica, node_blocks, stock_layout
 from api.schemas import Plan
 from cost_models.pipeline import interleaved_group_sizes
 
@@ -103,24 +103,6 @@ def _reorder(layout: StockLayout, order: str) -> tuple[str, ...]:
         for stage in range(pp)
         for t in range(tp)
     )
-
-
-def node_blocks(devices: Sequence[str]) -> list[tuple[int, list[int]]] | None:
-    """Consecutive ranks on one node as (node, its GPUs in rank order); None if a node's ranks are split.
-
-    torchrun gives each node one contiguous block of global ranks, so a rank
-    order is launchable exactly when every node appears in one run.
-    """
-    blocks: list[tuple[int, list[int]]] = []
-    for device in devices:
-        node, gpu = (int(part) for part in device.split(":"))
-        if blocks and blocks[-1][0] == node:
-            blocks[-1][1].append(gpu)
-        elif any(seen == node for seen, _ in blocks):
-            return None
-        else:
-            blocks.append((node, [gpu]))
-    return blocks
 
 
 def rank_order(layout: StockLayout) -> tuple[str, tuple[str, ...]]:
@@ -309,9 +291,7 @@ def _header(plan: Plan, layout: StockLayout, order: str, devices: tuple[str, ...
 def render(plan: Plan, replica_id: int | None = None) -> str:
     """A bash fragment: comments, then MEGATRON_ARGS=( one flag a line ). Every replica runs alike."""
     layout = stock(plan)
-    if replica_id is not None and replica_id not in {r.id for r in plan.replicas}:
-        known = sorted(r.id for r in plan.replicas)
-        raise ExportError(f"plan has no replica {replica_id}; its replicas are {known[0]}..{known[-1]}")
+    check_replica(plan, replica_id)
     order, devices = rank_order(layout)
     lines = _header(plan, layout, order, devices)
     lines.append("MEGATRON_ARGS=(")

@@ -8,7 +8,7 @@ differs and how to ask for one that does not.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from adapters.registry import ExportError
@@ -113,4 +113,49 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
         rank_devices=rank_devices,
         gpus_per_node=gpus_per_node,
         nodes=tuple(sorted({int(d.split(":")[0]) for d in rank_devices})),
+    )
+
+
+def check_replica(plan: Plan, replica_id: int | None) -> None:
+    """Stock trainers run every replica alike; a replica id is accepted only if the plan has it."""
+    if replica_id is None:
+        return
+    known = sorted(replica.id for replica in plan.replicas)
+    if replica_id not in known:
+        raise ExportError(f"plan has no replica {replica_id}; its replicas are {known[0]}..{known[-1]}")
+
+
+def node_blocks(devices: Sequence[str]) -> list[tuple[int, list[int]]] | None:
+    """Consecutive ranks on one node as (node, its GPUs in rank order); None if a node's ranks are split.
+
+    torchrun (and DeepSpeed's launcher) give each node one contiguous block
+    of global ranks, so a rank order is launchable exactly when every node
+    appears in one run.
+    """
+    blocks: list[tuple[int, list[int]]] = []
+    for device in devices:
+        node, gpu = (int(part) for part in device.split(":"))
+        if blocks and blocks[-1][0] == node:
+            blocks[-1][1].append(gpu)
+        elif any(seen == node for seen, _ in blocks):
+            return None
+        else:
+            blocks.append((node, [gpu]))
+    return blocks
+
+
+def launch_blocks(layout: StockLayout, launcher: str) -> list[tuple[int, list[int]]]:
+    """`node_blocks` of the layout's rank order, or ExportError naming the node whose ranks are split."""
+    blocks = node_blocks(layout.rank_devices)
+    if blocks is not None:
+        return blocks
+    ranks_by_node: dict[int, list[int]] = {}
+    for rank, device in enumerate(layout.rank_devices):
+        ranks_by_node.setdefault(int(device.split(":")[0]), []).append(rank)
+    node, ranks = next(
+        (node, ranks) for node, ranks in ranks_by_node.items() if ranks != list(range(ranks[0], ranks[0] + len(ranks)))
+    )
+    raise ExportError(
+        f"{launcher} cannot place this plan: node {node} holds ranks {ranks[:4]}..., not one contiguous block; "
+        "launchers number ranks node by node"
     )

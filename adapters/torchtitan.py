@@ -82,11 +82,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections import defaultdict
 
 from adapters import torch_csv
 from adapters.registry import ExportError
-from adapters.stock import StockLayout, stock_layout
+from adapters.stock import StockLayout, check_replica, launch_blocks, stock_layout
 from api.schemas import Plan
 
 TARGET = "torchtitan"
@@ -110,7 +109,7 @@ OUTPUT_FQNS = ("norm", "lm_head")
 
 def render(plan: Plan, replica_id: int | None = None) -> str:
     """The overrides, one per line. `replica_id` only picks whose schedule a CSV schedule would follow."""
-    _check_replica(plan, replica_id)
+    check_replica(plan, replica_id)
     return "\n".join(torchtitan_overrides(plan)) + "\n"
 
 
@@ -174,7 +173,7 @@ def schedule_csv(plan: Plan, replica_id: int | None = None) -> str | None:
     layout = _layout(plan)
     if layout.pp == 1 or layout.schedule not in CSV_SCHEDULES:
         return None
-    _check_replica(plan, replica_id)
+    check_replica(plan, replica_id)
     return torch_csv.render(plan, replica_id)
 
 
@@ -222,7 +221,7 @@ def launch_command(plan: Plan) -> str:
         model_text = f"--module {shlex.quote(selection[0])} --config {shlex.quote(selection[1])}"
     train = f"-m {ENTRY_MODULE} {model_text} {' '.join(shlex.quote(word) for word in args)}"
 
-    nodes = _node_blocks(layout)
+    nodes = launch_blocks(layout, f"{TARGET} via torchrun")
     header = (f"# resiplan plan {_safe(plan.plan_id)}: {TARGET} on {layout.world_size} GPUs "
               f"(tp {layout.tp}, pp {layout.pp}, dp {layout.dp}) on {len(nodes)} node(s)")
     lines = [header]
@@ -306,35 +305,6 @@ def _pipeline_options(plan: Plan, layout: StockLayout, schedule_csv_path: str) -
     else:
         options.append(("--parallelism.module_fqns_per_model_part", *(",".join(part) for part in parts)))
     return options
-
-
-def _check_replica(plan: Plan, replica_id: int | None) -> None:
-    if replica_id is None:
-        return
-    known = sorted(replica.id for replica in plan.replicas)
-    if replica_id not in known:
-        raise ExportError(f"plan has no replica {replica_id}; its replicas are {known[0]}..{known[-1]}")
-
-
-def _node_blocks(layout: StockLayout) -> list[tuple[int, list[int]]]:
-    """(node, its GPUs in local-rank order) per torchrun node rank; ExportError when torchrun cannot place the ranks."""
-    by_node: dict[int, list[int]] = defaultdict(list)
-    order: list[int] = []
-    for rank, device in enumerate(layout.rank_devices):
-        node = int(device.split(":")[0])
-        if node not in by_node:
-            order.append(node)
-        by_node[node].append(rank)
-    blocks = []
-    for node in order:
-        ranks = by_node[node]
-        if ranks != list(range(ranks[0], ranks[0] + len(ranks))):
-            raise ExportError(
-                f"{TARGET} via torchrun cannot place this plan: node {node} holds ranks {ranks[:4]}..., "
-                "not one contiguous block; torchrun numbers ranks node by node"
-            )
-        blocks.append((node, [int(layout.rank_devices[r].split(":")[1]) for r in ranks]))
-    return blocks
 
 
 def _safe(text: str) -> str:

@@ -18,7 +18,13 @@ from api.schemas import (
 from cost_models.efficiency import SoftwareConfig, fitted_efficiency
 from cost_models.hardware import GpuSpec, gpu_preset, gpu_preset_names
 from cost_models.layout import Hardware, Workload
-from cost_models.model_spec import HfConfigError, ModelSpec, model_from_hf_config, model_preset, model_preset_names
+from cost_models.model_spec import (
+    HfConfigError,
+    ModelSpec,
+    model_from_hf_config,
+    model_preset,
+    model_preset_names,
+)
 from planner.devices import build_cluster_state
 from planner.errors import PlanningError
 from planner.problem import PlanningProblem

@@ -18,7 +18,12 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cost_models.efficiency import MEGATRON_2021, EfficiencyParams, SoftwareConfig, fitted_efficiency
+from cost_models.efficiency import (
+    MEGATRON_2021,
+    EfficiencyParams,
+    SoftwareConfig,
+    fitted_efficiency,
+)
 from cost_models.hardware import GIB, gpu_preset
 from cost_models.iteration import estimate_iteration
 from cost_models.layout import Hardware, ParallelShape, Workload

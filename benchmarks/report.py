@@ -18,7 +18,7 @@ def write_section(title: str, command: str, body: str) -> None:
         f"## {title}\n\n`{command}` — {stamp}, {platform.machine()} ({_cores()} cores), Python {platform.python_version()}\n\n"
         f"{body.strip()}\n"
     )
-    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
     if pattern.search(text):
         text = pattern.sub(lambda _m: section + "\n", text)
     else:

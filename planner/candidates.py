@@ -14,7 +14,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cost_models.layout import ParallelShape
-from cost_models.stage_costs import PartSet, StageCostTerms, max_layers_fitting, part_costs, stage_cost_terms
+from cost_models.stage_costs import (
+    PartSet,
+    StageCostTerms,
+    max_layers_fitting,
+    part_costs,
+    stage_cost_terms,
+)
 from planner.devices import SlotInventory, slot_inventory
 from planner.problem import MAX_VIRTUAL_STAGES, PlanningProblem
 

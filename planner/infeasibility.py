@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from cost_models.hardware import GIB
 from cost_models.layout import ParallelShape
-from cost_models.memory import OPTIMIZER_BYTES_PER_PARAM, WEIGHT_AND_GRAD_BYTES_PER_PARAM
+from cost_models.memory import (
+    OPTIMIZER_BYTES_PER_PARAM,
+    WEIGHT_AND_GRAD_BYTES_PER_PARAM,
+)
 from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
 from planner.candidates import tensor_parallel_sizes
 from planner.devices import slot_inventory

@@ -21,7 +21,13 @@ from cost_models.nonuniform import nonuniform_iteration_ms
 from cost_models.stage_costs import max_layers_fitting
 from planner.allocation import Allocation, AllocationInput, solve_allocation
 from planner.candidates import tensor_parallel_sizes
-from planner.partitions import NodeClass, Partition, StageType, damaged_classes, node_partitions
+from planner.partitions import (
+    NodeClass,
+    Partition,
+    StageType,
+    damaged_classes,
+    node_partitions,
+)
 from planner.problem import MAX_VIRTUAL_STAGES, PlanningProblem
 from planner.templates import (
     OuterChoice,
@@ -140,7 +146,7 @@ def shortest_fitting_length(
         if key not in memo:
             caps = [cache.layer_cap(outer.tp, stages, i, problem.hardware.gpu.memory_bytes) for i in range(stages)]
             unit_caps = [min(c // outer.virtual_stages, units) for c in caps]
-            memo[key] = min(unit_caps) >= 1 and sum(unit_caps) >= units and units >= stages
+            memo[key] = min(unit_caps) >= 1 and sum(unit_caps) >= units >= stages
         if memo[key]:
             return stages
     return None

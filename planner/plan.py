@@ -16,7 +16,12 @@ from planner.assemble import assemble_plan, finish_plan
 from planner.assemble_nonuniform import assemble_replicas
 from planner.errors import InfeasibleError
 from planner.infeasibility import explain_infeasible, obvious_infeasibility
-from planner.nonuniform import NonUniformLayout, NonUniformResult, recost, search_nonuniform
+from planner.nonuniform import (
+    NonUniformLayout,
+    NonUniformResult,
+    recost,
+    search_nonuniform,
+)
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
 from planner.schedules.for_plan import MAX_OPTIMIZE_S_PER_REPLICA, with_schedules

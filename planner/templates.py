@@ -26,7 +26,13 @@ from functools import cached_property
 from cost_models.iteration import StageTime, stage_time
 from cost_models.layout import ParallelShape
 from cost_models.nonuniform import exposed_sync_ms, resharded_sync_ms
-from cost_models.stage_costs import PartSet, StageCostTerms, max_layers_fitting, part_costs, stage_cost_terms
+from cost_models.stage_costs import (
+    PartSet,
+    StageCostTerms,
+    max_layers_fitting,
+    part_costs,
+    stage_cost_terms,
+)
 from planner.partitions import StageType
 from planner.problem import PlanningProblem
 

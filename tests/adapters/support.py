@@ -10,7 +10,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime, _simulate_comms_compute
+from torch.distributed.pipelining.schedules import (
+    _PipelineScheduleRuntime,
+    _simulate_comms_compute,
+)
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from api.convert import schedule_to_wire

@@ -54,13 +54,16 @@ from deepspeed.launcher import runner as ds_runner
 from deepspeed.pipe import LayerSpec, PipelineModule
 from deepspeed.runtime.config import DeepSpeedConfig
 from deepspeed.runtime.pipe.engine import PipelineEngine
-from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
+from deepspeed.runtime.pipe.topology import (
+    PipelineParallelGrid,
+    PipeModelDataParallelTopology,
+)
 from torch import nn
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from adapters import deepspeed as ds_export
 from adapters.registry import ExportError, export_format
-from adapters.stock import stock_layout
+from adapters.stock import launch_blocks, stock_layout
 from api.schemas import EstimateRequest, Plan, PlanRequest
 from api.service import estimate_for, plan_for
 from tests.api.support import estimate_request, small_request
@@ -572,7 +575,7 @@ def test_torchrun_fallback_is_needed_where_deepspeeds_launcher_misplaces(tmp_pat
     plan = plan_of("failed-gpu-uneven-first-last-tp2-pp7")
     layout = stock_layout(plan, "DeepSpeed")
     assert "CUDA_VISIBLE_DEVICES=0,1,2,4,5,6 torchrun " in ds_export.launch_command(plan)
-    blocks = ds_export._node_blocks(layout)
+    blocks = launch_blocks(layout, "DeepSpeed")
     assert not ds_export.deepspeed_launcher_places(blocks)
     lines = ds_export.deepspeed_launcher_lines(blocks, layout.gpus_per_node)
     placement = deepspeed_launcher_placement(lines, tmp_path, layout.gpus_per_node, layout.nodes[0])

@@ -44,10 +44,15 @@ with warnings.catch_warnings():  # "Transformer Engine and Apex are not installe
         get_num_microbatches,
         init_num_microbatches_calculator,
     )
-    from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, get_schedule_table
+    from megatron.core.pipeline_parallel.schedules import (
+        get_pp_rank_microbatches,
+        get_schedule_table,
+    )
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.enums import LayerType
-    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 

@@ -22,7 +22,13 @@ from planner.schedules.handcrafted import (
     zb_h2,
 )
 from planner.schedules.ops import Schedule
-from tests.adapters.support import run_child, run_worker, schedule_plan, torch_load, uniform_spec
+from tests.adapters.support import (
+    run_child,
+    run_worker,
+    schedule_plan,
+    torch_load,
+    uniform_spec,
+)
 
 
 def _rows(text: str) -> list[list[str]]:

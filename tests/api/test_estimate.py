@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from tests.api.support import assert_detail, assert_validation, estimate_request, stage_devices, verify_plan
+from tests.api.support import (
+    assert_detail,
+    assert_validation,
+    estimate_request,
+    stage_devices,
+    verify_plan,
+)
 
 
 def post_estimate(client, body):

@@ -9,7 +9,13 @@ from __future__ import annotations
 import pytest
 
 from cost_models.comm import NVLINK_STEP_LATENCY_S
-from cost_models.compute import embedding_time, gemm_efficiency, head_time, layer_time, tp_all_reduce_ms
+from cost_models.compute import (
+    embedding_time,
+    gemm_efficiency,
+    head_time,
+    layer_time,
+    tp_all_reduce_ms,
+)
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.hardware import GpuSpec
 from cost_models.model_spec import ModelSpec

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from cost_models.model_spec import HfConfigError, ModelSpec, model_from_hf_config, model_preset, model_preset_names
+from cost_models.model_spec import (
+    HfConfigError,
+    ModelSpec,
+    model_from_hf_config,
+    model_preset,
+    model_preset_names,
+)
 
 
 @pytest.mark.parametrize(

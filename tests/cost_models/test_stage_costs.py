@@ -14,7 +14,11 @@ from cost_models.iteration import estimate_iteration, exposed_dp_sync_ms, stage_
 from cost_models.layout import Hardware, ParallelShape, Workload
 from cost_models.memory import ACTIVATION_FRAGMENTATION, RESERVED_BYTES
 from cost_models.model_spec import ModelSpec
-from cost_models.stage_costs import max_layers_fitting, stage_cost_terms, stage_memory_bytes
+from cost_models.stage_costs import (
+    max_layers_fitting,
+    stage_cost_terms,
+    stage_memory_bytes,
+)
 
 GIB = 1024**3
 GPU = GpuSpec("test-gpu", peak_tflops=100.0, memory_gib=80.0, hbm_bandwidth_gb_s=1000.0,

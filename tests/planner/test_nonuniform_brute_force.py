@@ -21,9 +21,20 @@ import pytest
 from cost_models.pipeline import pipeline_time_ms
 from cost_models.stage_costs import max_layers_fitting
 from planner.candidates import tensor_parallel_sizes
-from planner.nonuniform import _inventory, _memory_replicas, outer_choices, search_nonuniform
+from planner.nonuniform import (
+    _inventory,
+    _memory_replicas,
+    outer_choices,
+    search_nonuniform,
+)
 from planner.partitions import StageType, damaged_classes
-from planner.templates import TermsCache, arrange, degraded_lengths, pipeline_lengths, template_costs
+from planner.templates import (
+    TermsCache,
+    arrange,
+    degraded_lengths,
+    pipeline_lengths,
+    template_costs,
+)
 from tests.planner.helpers import small_problem
 
 INF = float("inf")

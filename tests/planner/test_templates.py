@@ -7,8 +7,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.templates import arrange, best_split
 from planner.partitions import StageType
+from planner.templates import arrange, best_split
 
 
 def exhaustive(per_layer, fixed, caps, layers, unit):

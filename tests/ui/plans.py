@@ -6,7 +6,16 @@ from typing import Any
 
 from api.convert import schedule_to_wire
 from api.schemas import Plan
-from planner.schedules.ops import BACKWARD, FORWARD, INPUT_GRAD, WEIGHT_GRAD, ChunkTimes, Op, PipelineSpec, Schedule
+from planner.schedules.ops import (
+    BACKWARD,
+    FORWARD,
+    INPUT_GRAD,
+    WEIGHT_GRAD,
+    ChunkTimes,
+    Op,
+    PipelineSpec,
+    Schedule,
+)
 from planner.schedules.result import ReplicaTimeline, ScheduleChoice
 from planner.schedules.simulator import simulate
 
