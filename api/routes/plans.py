@@ -42,7 +42,7 @@ async def create_estimate(
     return plan
 
 
-async def _stored_plan(plan_id: str, store) -> Plan:
+async def stored_plan(plan_id: str, store) -> Plan:
     stored = await run_in_threadpool(store.get, plan_id)
     if stored is None:
         raise HTTPException(status_code=404, detail=f"no plan with id {plan_id!r}")
@@ -51,7 +51,7 @@ async def _stored_plan(plan_id: str, store) -> Plan:
 
 @router.get("/plans/{plan_id}", response_model=Plan, responses={404: {"model": ErrorDetail}})
 async def read_plan(plan_id: str, store: StoreDep) -> Plan:
-    return await _stored_plan(plan_id, store)
+    return await stored_plan(plan_id, store)
 
 
 @router.get(
@@ -72,6 +72,6 @@ async def export_stored_plan(
         raise HTTPException(
             status_code=404, detail=f"unknown export format {format_name!r}; choose one of: {', '.join(format_names())}"
         ) from None
-    plan = await _stored_plan(plan_id, store)
+    plan = await stored_plan(plan_id, store)
     text = await run_in_threadpool(exporter.render, plan, replica)
     return Response(content=text, media_type=exporter.media_type)

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from adapters.plan_page import plan_page_html
 from adapters.registry import export_format
 from api.deps import StoreDep
-from api.routes.plans import _stored_plan
+from api.routes.plans import stored_plan
 from api.schemas import ErrorDetail, Plan
 
 router = APIRouter(tags=["ui"])
@@ -31,7 +31,7 @@ _ReplicaQuery = Annotated[int | None, Query(description="Replica id; default the
 )
 async def schedule_svg(plan_id: str, store: StoreDep, replica: _ReplicaQuery = None) -> Response:
     """The stored plan's pipeline schedule as a self-contained SVG Gantt chart."""
-    plan = await _stored_plan(plan_id, store)
+    plan = await stored_plan(plan_id, store)
     exporter = export_format("svg")
     text = await run_in_threadpool(exporter.render, plan, replica)
     return Response(content=text, media_type=exporter.media_type)

@@ -1,0 +1,57 @@
+"""Fail-slow and fail-stop detection from per-device training telemetry (POST /v1/detect).
+
+Pure logic: frozen dataclasses in, frozen dataclasses out; no web framework.
+See `detector` for the rules and thresholds, `work` for the work model.
+"""
+
+from planner.detection.detector import (
+    CONSECUTIVE_ITERATIONS,
+    HEARTBEAT_TIMEOUT_S,
+    MIN_BASELINE_ITERATIONS,
+    MIN_ROLE_PEERS,
+    RECOMMENDED_WINDOW,
+    SLOW_THRESHOLD,
+    SPEED_WINDOW,
+    Detection,
+    DetectorOptions,
+    DeviceIteration,
+    FailSlow,
+    decide,
+    detect,
+    summarize,
+)
+from planner.detection.telemetry import Microbatch, TelemetryError, TelemetryItem
+from planner.detection.work import (
+    DetectionLayout,
+    Role,
+    WorkModel,
+    layout_from_plan,
+    layout_from_stages,
+    role_work_model,
+)
+
+__all__ = [
+    "CONSECUTIVE_ITERATIONS",
+    "HEARTBEAT_TIMEOUT_S",
+    "MIN_BASELINE_ITERATIONS",
+    "MIN_ROLE_PEERS",
+    "RECOMMENDED_WINDOW",
+    "SLOW_THRESHOLD",
+    "SPEED_WINDOW",
+    "Detection",
+    "DetectionLayout",
+    "DetectorOptions",
+    "DeviceIteration",
+    "FailSlow",
+    "Microbatch",
+    "Role",
+    "TelemetryError",
+    "TelemetryItem",
+    "WorkModel",
+    "decide",
+    "detect",
+    "layout_from_plan",
+    "layout_from_stages",
+    "role_work_model",
+    "summarize",
+]
