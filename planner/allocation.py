@@ -310,12 +310,16 @@ def solve_allocation(
     first = bisect.bisect_left(
         range(len(breakpoints)), True, key=lambda i: _feasible(data, breakpoints[i], solver, remaining())
     )
+    # The top budget is feasible (solved above); a probe that ran out of time reads as infeasible,
+    # so under load bisection can run past it.
+    timed_out = first >= len(breakpoints)
+    first = min(first, len(breakpoints) - 1)
     best_fixed = attempt(first) if first < len(breakpoints) - 1 else top
     if best_fixed is None:
         return None
     best_budget = breakpoints[first]
     best_value = best_budget + v * best_fixed.tail_ticks
-    all_optimal = best_fixed.optimal and top.optimal
+    all_optimal = best_fixed.optimal and top.optimal and not timed_out
     # Larger budgets pay off only by a shorter tail, never shorter than the top budget's.
     for index in range(first + 1, len(breakpoints)):
         if breakpoints[index] + least_tail >= best_value or time.monotonic() >= deadline:
