@@ -73,5 +73,13 @@ class PlanStore:
             row = connection.execute(select(plans_table.c.plan_json).where(plans_table.c.plan_id == plan_id)).first()
         return None if row is None else json.loads(row[0])
 
+    def get_request(self, plan_id: str) -> dict[str, Any] | None:
+        """The request a stored plan answered (a replan starts from it)."""
+        with self._engine.connect() as connection:
+            row = connection.execute(
+                select(plans_table.c.request_json).where(plans_table.c.plan_id == plan_id)
+            ).first()
+        return None if row is None else json.loads(row[0])
+
     def close(self) -> None:
         self._engine.dispose()
