@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from api.routes import detect, plans, ui
+from api.routes import detect, plans, replan, ui
 from api.settings import Settings
 from api.store import PlanStore, make_engine
 from planner.errors import PlanningError
@@ -41,6 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     app.include_router(plans.router)
+    app.include_router(replan.router)
     app.include_router(detect.router)
     app.include_router(ui.router)
     return app

@@ -116,6 +116,11 @@ class Options(_Strict):
     time_limit_s: float = Field(default=10.0, gt=0, le=3600, description="Solver wall-time budget, seconds.")
     allow_non_uniform: bool = True
     random_seed: int = Field(default=0, ge=0, le=2**31 - 1, description="CP-SAT seed; fixed for reproducible plans.")
+    amortize_iterations: int = Field(
+        default=500, ge=1, le=10_000_000,
+        description="Replanning only: iterations a new layout is expected to run; its migration time is divided "
+        "by this and added to the iteration time when choosing between moving and staying.",
+    )
     schedules: list[ScheduleName] | None = Field(
         default=None,
         min_length=1,
@@ -203,10 +208,29 @@ class SolverReport(BaseModel):
     candidates_solved: int | None = None
 
 
-class Migration(BaseModel):
+class ReplanCandidate(BaseModel):
+    """One layout the replan weighed: `replan` (the new optimum on the devices that hold most of its
+    state), `scratch` (the same optimum placed ignoring the running layout; for comparison, never
+    chosen) or `keep` (the running layout, when all its devices are alive; its iteration time is then
+    an upper bound when a device it uses got slower or faster)."""
+
+    name: Literal["replan", "scratch", "keep"]
+    iteration_time_s: float
     bytes_moved: int
-    devices_changed: list[str]
-    estimated_s: float
+    migration_s: float
+    objective_ms: float = Field(description="iteration_time_s plus migration_s / amortize_iterations, in ms.")
+
+
+class Migration(BaseModel):
+    bytes_moved: int = Field(description="Weights and optimizer state the devices of the new plan receive.")
+    devices_changed: list[str] = Field(description="Alive devices whose state changes: receive, shed or leave.")
+    estimated_s: float = Field(description="Transfer time of the slowest receiving device over the cluster's links.")
+    bytes_from_checkpoint: int = Field(
+        default=0, description="State only failed devices held (e.g. their ZeRO-1 optimizer shards): it must be "
+        "read from the last checkpoint.")
+    amortize_iterations: int | None = None
+    chosen: str | None = Field(default=None, description="The candidate this plan is.")
+    candidates: list[ReplanCandidate] = Field(default_factory=list)
 
 
 class StageTimeline(BaseModel):
@@ -302,6 +326,15 @@ class DeviceTelemetry(_Strict):
         if not match or match.group(2) == "*":
             raise ValueError(f'telemetry device {value!r} must look like "<node>:<gpu>", e.g. "3:5"')
         return value
+
+
+class ReplanRequest(_Strict):
+    """The complete failure state now; options not given are the parent request's."""
+
+    failures: Failures = Field(default_factory=Failures)
+    options: Options | None = Field(
+        default=None, description="Only the fields given change the parent request's options, e.g. "
+        "{\"time_limit_s\": 5, \"amortize_iterations\": 1000}.")
 
 
 class DetectRequest(_Strict):

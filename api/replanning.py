@@ -1,0 +1,84 @@
+"""Stored plan + failure state now -> new plan with its migration (the replan route and CLI)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from api.convert import to_problem, to_wire
+from api.schemas import Migration, Plan, PlanRequest, ReplanCandidate, ReplanRequest, SlowDevice
+from planner.devices import device_id
+from planner.holdings import PlacedLayout, PlacedStage
+from planner.problem import PlanningProblem
+from planner.replan import ReplanResult, RunningPlan, replan
+
+
+def replan_request(parent_request: dict[str, Any], body: ReplanRequest) -> PlanRequest:
+    """The parent's request with the failure state now and the options the caller changed."""
+    # A stored estimate carries the layout it priced; a replan searches afresh.
+    request = PlanRequest.model_validate({k: v for k, v in parent_request.items() if k != "layout"})
+    options = request.options
+    if body.options is not None:
+        options = options.model_copy(update=body.options.model_dump(exclude_unset=True))
+    return request.model_copy(update={"failures": body.failures, "options": options})
+
+
+def running_plan(parent: Plan) -> RunningPlan:
+    replicas = tuple(
+        tuple(PlacedStage(tuple(stage.devices), (stage.layers[0], stage.layers[1])) for stage in replica.stages)
+        for replica in sorted(parent.replicas, key=lambda r: r.id)
+    )
+    layout = PlacedLayout(replicas, parent.virtual_stages, parent.zero_stage, replicas[0][-1].layers[1])
+    return RunningPlan(layout, parent.predicted.iteration_time_s, {s.device: s.speed for s in parent.slow_devices})
+
+
+def _kept(parent: Plan, problem: PlanningProblem, plan_id: str, iteration_s: float) -> Plan:
+    """The running plan under the failure state now: same layout and stage times, devices' roles
+    updated, predicted figures scaled to the bound on its iteration time now."""
+    cluster = problem.cluster
+    scale = parent.predicted.iteration_time_s / iteration_s
+    predicted = parent.predicted.model_copy(update={
+        "iteration_time_s": iteration_s,
+        "tokens_per_s": parent.predicted.tokens_per_s * scale,
+        "mfu": parent.predicted.mfu * scale,
+    })
+    used = {d for replica in parent.replicas for stage in replica.stages for d in stage.devices}
+    every = [(n, g) for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)]
+    return parent.model_copy(update={
+        "plan_id": plan_id,
+        "predicted": predicted,
+        "excluded_devices": [device_id(n, g) for n, g in every if (n, g) in cluster.failed],
+        "unused_devices": [device_id(n, g) for n, g in every
+                           if (n, g) not in cluster.failed and device_id(n, g) not in used],
+        "slow_devices": [SlowDevice(device=device_id(*d), speed=speed) for d, speed in cluster.slow],
+    }, deep=True)
+
+
+def _migration(found: ReplanResult) -> Migration:
+    cost = found.migration
+    return Migration(
+        bytes_moved=cost.bytes_moved,
+        devices_changed=list(cost.devices_changed),
+        estimated_s=round(cost.estimated_s, 3),
+        bytes_from_checkpoint=cost.bytes_from_checkpoint,
+        amortize_iterations=found.amortize_iterations,
+        chosen=found.chosen.name,
+        candidates=[
+            ReplanCandidate(name=c.name, iteration_time_s=c.iteration_s, bytes_moved=c.migration.bytes_moved,
+                            migration_s=round(c.migration.estimated_s, 3), objective_ms=round(c.objective_ms, 3))
+            for c in found.candidates
+        ],
+    )
+
+
+def replan_for(parent_request: dict[str, Any], parent_plan: dict[str, Any], body: ReplanRequest, plan_id: str,
+               max_time_limit_s: float | None = None) -> tuple[PlanRequest, Plan]:
+    """The request the new plan answers (kept for the next replan) and the new plan."""
+    request = replan_request(parent_request, body)
+    problem = to_problem(request)
+    if max_time_limit_s is not None and problem.time_limit_s > max_time_limit_s:
+        problem = replace(problem, time_limit_s=max_time_limit_s)
+    parent = Plan.model_validate(parent_plan)
+    found = replan(problem, running_plan(parent), request.options.amortize_iterations)
+    plan = _kept(parent, problem, plan_id, found.chosen.iteration_s) if found.result is None else to_wire(found.result, plan_id)
+    return request, plan.model_copy(update={"parent_plan_id": parent.plan_id, "migration": _migration(found)})

@@ -1,0 +1,94 @@
+"""Which model state each device of a layout holds (for migration costs).
+
+A layout here is only what decides the state a device holds: per replica, its
+stages' devices (in tensor-parallel rank order) and layer ranges, the number
+of model chunks per stage, and whether ZeRO-1 shards the optimizer state
+over the replicas. It is built from a planner result or from a stored wire
+plan, so a running job's layout and a new one compare alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cost_models.migration import Holding, ShardBlock
+from planner.result import PlanResult
+
+
+@dataclass(frozen=True)
+class PlacedStage:
+    devices: tuple[str, ...]
+    layers: tuple[int, int]  # half-open, over the transformer layers
+
+
+@dataclass(frozen=True)
+class PlacedLayout:
+    replicas: tuple[tuple[PlacedStage, ...], ...]
+    virtual_stages: int
+    zero_stage: int
+    num_layers: int
+
+
+def placed_layout(result: PlanResult) -> PlacedLayout:
+    replicas = tuple(
+        tuple(PlacedStage(stage.devices, stage.layers) for stage in replica.stages)
+        for replica in sorted(result.replicas, key=lambda r: r.id)
+    )
+    num_layers = replicas[0][-1].layers[1] if replicas else 0
+    return PlacedLayout(replicas, result.virtual_stages, result.zero_stage, num_layers)
+
+
+def chunk_layer_runs(layer_counts: Sequence[int], virtual_stages: int) -> list[list[tuple[int, int]]]:
+    """Per stage, the layer runs its model chunks hold: chunk c of stage s is virtual stage c*p + s,
+    virtual stages hold consecutive layers, and a stage's layers split over its chunks near-evenly
+    (the first chunks take the remainder), as the adapters and the reference executor build them."""
+    p = len(layer_counts)
+    runs: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    first = 0
+    for virtual in range(p * virtual_stages):
+        stage, chunk = virtual % p, virtual // p
+        count = layer_counts[stage]
+        size = count // virtual_stages + (1 if chunk < count % virtual_stages else 0)
+        if size:
+            runs[stage].append((first, first + size))
+        first += size
+    return runs
+
+
+def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
+    """Every used device's shards: units 0 (embedding), 1..L (layers), L + 1 (head)."""
+    holdings: dict[str, Holding] = {}
+    replicas = len(layout.replicas)
+    for index, stages in enumerate(layout.replicas):
+        counts = [stage.layers[1] - stage.layers[0] for stage in stages]
+        runs = chunk_layer_runs(counts, layout.virtual_stages)
+        for s, stage in enumerate(stages):
+            units = [(first + 1, end + 1) for first, end in runs[s]]
+            if s == 0:
+                units.append((0, 1))
+            if s == len(stages) - 1:
+                units.append((layout.num_layers + 1, layout.num_layers + 2))
+            tp = len(stage.devices)
+            for rank, device in enumerate(stage.devices):
+                weight_lo, weight_hi = rank / tp, (rank + 1) / tp
+                if layout.zero_stage >= 1:
+                    share = (weight_hi - weight_lo) / replicas
+                    optimizer_lo, optimizer_hi = weight_lo + index * share, weight_lo + (index + 1) * share
+                else:
+                    optimizer_lo, optimizer_hi = weight_lo, weight_hi
+                holdings[device] = tuple(
+                    ShardBlock(first, end, weight_lo, weight_hi, optimizer_lo, optimizer_hi)
+                    for first, end in _merged(units)
+                )
+    return holdings
+
+
+def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for first, end in sorted(runs):
+        if merged and merged[-1][1] == first:
+            merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((first, end))
+    return merged

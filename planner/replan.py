@@ -1,0 +1,122 @@
+"""Replanning a running job: the best layout for the failure state now, counting what moving costs.
+
+Objective: iteration time plus the migration time amortized over
+`amortize_iterations` (the iterations the new layout is expected to run
+before the next change). Candidates:
+
+- `replan`: the planner's optimum for the new failure state (the layout
+  search itself is migration-agnostic), placed by `placement.py` on the
+  devices that already hold most of its state. The placement is a
+  cost-neutral relabelling, so this candidate has the optimum's iteration time
+  and the fewest bytes among its equivalent placements.
+- `keep`: the running layout, when every device it uses is alive; nothing
+  moves. Its iteration time is bounded by the one predicted when it was
+  planned times the largest slowdown of a device it uses since (every stage
+  time scales by at most that): exact when nothing it uses changed, an upper
+  bound otherwise, so keeping is never chosen on an optimistic guess.
+
+`scratch` (the optimum where the planner places it, ignoring the running
+layout) is reported for comparison and never chosen: it iterates exactly as
+fast as `replan` and moves at least as many bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from cost_models.migration import MigrationCost, migration_cost, unit_params
+from planner.devices import device_id
+from planner.holdings import PlacedLayout, device_holdings, placed_layout
+from planner.placement import matched_device_map, relabel
+from planner.plan import plan
+from planner.problem import PlanningProblem
+from planner.result import PlanResult
+
+DEFAULT_AMORTIZE_ITERATIONS = 500
+# Share of the time limit kept for placing the new layout on the running one's devices.
+PLACEMENT_TIME_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class RunningPlan:
+    """The layout the job runs now and what it was planned with."""
+
+    layout: PlacedLayout
+    iteration_s: float
+    speeds: Mapping[str, float]  # the speed the plan assumed for each slow device it knew of
+
+
+@dataclass(frozen=True)
+class ReplanCandidate:
+    name: str
+    iteration_s: float
+    migration: MigrationCost
+    objective_ms: float
+
+
+@dataclass(frozen=True)
+class ReplanResult:
+    """result is None when keeping the running layout is best."""
+
+    result: PlanResult | None
+    migration: MigrationCost
+    amortize_iterations: int
+    candidates: tuple[ReplanCandidate, ...]
+
+    @property
+    def chosen(self) -> ReplanCandidate:
+        # On a tie keeping wins: no restart of the trainer's process groups at all.
+        return min(self.candidates, key=lambda c: (c.name == "scratch", c.objective_ms, c.name != "keep"))
+
+
+def objective_ms(iteration_s: float, migration: MigrationCost, amortize_iterations: int) -> float:
+    return iteration_s * 1e3 + migration.estimated_s * 1e3 / amortize_iterations
+
+
+def running_slowdown(problem: PlanningProblem, running: RunningPlan) -> float | None:
+    """How much slower the running layout can be now than planned: the largest ratio of a used
+    device's planned speed to its speed now (every stage time scales by at most that); None when
+    a device it uses has failed."""
+    cluster = problem.cluster
+    slowdown = 1.0
+    for stages in running.layout.replicas:
+        for stage in stages:
+            for device in stage.devices:
+                node, gpu = (int(x) for x in device.split(":"))
+                if (node, gpu) in cluster.failed:
+                    return None
+                slowdown = max(slowdown, running.speeds.get(device, 1.0) / cluster.speed_of(node, gpu))
+    return slowdown
+
+
+def replan(problem: PlanningProblem, running: RunningPlan,
+           amortize_iterations: int = DEFAULT_AMORTIZE_ITERATIONS) -> ReplanResult:
+    cluster = problem.cluster
+    units = unit_params(problem.workload.model)
+    held = device_holdings(running.layout)
+    alive = frozenset(device_id(n, g) for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)
+                      if (n, g) not in cluster.failed)
+    node_of = {device_id(n, g): n for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)}
+
+    def cost_of(result: PlanResult) -> MigrationCost:
+        return migration_cost(held, device_holdings(placed_layout(result)), alive, node_of, units,
+                              problem.hardware.intra_node_bandwidth_gb_s, problem.hardware.inter_node_bandwidth_gb_s)
+
+    def candidate(name: str, iteration_s: float, migration: MigrationCost) -> ReplanCandidate:
+        return ReplanCandidate(name, iteration_s, migration, objective_ms(iteration_s, migration, amortize_iterations))
+
+    started = time.monotonic()
+    scratch = plan(replace(problem, time_limit_s=problem.time_limit_s * (1 - PLACEMENT_TIME_SHARE)))
+    placed = relabel(scratch, matched_device_map(scratch, cluster, held, units))
+    placed = replace(placed, solver=replace(placed.solver, wall_time_s=round(time.monotonic() - started, 3)))
+    iteration_s = scratch.predicted.iteration_time_s
+    candidates = [candidate("replan", iteration_s, cost_of(placed)), candidate("scratch", iteration_s, cost_of(scratch))]
+    slowdown = running_slowdown(problem, running)
+    if slowdown is not None:
+        candidates.append(candidate("keep", running.iteration_s * slowdown, MigrationCost(0, 0, (), 0.0)))
+    result = ReplanResult(None, candidates[0].migration, amortize_iterations, tuple(candidates))
+    chosen = result.chosen
+    return ReplanResult(placed if chosen.name == "replan" else None, chosen.migration, amortize_iterations,
+                        tuple(candidates))

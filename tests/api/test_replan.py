@@ -1,0 +1,105 @@
+"""POST /v1/plans/{id}/replan over HTTP: parent, migration, stored chains, errors."""
+
+from __future__ import annotations
+
+from api.schemas import PlanRequest
+from tests.api.support import assert_detail, estimate_request, small_request, verify_plan
+
+
+def _plan(client, **overrides):
+    body = small_request(**overrides)
+    response = client.post("/v1/plan", json=body)
+    assert response.status_code == 200, response.text
+    return body, response.json()
+
+
+def test_replan_after_a_failure_returns_a_valid_plan_with_its_migration(client):
+    body, parent = _plan(client)
+    response = client.post(f"/v1/plans/{parent['plan_id']}/replan", json={"failures": {"failed": ["1:3"]}})
+    assert response.status_code == 200, response.text
+    child = response.json()
+    verify_plan(child, {**body, "failures": {"failed": ["1:3"]}})
+    assert child["parent_plan_id"] == parent["plan_id"] and child["plan_id"] != parent["plan_id"]
+    assert child["excluded_devices"] == ["1:3"]
+    migration = child["migration"]
+    assert migration["chosen"] == "replan" and migration["amortize_iterations"] == 500
+    assert 0 < migration["bytes_moved"] and migration["estimated_s"] > 0
+    names = {c["name"]: c for c in migration["candidates"]}
+    assert names["replan"]["bytes_moved"] == migration["bytes_moved"] <= names["scratch"]["bytes_moved"]
+    # Stored: readable, and a replan of the replan chains from it.
+    assert client.get(f"/v1/plans/{child['plan_id']}").json() == child
+    again = client.post(f"/v1/plans/{child['plan_id']}/replan", json={"failures": {"failed": ["1:3"]}})
+    assert again.status_code == 200
+    assert again.json()["parent_plan_id"] == child["plan_id"]
+    assert again.json()["migration"]["chosen"] == "keep" and again.json()["migration"]["bytes_moved"] == 0
+
+
+def test_keeping_the_plan_updates_device_roles_to_the_failure_state_now(client):
+    _, parent = _plan(client, cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "A100-80GB"},
+                      failures={"failed": ["0:1"]})
+    unused = parent["unused_devices"]
+    assert unused, "the scenario must leave a device unused (15 GPUs, TP groups of 2 or more)"
+    response = client.post(f"/v1/plans/{parent['plan_id']}/replan",
+                           json={"failures": {"failed": ["0:1", unused[0]]}})
+    child = response.json()
+    assert child["migration"]["chosen"] == "keep"
+    assert child["replicas"] == parent["replicas"]
+    assert sorted(child["excluded_devices"]) == sorted(["0:1", unused[0]])
+    assert unused[0] not in child["unused_devices"]
+
+
+def test_options_not_given_are_the_parents(client, monkeypatch):
+    import api.replanning
+
+    seen = {}
+    real = api.replanning.replan
+
+    def spy(problem, running, amortize_iterations):
+        seen["time_limit_s"] = problem.time_limit_s
+        seen["amortize"] = amortize_iterations
+        seen["seed"] = problem.random_seed
+        return real(problem, running, amortize_iterations)
+
+    monkeypatch.setattr(api.replanning, "replan", spy)
+    _, parent = _plan(client, options={"time_limit_s": 1.5, "random_seed": 7})
+    response = client.post(f"/v1/plans/{parent['plan_id']}/replan",
+                           json={"failures": {"failed": ["0:0"]}, "options": {"amortize_iterations": 20}})
+    assert response.status_code == 200, response.text
+    assert seen == {"time_limit_s": 1.5, "amortize": 20, "seed": 7}
+    assert response.json()["migration"]["amortize_iterations"] == 20
+
+
+def test_an_estimate_can_be_replanned(client):
+    body = estimate_request({"tp": 2, "pp": 2, "micro_batch_size": 1})
+    parent = client.post("/v1/estimate", json=body).json()
+    response = client.post(f"/v1/plans/{parent['plan_id']}/replan", json={"failures": {"failed": ["2:*"]}})
+    assert response.status_code == 200, response.text
+    stripped = {k: v for k, v in body.items() if k != "layout"}
+    verify_plan(response.json(), {**stripped, "failures": {"failed": ["2:*"]}})
+
+
+def test_unknown_plan_is_404_and_bad_failures_are_422(client):
+    missing = client.post("/v1/plans/no-such-plan/replan", json={"failures": {}})
+    assert missing.status_code == 404
+    assert "no-such-plan" in missing.json()["detail"]
+    _, parent = _plan(client)
+    out_of_range = client.post(f"/v1/plans/{parent['plan_id']}/replan", json={"failures": {"failed": ["9:0"]}})
+    assert_detail(out_of_range, "9:0", "node 9")
+    everything = client.post(f"/v1/plans/{parent['plan_id']}/replan", json={"failures": {"failed": ["0:*", "1:*"]}})
+    assert everything.status_code == 422
+    unknown_field = client.post(f"/v1/plans/{parent['plan_id']}/replan", json={"failurez": {}})
+    assert unknown_field.status_code == 422
+    bad_amortize = client.post(f"/v1/plans/{parent['plan_id']}/replan",
+                               json={"failures": {}, "options": {"amortize_iterations": 0}})
+    assert bad_amortize.status_code == 422
+
+
+def test_the_client_replans_against_the_service(client):
+    from adapters.client import PlannerClient
+
+    _, parent = _plan(client)
+    planner = PlannerClient(base_url="http://testserver", http=client)
+    child = planner.replan(parent["plan_id"], {"failed": ["0:2"]}, {"amortize_iterations": 50})
+    assert child.parent_plan_id == parent["plan_id"]
+    assert child.migration is not None and child.migration.amortize_iterations == 50
+    PlanRequest.model_validate(small_request())  # the client's request type is the service's

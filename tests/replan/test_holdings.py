@@ -1,0 +1,62 @@
+"""Which state each device of a layout holds."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner.holdings import PlacedLayout, PlacedStage, chunk_layer_runs, device_holdings
+
+
+def test_interleaved_chunks_follow_the_looped_order():
+    # 2 stages of 3 layers, 2 chunks: virtual stages 0..3 hold 2, 2, 1, 1 layers.
+    assert chunk_layer_runs([3, 3], 2) == [[(0, 2), (4, 5)], [(2, 4), (5, 6)]]
+    assert chunk_layer_runs([2, 5], 1) == [[(0, 2)], [(2, 7)]]
+
+
+def test_chunks_match_the_reference_executor():
+    from adapters.torch_executor import chunk_sizes
+
+    counts = [5, 3, 4]
+    runs = chunk_layer_runs(counts, 3)
+    for stage, count in enumerate(counts):
+        assert [end - first for first, end in runs[stage]] == [n for n in chunk_sizes(count, 3) if n]
+
+
+@st.composite
+def layouts(draw):
+    num_layers = draw(st.integers(2, 12))
+    v = draw(st.integers(1, 3))
+    zero = draw(st.sampled_from([0, 1]))
+    replicas = []
+    next_gpu = 0
+    for _ in range(draw(st.integers(1, 4))):
+        stages_count = draw(st.integers(1, min(4, num_layers)))
+        cuts = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=stages_count - 1, max_size=stages_count - 1)))
+        bounds = [0, *cuts, num_layers]
+        stages = []
+        for first, end in zip(bounds, bounds[1:]):
+            tp = draw(st.sampled_from([1, 2, 4]))
+            stages.append(PlacedStage(tuple(f"0:{next_gpu + k}" for k in range(tp)), (first, end)))
+            next_gpu += tp
+        replicas.append(tuple(stages))
+    return PlacedLayout(tuple(replicas), v, zero, num_layers)
+
+
+@given(layouts())
+def test_every_unit_is_held_once_per_replica_and_its_optimizer_state_as_zero_says(layout):
+    holdings = device_holdings(layout)
+    weight = {}
+    optimizer = {}
+    for blocks in holdings.values():
+        for b in blocks:
+            for unit in range(b.first_unit, b.end_unit):
+                weight[unit] = weight.get(unit, 0.0) + (b.weight_hi - b.weight_lo)
+                optimizer[unit] = optimizer.get(unit, 0.0) + (b.optimizer_hi - b.optimizer_lo)
+    units = range(layout.num_layers + 2)
+    replicas = len(layout.replicas)
+    assert sorted(weight) == list(units)
+    for unit in units:
+        assert abs(weight[unit] - replicas) < 1e-9
+        expected = 1.0 if layout.zero_stage else replicas
+        assert abs(optimizer[unit] - expected) < 1e-9
