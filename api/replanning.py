@@ -6,11 +6,17 @@ from dataclasses import replace
 from typing import Any
 
 from api.convert import to_problem, to_wire
-from api.schemas import Migration, Plan, PlanRequest, ReplanCandidate, ReplanRequest, SlowDevice
+from api.schemas import (
+    Migration,
+    Plan,
+    PlanRequest,
+    ReplanCandidate,
+    ReplanRequest,
+    SlowDevice,
+)
 from planner.devices import device_id
-from planner.holdings import PlacedLayout, PlacedStage
 from planner.problem import PlanningProblem
-from planner.replan import ReplanResult, RunningPlan, replan
+from planner.replan import ReplanResult, replan, running_plan
 
 
 def replan_request(parent_request: dict[str, Any], body: ReplanRequest) -> PlanRequest:
@@ -21,15 +27,6 @@ def replan_request(parent_request: dict[str, Any], body: ReplanRequest) -> PlanR
     if body.options is not None:
         options = options.model_copy(update=body.options.model_dump(exclude_unset=True))
     return request.model_copy(update={"failures": body.failures, "options": options})
-
-
-def running_plan(parent: Plan) -> RunningPlan:
-    replicas = tuple(
-        tuple(PlacedStage(tuple(stage.devices), (stage.layers[0], stage.layers[1])) for stage in replica.stages)
-        for replica in sorted(parent.replicas, key=lambda r: r.id)
-    )
-    layout = PlacedLayout(replicas, parent.virtual_stages, parent.zero_stage, replicas[0][-1].layers[1])
-    return RunningPlan(layout, parent.predicted.iteration_time_s, {s.device: s.speed for s in parent.slow_devices})
 
 
 def _kept(parent: Plan, problem: PlanningProblem, plan_id: str, iteration_s: float) -> Plan:
@@ -79,6 +76,7 @@ def replan_for(parent_request: dict[str, Any], parent_plan: dict[str, Any], body
     if max_time_limit_s is not None and problem.time_limit_s > max_time_limit_s:
         problem = replace(problem, time_limit_s=max_time_limit_s)
     parent = Plan.model_validate(parent_plan)
-    found = replan(problem, running_plan(parent), request.options.amortize_iterations)
+    running = running_plan(parent, {s.device: s.speed for s in parent.slow_devices})
+    found = replan(problem, running, request.options.amortize_iterations)
     plan = _kept(parent, problem, plan_id, found.chosen.iteration_s) if found.result is None else to_wire(found.result, plan_id)
     return request, plan.model_copy(update={"parent_plan_id": parent.plan_id, "migration": _migration(found)})

@@ -47,10 +47,9 @@ from cost_models.model_spec import model_preset
 from cost_models.pipeline import pipeline_time_ms
 from planner.detection import layout_from_plan
 from planner.detection.detector import RECOMMENDED_WINDOW, decide, summarize
-from planner.holdings import placed_layout
 from planner.plan import plan
 from planner.problem import PlanningProblem
-from planner.replan import ReplanResult, RunningPlan, replan
+from planner.replan import ReplanResult, replan, running_plan
 from planner.result import PlanResult
 
 MODEL = "llama2-13b"
@@ -137,7 +136,7 @@ def true_iteration_s(result: PlanResult, truth: Truth) -> float:
     worst_delta_ms = 0.0
     v = result.virtual_stages
     for replica in result.replicas:
-        planned = [s.forward_ms + s.backward_ms + s.weight_grad_ms for s in replica.stages]
+        planned = [s.forward_ms + s.backward_ms for s in replica.stages]
         actual = [t * s.speed / min(truth.speed.get(d, 1.0) for d in s.devices) for t, s in zip(planned, replica.stages)]
         delta = pipeline_time_ms(actual, replica.num_microbatches, v) - pipeline_time_ms(planned, replica.num_microbatches, v)
         worst_delta_ms = max(worst_delta_ms, delta)
@@ -214,7 +213,7 @@ class Planner:
         # Results stay referenced by this cache, so id() names a running plan uniquely.
         key = (frozenset(failed), tuple(sorted(slow.items())), id(current))
         if key not in self._replans:
-            running = RunningPlan(placed_layout(current), current.predicted.iteration_time_s, dict(current.slow_devices))
+            running = running_plan(current, dict(current.slow_devices))
             started = time.perf_counter()
             found = replan(_problem(failed, slow, uniform_only=False), running, AMORTIZE_ITERATIONS)
             self._replans[key] = (found, time.perf_counter() - started, current)
@@ -407,8 +406,8 @@ def plot(runs: Sequence[Run], path: Path) -> None:
 
 def _table(summaries: Sequence[Summary], baseline: str) -> str:
     base = next(s for s in summaries if s.name == baseline)
-    lines = ["| strategy | finish (min) | goodput (tokens/s) | vs cordon-and-restart | restart / reconfiguration s "
-             "| planning s | detection s | lost in flight s | iterations rolled back |",
+    lines = [("| strategy | finish (min) | goodput (tokens/s) | vs cordon-and-restart | restart / reconfiguration s "
+             "| planning s | detection s | lost in flight s | iterations rolled back |"),
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summaries:
         d = s.downtime_s

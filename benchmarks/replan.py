@@ -27,7 +27,7 @@ from planner.devices import device_id
 from planner.holdings import device_holdings, placed_layout
 from planner.plan import plan
 from planner.problem import PlanningProblem
-from planner.replan import RunningPlan, replan
+from planner.replan import replan, running_plan
 from planner.result import PlanResult
 
 GIB = 1024**3
@@ -109,7 +109,7 @@ def run_sequence(model: str) -> list[Step]:
         scratch_cost = _move(problem, scratch_running, fresh)
         scratch_running = fresh
         started = time.perf_counter()
-        found = replan(problem, RunningPlan(placed_layout(aware_running), aware_iteration, dict(aware_running.slow_devices)))
+        found = replan(problem, replace(running_plan(aware_running, dict(aware_running.slow_devices)), iteration_s=aware_iteration))
         wall_s = time.perf_counter() - started
         chosen = found.chosen
         if found.result is not None:
@@ -126,8 +126,8 @@ def run_sequence(model: str) -> list[Step]:
 
 def _table(steps: list[Step]) -> str:
     lines = [
-        "| model | event | from scratch: GiB moved | migration-aware: GiB moved | bytes ratio | scratch iteration s "
-        "| aware iteration s | iteration ratio | aware choice | transfer s (scratch / aware) | replan wall s |",
+        ("| model | event | from scratch: GiB moved | migration-aware: GiB moved | bytes ratio | scratch iteration s "
+        "| aware iteration s | iteration ratio | aware choice | transfer s (scratch / aware) | replan wall s |"),
         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for s in steps:

@@ -202,8 +202,8 @@ def migration_cost(
         (h for d, h in old.items() if d not in alive), (h for d, h in old.items() if d in alive), units
     )
     return MigrationCost(
-        bytes_moved=int(round(moved)),
-        bytes_from_checkpoint=int(round(from_checkpoint)),
+        bytes_moved=round(moved),
+        bytes_from_checkpoint=round(from_checkpoint),
         devices_changed=tuple(sorted(changed, key=lambda d: tuple(int(x) for x in d.split(":")))),
         estimated_s=slowest_s,
     )

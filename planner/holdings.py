@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from cost_models.migration import Holding, ShardBlock
-from planner.result import PlanResult
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,10 @@ class PlacedLayout:
     num_layers: int
 
 
-def placed_layout(result: PlanResult) -> PlacedLayout:
+def placed_layout(result: Any) -> PlacedLayout:
+    """From a PlanResult or anything shaped like API.md's Plan."""
     replicas = tuple(
-        tuple(PlacedStage(stage.devices, stage.layers) for stage in replica.stages)
+        tuple(PlacedStage(tuple(stage.devices), (stage.layers[0], stage.layers[1])) for stage in replica.stages)
         for replica in sorted(result.replicas, key=lambda r: r.id)
     )
     num_layers = replicas[0][-1].layers[1] if replicas else 0

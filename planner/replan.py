@@ -10,10 +10,10 @@ before the next change). Candidates:
   cost-neutral relabelling, so this candidate has the optimum's iteration time
   and the fewest bytes among its equivalent placements.
 - `keep`: the running layout, when every device it uses is alive; nothing
-  moves. Its iteration time is bounded by the one predicted when it was
-  planned times the largest slowdown of a device it uses since (every stage
-  time scales by at most that): exact when nothing it uses changed, an upper
-  bound otherwise, so keeping is never chosen on an optimistic guess.
+  moves. Its iteration time is the one predicted when it was planned plus
+  what the devices it uses have slowed down since (`keep_iteration_bound_s`):
+  exact when nothing it uses changed, an upper bound otherwise, so keeping is
+  never chosen on an optimistic guess.
 
 `scratch` (the optimum where the planner places it, ignoring the running
 layout) is reported for comparison and never chosen: it iterates exactly as
@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from cost_models.migration import MigrationCost, migration_cost, unit_params
 from planner.devices import device_id
@@ -41,11 +42,30 @@ PLACEMENT_TIME_SHARE = 0.1
 
 @dataclass(frozen=True)
 class RunningPlan:
-    """The layout the job runs now and what it was planned with."""
+    """The layout the job runs now and what it was planned with.
+
+    speeds: the speed the plan assumed for each slow device it knew of (others 1.0).
+    stage_busy_ms: per replica, per stage, its busy time per iteration (microbatches x (forward +
+        backward); the backward includes the weight-gradient part).
+    optimizer_s: the optimizer step's share of the iteration.
+    """
 
     layout: PlacedLayout
     iteration_s: float
-    speeds: Mapping[str, float]  # the speed the plan assumed for each slow device it knew of
+    speeds: Mapping[str, float]
+    stage_busy_ms: tuple[tuple[float, ...], ...] = ()
+    optimizer_s: float = 0.0
+
+
+def running_plan(plan: Any, slow: Mapping[str, float]) -> RunningPlan:
+    """From a PlanResult or anything shaped like API.md's Plan, with the slow devices it knew of."""
+    replicas = sorted(plan.replicas, key=lambda r: r.id)
+    busy = tuple(
+        tuple(r.num_microbatches * (s.forward_ms + s.backward_ms) for s in r.stages)
+        for r in replicas
+    )
+    return RunningPlan(placed_layout(plan), plan.predicted.iteration_time_s, dict(slow), busy,
+                       plan.predicted.breakdown.get("optimizer_s", 0.0))
 
 
 @dataclass(frozen=True)
@@ -75,20 +95,34 @@ def objective_ms(iteration_s: float, migration: MigrationCost, amortize_iteratio
     return iteration_s * 1e3 + migration.estimated_s * 1e3 / amortize_iterations
 
 
-def running_slowdown(problem: PlanningProblem, running: RunningPlan) -> float | None:
-    """How much slower the running layout can be now than planned: the largest ratio of a used
-    device's planned speed to its speed now (every stage time scales by at most that); None when
-    a device it uses has failed."""
+def keep_iteration_bound_s(problem: PlanningProblem, running: RunningPlan) -> float | None:
+    """An upper bound on the running layout's iteration time now; None when a device it uses failed.
+
+    With the schedule's op order fixed, the makespan is a longest path through the ops, so it grows
+    by at most the time added to them: a stage planned at speed s_then whose slowest device now runs
+    at s_now adds at most (s_then / s_now - 1) x its busy time, and each replica by the sum over its
+    stages. The optimizer step grows by at most the largest such factor. Faster devices are credited
+    nothing, so the bound is the planned time when nothing the plan uses got slower.
+    """
     cluster = problem.cluster
-    slowdown = 1.0
-    for stages in running.layout.replicas:
-        for stage in stages:
+    worst_replica_s, worst_factor = 0.0, 1.0
+    for index, stages in enumerate(running.layout.replicas):
+        added_s = 0.0
+        for position, stage in enumerate(stages):
+            then, now = 1.0, 1.0
             for device in stage.devices:
                 node, gpu = (int(x) for x in device.split(":"))
                 if (node, gpu) in cluster.failed:
                     return None
-                slowdown = max(slowdown, running.speeds.get(device, 1.0) / cluster.speed_of(node, gpu))
-    return slowdown
+                then = min(then, running.speeds.get(device, 1.0))
+                now = min(now, cluster.speed_of(node, gpu))
+            factor = then / now
+            if factor > 1.0:
+                worst_factor = max(worst_factor, factor)
+                busy_ms = running.stage_busy_ms[index][position] if running.stage_busy_ms else running.iteration_s * 1e3
+                added_s += (factor - 1.0) * busy_ms / 1e3
+        worst_replica_s = max(worst_replica_s, added_s)
+    return running.iteration_s + worst_replica_s + (worst_factor - 1.0) * running.optimizer_s
 
 
 def replan(problem: PlanningProblem, running: RunningPlan,
@@ -113,9 +147,9 @@ def replan(problem: PlanningProblem, running: RunningPlan,
     placed = replace(placed, solver=replace(placed.solver, wall_time_s=round(time.monotonic() - started, 3)))
     iteration_s = scratch.predicted.iteration_time_s
     candidates = [candidate("replan", iteration_s, cost_of(placed)), candidate("scratch", iteration_s, cost_of(scratch))]
-    slowdown = running_slowdown(problem, running)
-    if slowdown is not None:
-        candidates.append(candidate("keep", running.iteration_s * slowdown, MigrationCost(0, 0, (), 0.0)))
+    keep_s = keep_iteration_bound_s(problem, running)
+    if keep_s is not None:
+        candidates.append(candidate("keep", keep_s, MigrationCost(0, 0, (), 0.0)))
     result = ReplanResult(None, candidates[0].migration, amortize_iterations, tuple(candidates))
     chosen = result.chosen
     return ReplanResult(placed if chosen.name == "replan" else None, chosen.migration, amortize_iterations,

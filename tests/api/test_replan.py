@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from api.schemas import PlanRequest
-from tests.api.support import assert_detail, estimate_request, small_request, verify_plan
+from tests.api.support import (
+    assert_detail,
+    estimate_request,
+    small_request,
+    verify_plan,
+)
 
 
 def _plan(client, **overrides):

@@ -5,7 +5,12 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner.holdings import PlacedLayout, PlacedStage, chunk_layer_runs, device_holdings
+from planner.holdings import (
+    PlacedLayout,
+    PlacedStage,
+    chunk_layer_runs,
+    device_holdings,
+)
 
 
 def test_interleaved_chunks_follow_the_looped_order():
