@@ -64,8 +64,9 @@ def running_plan(plan: Any, slow: Mapping[str, float]) -> RunningPlan:
         tuple(r.num_microbatches * (s.forward_ms + s.backward_ms) for s in r.stages)
         for r in replicas
     )
-    return RunningPlan(placed_layout(plan), plan.predicted.iteration_time_s, dict(slow), busy,
-                       plan.predicted.breakdown.get("optimizer_s", 0.0))
+    breakdown = plan.predicted.breakdown  # a dict in a PlanResult, a model in a wire Plan
+    optimizer_s = breakdown.get("optimizer_s") if isinstance(breakdown, Mapping) else getattr(breakdown, "optimizer_s", None)
+    return RunningPlan(placed_layout(plan), plan.predicted.iteration_time_s, dict(slow), busy, optimizer_s or 0.0)
 
 
 @dataclass(frozen=True)
