@@ -10,7 +10,7 @@ COPY api ./api
 COPY cost_models ./cost_models
 COPY adapters ./adapters
 COPY benchmarks ./benchmarks
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir ".[postgres]" \
     && useradd --create-home --uid 10001 resiplan \
     && mkdir -p /data && chown resiplan /data
 

@@ -40,20 +40,33 @@ def _ensure_venv(extras: str) -> None:
 
 
 def serve(args: list[str]) -> int:
-    _ensure_venv("")
+    _ensure_venv("postgres")
     return subprocess.call([str(BIN / "resiplan"), "serve", *args], cwd=ROOT)
 
 
-CHROMIUM = Path("/usr/bin/chromium")
+def _chromium_installed() -> bool:
+    """The plan page is tested in a real browser: Debian's Chromium."""
+    return Path("/usr/bin/chromium").exists()
 
 
-def _ensure_chromium() -> None:
-    """The plan page is tested in a real browser: Debian's Chromium, installed once with apt."""
-    if CHROMIUM.exists():
+def _postgresql_installed() -> bool:
+    """The store tests also run against a throwaway PostgreSQL server, started from Debian's binaries
+    (tests/postgres_server.py; a server elsewhere on PATH is not what CI runs)."""
+    return any(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+
+
+# Debian packages the test suite needs, each with how to tell it is installed.
+TEST_PACKAGES = {"chromium": _chromium_installed, "postgresql": _postgresql_installed}
+
+
+def _ensure_test_packages() -> None:
+    """Install the missing ones with apt, in one call."""
+    missing = [name for name, installed in TEST_PACKAGES.items() if not installed()]
+    if not missing:
         return
     apt_get = ["apt-get"] if os.geteuid() == 0 else ["sudo", "apt-get"]
-    install = [*apt_get, "install", "-y", "--no-install-recommends", "chromium"]
-    print("dev.py: installing Debian's chromium for the plan-page test", flush=True)
+    install = [*apt_get, "install", "-y", "--no-install-recommends", *missing]
+    print(f"dev.py: installing Debian's {' and '.join(missing)} for the tests", flush=True)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     if subprocess.call(install, env=env) != 0:
         # A fresh machine may not have the package lists yet.
@@ -63,7 +76,7 @@ def _ensure_chromium() -> None:
 
 def test(args: list[str]) -> int:
     _ensure_venv("test,frameworks")
-    _ensure_chromium()
+    _ensure_test_packages()
     code = subprocess.call([str(PYTHON), "-m", "pytest", *args], cwd=ROOT)
     if code == PYTEST_NO_TESTS:
         print("dev.py: pytest collected no tests; that is a failure", file=sys.stderr)

@@ -39,8 +39,11 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.logs import uvicorn_log_config
 
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level=args.log_level)
+    # JSON lines for uvicorn's own messages too; requests are logged by the app, with their ids.
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level=args.log_level,
+                log_config=uvicorn_log_config(args.log_level), access_log=False)
     return 0
 
 

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from api.execution import SolverPool
 from api.settings import Settings
 from api.store import PlanStore
 
@@ -18,5 +19,11 @@ def get_store(request: Request) -> PlanStore:
     return request.app.state.store
 
 
+def get_pool(request: Request) -> SolverPool:
+    """The solver worker pool: `await pool.run(fn, *args, deadline_s=...)` runs fn in a worker process."""
+    return request.app.state.pool
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[PlanStore, Depends(get_store)]
+PoolDep = Annotated[SolverPool, Depends(get_pool)]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from api.convert import to_problem, to_wire
+from api.service import PlanAnswer, budgeted, new_plan_id
 from api.schemas import (
     Migration,
     Plan,
@@ -15,6 +17,7 @@ from api.schemas import (
     SlowDevice,
 )
 from planner.devices import device_id
+from planner.errors import PlanningError
 from planner.problem import PlanningProblem
 from planner.replan import ReplanResult, replan, running_plan
 
@@ -22,11 +25,15 @@ from planner.replan import ReplanResult, replan, running_plan
 def replan_request(parent_request: dict[str, Any], body: ReplanRequest) -> PlanRequest:
     """The parent's request with the failure state now and the options the caller changed."""
     # A stored estimate carries the layout it priced; a replan searches afresh.
-    request = PlanRequest.model_validate({k: v for k, v in parent_request.items() if k != "layout"})
-    options = request.options
+    merged = {k: v for k, v in parent_request.items() if k != "layout"}
+    merged["failures"] = body.failures.model_dump(mode="json")
     if body.options is not None:
-        options = options.model_copy(update=body.options.model_dump(exclude_unset=True))
-    return request.model_copy(update={"failures": body.failures, "options": options})
+        merged["options"] = {**merged.get("options", {}), **body.options.model_dump(mode="json", exclude_unset=True)}
+    try:
+        return PlanRequest.model_validate(merged)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
+        raise PlanningError(f"the parent plan's request with these failures and options is invalid: {problems}") from None
 
 
 def _kept(parent: Plan, problem: PlanningProblem, plan_id: str, iteration_s: float) -> Plan:
@@ -68,15 +75,19 @@ def _migration(found: ReplanResult) -> Migration:
     )
 
 
-def replan_for(parent_request: dict[str, Any], parent_plan: dict[str, Any], body: ReplanRequest, plan_id: str,
-               max_time_limit_s: float | None = None) -> tuple[PlanRequest, Plan]:
-    """The request the new plan answers (kept for the next replan) and the new plan."""
-    request = replan_request(parent_request, body)
-    problem = to_problem(request)
-    if max_time_limit_s is not None and problem.time_limit_s > max_time_limit_s:
-        problem = replace(problem, time_limit_s=max_time_limit_s)
+def replan_for(request: PlanRequest, parent_plan: dict[str, Any], plan_id: str,
+               max_time_limit_s: float | None = None, solve_by_monotonic_s: float | None = None) -> Plan:
+    """The new plan for `request` (see `replan_request`), moving from the stored `parent_plan`."""
+    problem = budgeted(to_problem(request), max_time_limit_s, solve_by_monotonic_s)
     parent = Plan.model_validate(parent_plan)
     running = running_plan(parent, {s.device: s.speed for s in parent.slow_devices})
     found = replan(problem, running, request.options.amortize_iterations)
     plan = _kept(parent, problem, plan_id, found.chosen.iteration_s) if found.result is None else to_wire(found.result, plan_id)
-    return request, plan.model_copy(update={"parent_plan_id": parent.plan_id, "migration": _migration(found)})
+    return plan.model_copy(update={"parent_plan_id": parent.plan_id, "migration": _migration(found)})
+
+
+def replan_answer(request: PlanRequest, parent_plan: dict[str, Any], max_time_limit_s: float | None,
+                  solve_by_monotonic_s: float | None) -> PlanAnswer:
+    """replan_for, for a solver worker."""
+    return PlanAnswer(replan_for(request, parent_plan, new_plan_id(), max_time_limit_s, solve_by_monotonic_s)
+                      .model_dump(mode="json"))

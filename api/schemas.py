@@ -16,6 +16,13 @@ DEVICE_PATTERN = re.compile(r"^(\d+):(\d+|\*)$")
 MAX_NODES = 16_384
 MAX_GPUS_PER_NODE = 72
 MAX_LIST_LENGTH = 131_072
+MAX_CLUSTER_GPUS = 131_072  # num_nodes x gpus_per_node
+MAX_DEVICE_ID_CHARS = 24  # "16383:71" is 8; longer ids are typos or abuse (int() of huge digit strings fails)
+MAX_TOKENS_PER_ITERATION = 2**31  # global_batch_size x seq_length; ~100x the largest published batches
+MIN_PEAK_TFLOPS = 0.1
+MIN_MEMORY_GIB = 0.1
+MIN_BANDWIDTH_GB_S = 0.01
+MIN_SPEED = 0.001  # the least speed the detector reports, so its estimates can be replanned with
 
 
 class _Strict(BaseModel):
@@ -26,10 +33,13 @@ class _Strict(BaseModel):
 
 class GpuObject(_Strict):
     name: str = Field(min_length=1, max_length=64)
-    peak_tflops: float = Field(gt=0, le=100_000, description="Dense bf16 TFLOP/s per GPU.")
-    memory_gib: float = Field(gt=0, le=4096, description="HBM capacity per GPU, GiB.")
+    # Lower bounds keep every derived time finite: near-zero rates make times overflow to inf (a 500, or
+    # NaN in the answer). Each is far below any accelerator a training job runs on.
+    peak_tflops: float = Field(ge=MIN_PEAK_TFLOPS, le=100_000, description="Dense bf16 TFLOP/s per GPU.")
+    memory_gib: float = Field(ge=MIN_MEMORY_GIB, le=4096, description="HBM capacity per GPU, GiB.")
     hbm_bandwidth_gb_s: float | None = Field(
-        default=None, gt=0, le=100_000, description="HBM bandwidth GB/s; default scales A100's by peak FLOP/s."
+        default=None, ge=MIN_BANDWIDTH_GB_S, le=100_000,
+        description="HBM bandwidth GB/s; default scales A100's by peak FLOP/s.",
     )
 
 
@@ -38,16 +48,31 @@ class Cluster(_Strict):
     gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     gpu: str | GpuObject = Field(description="A preset name (A100-40GB, A100-80GB, H100-SXM, H200, B200) or an object.")
     intra_node_bandwidth_gb_s: float | None = Field(
-        default=None, gt=0, le=100_000, description="Unidirectional NVLink GB/s per GPU; default from the GPU preset."
+        default=None, ge=MIN_BANDWIDTH_GB_S, le=100_000,
+        description="Unidirectional NVLink GB/s per GPU; default from the GPU preset.",
     )
     inter_node_bandwidth_gb_s: float | None = Field(
-        default=None, gt=0, le=100_000, description="Unidirectional network GB/s per GPU; default from the GPU preset."
+        default=None, ge=MIN_BANDWIDTH_GB_S, le=100_000,
+        description="Unidirectional network GB/s per GPU; default from the GPU preset.",
     )
+
+    @model_validator(mode="after")
+    def _size(self) -> Cluster:
+        gpus = self.num_nodes * self.gpus_per_node
+        if gpus > MAX_CLUSTER_GPUS:
+            raise ValueError(
+                f"the cluster has {self.num_nodes:,} nodes x {self.gpus_per_node} GPUs = {gpus:,} GPUs; "
+                f"at most {MAX_CLUSTER_GPUS:,} are supported"
+            )
+        return self
 
 
 class SlowDevice(_Strict):
-    device: str = Field(description='"<node>:<gpu>"')
-    speed: float = Field(gt=0, le=1, description="Fraction of healthy speed still delivered, in (0, 1].")
+    device: str = Field(max_length=MAX_DEVICE_ID_CHARS, description='"<node>:<gpu>"')
+    speed: float = Field(
+        ge=MIN_SPEED, le=1,
+        description=f"Fraction of healthy speed still delivered, in [{MIN_SPEED}, 1]; list a slower GPU as failed.",
+    )
 
     @field_validator("device")
     @classmethod
@@ -59,7 +84,9 @@ class SlowDevice(_Strict):
 
 
 class Failures(_Strict):
-    failed: list[str] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
+    failed: list[Annotated[str, Field(max_length=MAX_DEVICE_ID_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_LIST_LENGTH
+    )
     slow: list[SlowDevice] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
 
     @field_validator("failed")
@@ -111,6 +138,16 @@ class Training(_Strict):
     zero_stage: Literal[0, 1] = 1
     recompute: Recompute = "auto"
 
+    @model_validator(mode="after")
+    def _tokens(self) -> Training:
+        tokens = self.global_batch_size * self.seq_length
+        if tokens > MAX_TOKENS_PER_ITERATION:
+            raise ValueError(
+                f"global_batch_size {self.global_batch_size:,} x seq_length {self.seq_length:,} = {tokens:,} tokens "
+                f"per iteration; at most {MAX_TOKENS_PER_ITERATION:,} are supported"
+            )
+        return self
+
 
 class Options(_Strict):
     time_limit_s: float = Field(default=10.0, gt=0, le=3600, description="Solver wall-time budget, seconds.")
@@ -124,6 +161,7 @@ class Options(_Strict):
     schedules: list[ScheduleName] | None = Field(
         default=None,
         min_length=1,
+        max_length=16,
         description="Pipeline schedules the plan may use. Default: all, or gpipe/1f1b/interleaved (what stock "
         "Megatron-LM and DeepSpeed run) when allow_non_uniform is false. `optimized` is resiplan's CP-SAT schedule.",
     )
@@ -312,7 +350,7 @@ class TelemetryMicrobatch(_Strict):
 
 
 class DeviceTelemetry(_Strict):
-    device: str = Field(description='"<node>:<gpu>", a device of the plan\'s stages')
+    device: str = Field(max_length=MAX_DEVICE_ID_CHARS, description='"<node>:<gpu>", a device of the plan\'s stages')
     iteration: int = Field(ge=0, le=2**62)
     microbatches: list[TelemetryMicrobatch] = Field(
         max_length=MAX_MICROBATCHES_PER_ITEM, description="May be empty for a device that ran nothing."

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, FastAPI, HTTPException, Request
+from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
 
-from api.convert import resolve_model
-from api.deps import StoreDep
-from api.routes.plans import stored_plan
-from api.schemas import DetectRequest, DetectResponse, ErrorDetail, FailSlowDevice, Plan
-from planner.detection import Microbatch, TelemetryItem, detect, layout_from_plan
-from planner.detection.telemetry import TelemetryError
-from planner.errors import PlanningError
+from api.deps import PoolDep, SettingsDep, StoreDep
+from api.routes.plans import SOLVE_RESPONSES, V1_RESPONSES
+from api.schemas import DetectRequest, DetectResponse, ErrorDetail
+from api.service import PlanNeeded, detect_json
 
-router = APIRouter(prefix="/v1", tags=["detect"])
+DETECT_PATH = "/v1/detect"
+
+router = APIRouter(prefix="/v1", tags=["detect"], responses=V1_RESPONSES)
 
 _EXAMPLE = {
     "plan_id": "6f1c…",
@@ -28,33 +28,10 @@ _EXAMPLE = {
         }
     ],
 }
-
-
-def _detect(plan: Plan, request: DetectRequest) -> DetectResponse:
-    if plan.architecture is not None:
-        model = resolve_model(plan.architecture)
-    elif plan.model:
-        model = resolve_model(plan.model)
-    else:
-        raise PlanningError(f"plan {plan.plan_id} records no model architecture to normalize compute times with")
-    layout = layout_from_plan(plan, model)
-    items = [
-        TelemetryItem(
-            device=item.device,
-            iteration=item.iteration,
-            microbatches=tuple(Microbatch(tuple(mb.seq_lengths), mb.compute_ms) for mb in item.microbatches),
-            last_heartbeat_s_ago=item.last_heartbeat_s_ago,
-        )
-        for item in request.telemetry
-    ]
-    try:
-        result = detect(items, layout)
-    except TelemetryError as error:
-        raise PlanningError(f"plan {plan.plan_id}: {error}") from None
-    return DetectResponse(
-        fail_slow=[FailSlowDevice(device=f.device, speed=f.speed, confidence=f.confidence) for f in result.fail_slow],
-        fail_stop=list(result.fail_stop),
-    )
+# The top-level plan_id, read ahead of parsing so the worker gets the stored plan with the body. Inside
+# a valid body the bytes `"plan_id":` occur only as that key (a JSON string cannot hold a bare quote, and
+# nested objects forbid unknown keys); the worker checks it against the parsed request anyway.
+_PLAN_ID = re.compile(rb'"plan_id"\s*:\s*"([^"\\]{1,64})"')
 
 
 @router.post(
@@ -63,17 +40,54 @@ def _detect(plan: Plan, request: DetectRequest) -> DetectResponse:
     responses={
         404: {"model": ErrorDetail, "description": "No stored plan with this id."},
         422: {"model": ErrorDetail, "description": "Malformed telemetry, or a device in none of the plan's stages."},
+        **SOLVE_RESPONSES,
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {"$ref": "#/components/schemas/DetectRequest"},
+                    "examples": {"one item": {"value": _EXAMPLE}},
+                }
+            },
+        }
     },
 )
-async def detect_failures(
-    request: Annotated[DetectRequest, Body(openapi_examples={"one item": {"value": _EXAMPLE}})],
-    store: StoreDep,
-) -> DetectResponse:
+async def detect_failures(request: Request, settings: SettingsDep, store: StoreDep, pool: PoolDep) -> DetectResponse:
     """Fail-slow devices (with estimated speed) and fail-stop devices (stale heartbeat) of a stored plan.
 
     Send the last 8 iterations of every device; the detector keeps no state between calls.
     Compute times are normalized by each microbatch's work (tokens, and each packed sequence's
     length squared for attention) and compared with the devices doing the same work.
+    The body (a `DetectRequest`) is parsed and validated in a solver worker, not in the event loop:
+    a large cluster's telemetry is tens of MB.
     """
-    plan = await stored_plan(request.plan_id, store)
-    return await run_in_threadpool(_detect, plan, request)
+    body = await request.body()
+    peeked = _PLAN_ID.search(body)
+    stored = await run_in_threadpool(store.get, peeked.group(1).decode()) if peeked else None
+    answer = await pool.run(detect_json, body, stored, deadline_s=settings.max_time_limit_s)
+    if isinstance(answer, PlanNeeded):
+        stored = await run_in_threadpool(store.get, answer.plan_id)
+        if stored is None:
+            raise HTTPException(status_code=404, detail=f"no plan with id {answer.plan_id!r}")
+        answer = await pool.run(detect_json, body, stored, deadline_s=settings.max_time_limit_s)
+    return answer
+
+
+def document_request_body(app: FastAPI) -> None:
+    """Put DetectRequest and the models it uses into the OpenAPI components the route's body refers to
+    (FastAPI adds only models it parses itself)."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        _, definitions = models_json_schema([(DetectRequest, "validation")], ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name, definition in definitions.get("$defs", {}).items():
+            components.setdefault(name, definition)
+        return schema
+
+    app.openapi = openapi

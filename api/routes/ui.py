@@ -37,7 +37,19 @@ async def schedule_svg(plan_id: str, store: StoreDep, replica: _ReplicaQuery = N
     return Response(content=text, media_type=exporter.media_type)
 
 
-@router.get("/ui/plans/{plan_id}", response_class=HTMLResponse, responses={404: {"content": {"text/html": {}}}})
+@router.get(
+    "/ui/plans/{plan_id}",
+    response_class=HTMLResponse,
+    responses={
+        404: {"content": {"text/html": {}}},
+        # JSON, unlike the page (a `model` here would be filed under text/html), and not FastAPI's default
+        # 422 schema: a replica the plan lacks is a PlanningError with a string detail.
+        422: {
+            "description": "No such replica, or a malformed query.",
+            "content": {"application/json": {"schema": ErrorDetail.model_json_schema()}},
+        },
+    },
+)
 async def plan_page(plan_id: str, store: StoreDep, replica: _ReplicaQuery = None) -> HTMLResponse:
     """The stored plan as an HTML page: headline numbers, cluster map, Gantt chart."""
     stored = await run_in_threadpool(store.get, plan_id)

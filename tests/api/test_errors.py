@@ -71,7 +71,10 @@ def test_slow_device_out_of_range(client):
     assert_detail(plan(client, body), "'7:0'", "0..1")
 
 
-@pytest.mark.parametrize("speed, message", [(0, "greater than 0"), (1.5, "less than or equal to 1"), (-0.5, "greater than 0")])
+@pytest.mark.parametrize("speed, message", [
+    (0, "greater than or equal to 0.001"), (1.5, "less than or equal to 1"), (-0.5, "greater than or equal to 0.001"),
+    (5e-324, "greater than or equal to 0.001"),  # found by fuzzing: the stage times overflowed to inf
+])
 def test_slow_speed_out_of_range(client, speed, message):
     body = small_request(failures={"slow": [{"device": "0:1", "speed": speed}]})
     assert_validation(plan(client, body), ("slow", 0, "speed"), message)

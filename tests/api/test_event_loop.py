@@ -1,71 +1,78 @@
-"""Solving never blocks the event loop: /healthz answers while a plan is being solved.
+"""Solving never blocks the event loop: /healthz answers while plans are being solved, against a real
+uvicorn server on loopback.
 
-Ordering, not timing: the planner is held on an event until the health check
-has answered, against a real uvicorn server on loopback.
+Ordering, not only timing: the health check is sent once a solve is known to be running (the pool's
+busy gauge on /metrics) and must be answered while that solve is still running.
 """
 
 from __future__ import annotations
 
-import socket
+import json
 import threading
+import time
 
 import httpx
-import pytest
-import uvicorn
 
-import api.service
 from api.app import create_app
 from api.settings import Settings
-from tests.api.support import small_request
+from tests.api.support import EXAMPLES_DIR, small_request
+from tests.live_server import live_server
+
+# A search that takes seconds (3.6 s to prove optimal here): time enough to look at the server meanwhile.
+SLOW_BODY = json.loads((EXAMPLES_DIR / "mixed-256xa100-qwen2.5-32b.json").read_text()) | {"options": {"time_limit_s": 3}}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _gauge(base_url: str, name: str) -> float:
+    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not on /metrics")
 
 
-@pytest.fixture
-def server(tmp_path):
-    port = _free_port()
-    config = uvicorn.Config(create_app(Settings(database_url=f"sqlite:///{tmp_path}/loop.db")),
-                            host="127.0.0.1", port=port, log_level="warning")
-    instance = uvicorn.Server(config)
-    thread = threading.Thread(target=instance.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if instance.started:
-            break
-        threading.Event().wait(0.05)
-    assert instance.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}"
-    instance.should_exit = True
-    thread.join(timeout=10)
+def _wait_for_gauge(base_url: str, name: str, value: float) -> None:
+    deadline = time.monotonic() + 30
+    while _gauge(base_url, name) < value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}"
+        time.sleep(0.02)
 
 
-def test_health_check_answers_while_a_plan_is_solving(server, monkeypatch):
-    entered, release = threading.Event(), threading.Event()
-    real_plan = api.service.plan
+def test_health_check_answers_while_a_plan_is_solving(tmp_path):
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/loop.db", solver_workers=1)
+    with live_server(create_app(settings)) as base_url:
+        result: dict[str, httpx.Response] = {}
+        poster = threading.Thread(
+            target=lambda: result.setdefault("plan", httpx.post(f"{base_url}/v1/plan", json=SLOW_BODY, timeout=60)))
+        poster.start()
+        try:
+            _wait_for_gauge(base_url, "resiplan_solver_workers_busy", 1)
+            started = time.monotonic()
+            health = httpx.get(f"{base_url}/healthz", timeout=10)
+            health_s = time.monotonic() - started
+            assert health.status_code == 200 and health.json() == {"status": "ok"}
+            assert "plan" not in result, "plan finished before the health check; the test proves nothing"
+            assert health_s < 0.5, f"/healthz took {health_s:.2f} s while a plan was solving"
+        finally:
+            poster.join(timeout=60)
+        assert result["plan"].status_code == 200, result["plan"].text
 
-    def held_plan(problem):
-        entered.set()
-        assert release.wait(timeout=30), "test never released the planner"
-        return real_plan(problem)
 
-    monkeypatch.setattr(api.service, "plan", held_plan)
-    result: dict[str, httpx.Response] = {}
-
-    def post_plan():
-        result["plan"] = httpx.post(f"{server}/v1/plan", json=small_request(), timeout=60)
-
-    poster = threading.Thread(target=post_plan)
-    poster.start()
-    try:
-        assert entered.wait(timeout=30), "plan request never reached the planner"
-        health = httpx.get(f"{server}/healthz", timeout=10)
-        assert health.status_code == 200 and health.json() == {"status": "ok"}
-        assert "plan" not in result, "plan finished before the health check; the test proves nothing"
-    finally:
-        release.set()
-        poster.join(timeout=60)
-    assert result["plan"].status_code == 200
+def test_a_full_pool_answers_503_over_http_while_health_stays_quick(tmp_path):
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/full.db", solver_workers=1, solver_queue_size=0)
+    with live_server(create_app(settings)) as base_url:
+        result: dict[str, httpx.Response] = {}
+        poster = threading.Thread(
+            target=lambda: result.setdefault("plan", httpx.post(f"{base_url}/v1/plan", json=SLOW_BODY, timeout=60)))
+        poster.start()
+        try:
+            _wait_for_gauge(base_url, "resiplan_solver_workers_busy", 1)
+            started = time.monotonic()
+            rejected = httpx.post(f"{base_url}/v1/plan", json=small_request(), timeout=10)
+            rejected_s = time.monotonic() - started
+            assert rejected.status_code == 503, rejected.text
+            assert int(rejected.headers["retry-after"]) >= 1
+            assert rejected_s < 0.5, "a full pool must refuse at once"
+            assert httpx.get(f"{base_url}/healthz", timeout=10).status_code == 200
+            assert "plan" not in result
+        finally:
+            poster.join(timeout=60)
+        assert result["plan"].status_code == 200, result["plan"].text

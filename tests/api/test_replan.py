@@ -53,25 +53,29 @@ def test_keeping_the_plan_updates_device_roles_to_the_failure_state_now(client):
     assert unused[0] not in child["unused_devices"]
 
 
-def test_options_not_given_are_the_parents(client, monkeypatch):
-    import api.replanning
+def test_options_not_given_are_the_parents():
+    from api.replanning import replan_request
+    from api.schemas import ReplanRequest
 
-    seen = {}
-    real = api.replanning.replan
+    parent = small_request(options={"time_limit_s": 1.5, "random_seed": 7, "allow_non_uniform": False})
+    body = ReplanRequest.model_validate({"failures": {"failed": ["0:0"]}, "options": {"amortize_iterations": 20}})
+    merged = replan_request(parent, body)
+    assert merged.failures.failed == ["0:0"]
+    assert (merged.options.time_limit_s, merged.options.random_seed, merged.options.allow_non_uniform) == (1.5, 7, False)
+    assert merged.options.amortize_iterations == 20
+    assert merged.cluster.model_dump() == PlanRequest.model_validate(parent).cluster.model_dump()
 
-    def spy(problem, running, amortize_iterations):
-        seen["time_limit_s"] = problem.time_limit_s
-        seen["amortize"] = amortize_iterations
-        seen["seed"] = problem.random_seed
-        return real(problem, running, amortize_iterations)
 
-    monkeypatch.setattr(api.replanning, "replan", spy)
-    _, parent = _plan(client, options={"time_limit_s": 1.5, "random_seed": 7})
+def test_the_amortization_asked_for_is_the_one_used(client):
+    _, parent = _plan(client)
     response = client.post(f"/v1/plans/{parent['plan_id']}/replan",
                            json={"failures": {"failed": ["0:0"]}, "options": {"amortize_iterations": 20}})
     assert response.status_code == 200, response.text
-    assert seen == {"time_limit_s": 1.5, "amortize": 20, "seed": 7}
-    assert response.json()["migration"]["amortize_iterations"] == 20
+    migration = response.json()["migration"]
+    assert migration["amortize_iterations"] == 20
+    for candidate in migration["candidates"]:
+        expected = candidate["iteration_time_s"] * 1e3 + candidate["migration_s"] * 1e3 / 20
+        assert abs(candidate["objective_ms"] - expected) < 0.05  # migration_s is rounded to 1 ms
 
 
 def test_an_estimate_can_be_replanned(client):

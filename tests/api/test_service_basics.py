@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.settings import Settings
-from tests.api.support import EXAMPLE_FILES, small_request, verify_plan
+from tests.api.support import EXAMPLE_FILES, EXAMPLES_DIR, small_request, verify_plan
 
 
 def test_healthz(client):
@@ -119,9 +119,13 @@ def test_plans_survive_a_restart(db_url):
         assert second.get("/v1/plans/unknown").status_code == 404
 
 
-def test_time_limit_is_capped_by_settings(tmp_path, monkeypatch):
-    """A request asking for an hour of solver time gets at most Settings.max_time_limit_s."""
+def test_time_limit_is_capped_by_settings_and_by_the_deadline(monkeypatch):
+    """plan_for gives the planner the request's budget, at most Settings.max_time_limit_s, and no more
+    than the time left until the deadline (time spent queued for a worker comes off the budget)."""
+    import time
+
     import api.service
+    from api.schemas import PlanRequest
 
     seen: list[float] = []
     original = api.service.plan
@@ -131,12 +135,29 @@ def test_time_limit_is_capped_by_settings(tmp_path, monkeypatch):
         return original(problem)
 
     monkeypatch.setattr(api.service, "plan", spy)
-    body = small_request(options={"time_limit_s": 3600})
+    api.service.plan_for(PlanRequest.model_validate(small_request(options={"time_limit_s": 3600})), 0.5)
+    api.service.plan_for(PlanRequest.model_validate(small_request(options={"time_limit_s": 0.25})), 0.5)
+    api.service.plan_for(PlanRequest.model_validate(small_request()), 60, time.monotonic() + 0.3)
+    api.service.plan_for(PlanRequest.model_validate(small_request()), 60, time.monotonic() - 5)
+    assert seen[:2] == [0.5, 0.25]
+    assert 0.2 < seen[2] <= 0.3
+    assert seen[3] == api.service.MIN_SOLVE_S
+
+
+def test_the_server_caps_a_requests_time_limit(tmp_path):
+    """Over HTTP (the solve runs in a worker process): a request asking for an hour is answered by the
+    0.5 s cap with the best plan found and its gap. Uncapped, this search takes seconds (3.6 s here)."""
+    import time
+
+    body = json.loads((EXAMPLES_DIR / "mixed-256xa100-qwen2.5-32b.json").read_text())
+    body["options"] = {"time_limit_s": 3600}
     settings = Settings(database_url=f"sqlite:///{tmp_path}/cap.db", max_time_limit_s=0.5)
     with TestClient(create_app(settings)) as capped:
+        started = time.monotonic()
         response = capped.post("/v1/plan", json=body)
-        assert response.status_code == 200, response.text
-        verify_plan(response.json(), body)
-        below = capped.post("/v1/plan", json=small_request(options={"time_limit_s": 0.25}))
-        assert below.status_code == 200, below.text
-    assert seen == [0.5, 0.25]
+        elapsed_s = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    plan = verify_plan(response.json(), body)
+    assert plan.solver.wall_time_s <= 0.5 + 0.2, plan.solver
+    assert plan.status == "feasible" and plan.solver.gap > 0, plan.solver
+    assert elapsed_s < 0.5 + settings.solver_grace_s, elapsed_s
