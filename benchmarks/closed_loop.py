@@ -398,7 +398,7 @@ def plot(runs: Sequence[Run], path: Path) -> None:
     axis.set_xlabel("wall-clock time (minutes)")
     axis.set_ylabel("goodput (thousand tokens/s, 2-min windows)")
     axis.set_title(f"{ITERATIONS} iterations of {MODEL} on {NUM_NODES * GPUS_PER_NODE} A100-80GB as GPUs fail and slow down")
-    axis.legend(loc="lower left")
+    axis.legend(loc="upper right")  # the event labels sit along the bottom
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)

@@ -66,14 +66,40 @@ class IterationEstimate:
         }
 
 
-def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.0) -> StageTime:
-    """Stage `stage` holding `layers` layers; compute slows with `speed`, links do not."""
-    last = terms.shape.pp - 1
+def _stage_parts(terms: StageCostTerms, stage: int, layers: int) -> list:
     parts = [(terms.layer, layers)]
     if stage == 0:
         parts.append((terms.embedding, 1))
-    if stage == last:
+    if stage == terms.shape.pp - 1:
         parts.append((terms.head, 1))
+    return parts
+
+
+def _forward_ms(parts: list, speed: float, half_p2p: float) -> float:
+    compute = sum(part.time.forward_compute_ms * count for part, count in parts) / speed
+    return compute + sum(part.time.forward_tp_comm_ms * count for part, count in parts) + half_p2p
+
+
+def _backward_ms(parts: list, speed: float, half_p2p: float) -> float:
+    compute = sum(part.time.backward_compute_ms * count for part, count in parts) / speed
+    return compute + sum(part.time.backward_tp_comm_ms * count for part, count in parts) + half_p2p
+
+
+def stage_total_ms(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.0) -> float:
+    """`stage_time(...).total_ms` without the memory figures (the planner's search asks for it often)."""
+    parts = _stage_parts(terms, stage, layers)
+    half_p2p = terms.p2p_ms / 2.0
+    return _forward_ms(parts, speed, half_p2p) + _backward_ms(parts, speed, half_p2p)
+
+
+def stage_backward_ms(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.0) -> float:
+    """`stage_time(...).backward_ms` alone."""
+    return _backward_ms(_stage_parts(terms, stage, layers), speed, terms.p2p_ms / 2.0)
+
+
+def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.0) -> StageTime:
+    """Stage `stage` holding `layers` layers; compute slows with `speed`, links do not."""
+    parts = _stage_parts(terms, stage, layers)
     forward_compute = sum(part.time.forward_compute_ms * count for part, count in parts) / speed
     backward_compute = sum(part.time.backward_compute_ms * count for part, count in parts) / speed
     forward_comm = sum(part.time.forward_tp_comm_ms * count for part, count in parts)
@@ -83,8 +109,8 @@ def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.
     memory = stage_memory(terms, stage, layers)
     half_p2p = terms.p2p_ms / 2.0
     return StageTime(
-        forward_ms=forward_compute + forward_comm + half_p2p,
-        backward_ms=backward_compute + backward_comm + half_p2p,
+        forward_ms=_forward_ms(parts, speed, half_p2p),
+        backward_ms=_backward_ms(parts, speed, half_p2p),
         compute_ms=forward_compute + backward_compute,
         tp_comm_ms=forward_comm + backward_comm,
         p2p_ms=terms.p2p_ms,

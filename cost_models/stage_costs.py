@@ -214,10 +214,19 @@ def stage_memory_bytes(terms: StageCostTerms, stage: int, layers: int) -> float:
 
 def max_layers_fitting(terms: StageCostTerms, stage: int, memory_bytes: float) -> int:
     """Most layers `stage` can hold within `memory_bytes` (may be < 1: nothing fits)."""
-    fixed = stage_memory_bytes(terms, stage, 0)
+    return _max_layers(terms, stage, memory_bytes, terms.in_flight(stage))
+
+
+def max_layers_fitting_all(terms: StageCostTerms, memory_bytes: float) -> tuple[int, ...]:
+    """`max_layers_fitting` of every stage of the shape (the planner asks for whole rows)."""
+    return tuple(_max_layers(terms, stage, memory_bytes, terms.in_flight(stage)) for stage in range(terms.shape.pp))
+
+
+def _max_layers(terms: StageCostTerms, stage: int, memory_bytes: float, in_flight: float) -> int:
+    fixed = stage_memory(terms, stage, 0).peak_bytes(in_flight)
     per_layer = (
         terms.layer.params * terms.state_bytes_per_param
-        + terms.layer.activation_bytes * terms.in_flight(stage) * (1 + ACTIVATION_FRAGMENTATION)
+        + terms.layer.activation_bytes * in_flight * (1 + ACTIVATION_FRAGMENTATION)
     )
     return int((memory_bytes - fixed) // per_layer)
 

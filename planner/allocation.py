@@ -1,50 +1,50 @@
-"""CP-SAT model: which TP groups damaged nodes form, which replicas to build, how many microbatches each runs.
+"""Allocation of one outer choice: which TP groups damaged nodes form, which replicas to build,
+how many microbatches each runs.
 
-Given one outer choice and its templates (pipelines with fixed splits), the
-iteration is  pipeline + tail,  where the pipeline is the busiest replica's
-(q v - 1) M_t + S_t (over v) and the tail is the largest exposed gradient sync
-(resharded once replicas differ) plus the largest optimizer step.
+Given the outer choice's templates (pipelines with fixed splits), the
+iteration is  P / v + tail,  where P is the busiest replica's (q v - 1) M_t + S_t
+(the pipeline budget, v times its time) and the tail is the largest exposed
+gradient sync (resharded once replicas differ in sharding) plus the largest
+optimizer step, both maxima over the templates used. So the optimum is the
+least, over sets A of templates, of
 
-For a fixed pipeline budget P every template's per-replica capacity
-cap_t(P) = floor((P + M_t - S_t) / (v M_t)) is a constant, so choosing
-  - per class of alike damaged nodes, how many take each partition into TP groups,
-  - per template, how many replicas n_t,
-with sum_t n_t cap_t(P) >= N microbatches and the least tail is a linear
-CP-SAT model. Feasibility grows with P, so the least feasible P is found by
-bisection over the breakpoints (q v - 1) M_t + S_t; the optimum is the least
-P/v + tail(P) over the breakpoints from there up to one tail further, which
-is scanned exactly.
+    F(A) + v tail(A),
+
+with F(A) the least budget at which replicas of A alone run all N
+microbatches (a feasibility question with no tail in it: every capacity is a
+constant at a fixed budget) and tail(A) A's largest sync plus largest
+optimizer step. The sets are, per sharding, its templates under a uniform-sync
+and an optimizer threshold; and all templates under a resharded-sync and an
+optimizer threshold, spanning at least two shardings (an answer found there
+that uses one sharding is charged its own, smaller, tail). The templates an
+optimal allocation uses lie in the set of their own maxima, so the least over
+the sets is exact.
+
+Sets are refined lazily in a priority queue, as the outer search refines its
+choices: first keyed by the least budget the LP relaxation allows any
+templates, then by their own LP least budget, then settled by CP-SAT
+feasibility probes (`allocation_model.py`) from that budget up. The search
+stops when no key beats the best allocation found or the incumbent's ceiling.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import time
 from dataclasses import dataclass
 
-from ortools.linear_solver import pywraplp
-from ortools.sat.python import cp_model
+from planner.allocation_input import (
+    TIME_QUANTUM_MS,
+    AllocationInput,
+    breakpoints_between,
+    capacity,
+    ticks,
+)
+from planner.allocation_model import UNKNOWN, FeasibilityModel, Found
+from planner.allocation_relaxation import CapacityRelaxation
 
-from planner.partitions import NodeClass, Partition, StageType
-from planner.templates import Template
-
-TIME_QUANTUM_MS = 1e-3
-
-
-def _ticks(ms: float) -> int:
-    return round(ms / TIME_QUANTUM_MS)
-
-
-@dataclass(frozen=True)
-class AllocationInput:
-    templates: list[Template]
-    base: StageType
-    healthy_base_groups: int  # base groups on undamaged nodes
-    classes: list[NodeClass]
-    partitions: list[list[Partition]]  # per class
-    microbatches: int  # N = global batch / micro-batch size
-    virtual_stages: int
-    min_replicas: int  # ZeRO-1 memory was computed for at least this many replicas
+__all__ = ["TIME_QUANTUM_MS", "Allocation", "AllocationInput", "AllocationSearch", "solve_allocation"]
 
 
 @dataclass(frozen=True)
@@ -59,197 +59,270 @@ class Allocation:
 
 
 @dataclass(frozen=True)
-class _Fixed:
-    replicas: tuple[int, ...]
-    partition_counts: tuple[tuple[int, ...], ...]
-    tail_ticks: int
-    optimal: bool
+class _TailSet:
+    """Templates an allocation may use, and the tail charged for it (ticks)."""
+
+    members: tuple[int, ...]
+    tail: int
 
 
-def _capacity(template: Template, budget: int, v: int) -> int:
-    """Most microbatches one replica of `template` runs within `budget` (v * ticks)."""
-    bottleneck, total = _ticks(template.bottleneck_ms), _ticks(template.total_ms)
-    if budget + bottleneck - total < v * bottleneck:
-        return 0
-    return (budget + bottleneck - total) // (v * bottleneck)
+@dataclass(frozen=True)
+class _Best:
+    value: int  # budget + v * tail, in ticks
+    budget: int
+    found: Found
 
 
-def _solve_fixed_budget(
-    data: AllocationInput, budget: int, time_limit_s: float, solver: cp_model.CpSolver, minimize_tail: bool = True
-) -> _Fixed | None:
-    """Least tail with every template's replicas within `budget` (any allocation when not
-    `minimize_tail`); None if the budget is too small."""
-    templates, v, total = data.templates, data.virtual_stages, data.microbatches
-    capacities = [_capacity(t, budget, v) for t in templates]
-    usable = [k for k, c in enumerate(capacities) if c > 0]
-    if not usable:
-        return None
-    model = cp_model.CpModel()
-
-    # Data: group supplies per partition, demands per template, tails in ticks.
-    supply = [[p.counts() for p in ps] for ps in data.partitions]
-    degraded_types = sorted({st for k in usable for st, _ in templates[k].degraded})
-    most_groups = data.healthy_base_groups + sum(
-        len(c.nodes) * max((len(p.groups) for p in ps), default=0) for c, ps in zip(data.classes, data.partitions)
-    )
-    tail_horizon = max(_ticks(max(t.sync_uniform_ms, t.sync_resharded_ms)) + _ticks(t.optimizer_ms) for t in templates)
-
-    # Variables: partitions per class, replicas per usable template, used flags, tail parts.
-    chosen = [[model.new_int_var(0, len(c.nodes), f"class{ci}_partition{pi}") for pi in range(len(ps))]
-              for ci, (c, ps) in enumerate(zip(data.classes, data.partitions))]
-    replicas = {k: model.new_int_var(0, min(total, most_groups // len(templates[k].stage_types)), f"replicas_{k}")
-                for k in usable}
-    used = {k: model.new_bool_var(f"used_{k}") for k in usable}
-    mixed = model.new_bool_var("mixed")
-    sync = model.new_int_var(0, tail_horizon, "sync")
-    optimizer = model.new_int_var(0, tail_horizon, "optimizer")
-
-    # Partitions: every damaged node takes exactly one.
-    for ci, c in enumerate(data.classes):
-        model.add(sum(chosen[ci]) == len(c.nodes))
-
-    # Groups: replicas use no more groups of a type than the nodes form.
-    for st in degraded_types:
-        made = sum(chosen[ci][pi] * counts[st] for ci, row in enumerate(supply) for pi, counts in enumerate(row) if counts[st])
-        needed = sum(replicas[k] * templates[k].degraded_map.get(st, 0) for k in usable if templates[k].degraded_map.get(st, 0))
-        model.add(needed <= made)
-    base_made = data.healthy_base_groups + sum(
-        chosen[ci][pi] * counts[data.base] for ci, row in enumerate(supply) for pi, counts in enumerate(row) if counts[data.base]
-    )
-    model.add(sum(replicas[k] * templates[k].base_groups for k in usable) <= base_made)
-
-    # Microbatches: capacity covers all N; every replica runs at least one.
-    model.add(sum(replicas[k] * capacities[k] for k in usable) >= total)
-    model.add(sum(replicas.values()) <= total)
-    model.add(sum(replicas.values()) >= data.min_replicas)
-    for k in usable:
-        model.add(replicas[k] >= 1).only_enforce_if(used[k])
-        model.add(replicas[k] == 0).only_enforce_if(~used[k])
-
-    # Tail: resharded sync once replicas differ in TP or stage boundaries; the largest optimizer step.
-    shardings: dict[tuple, list[int]] = {}
-    for k in usable:
-        shardings.setdefault(templates[k].sharding, []).append(k)
-    sharding_used = []
-    for members in shardings.values():
-        flag = model.new_bool_var("")
-        model.add_max_equality(flag, [used[k] for k in members])
-        sharding_used.append(flag)
-    model.add(sum(sharding_used) >= 2).only_enforce_if(mixed)
-    model.add(sum(sharding_used) <= 1).only_enforce_if(~mixed)
-    for k in usable:
-        t = templates[k]
-        model.add(sync >= _ticks(t.sync_uniform_ms)).only_enforce_if(used[k])
-        model.add(sync >= _ticks(t.sync_resharded_ms)).only_enforce_if([used[k], mixed])
-        model.add(optimizer >= _ticks(t.optimizer_ms)).only_enforce_if(used[k])
-
-    # Objective: the least tail.
-    if minimize_tail:
-        model.minimize(sync + optimizer)
-
-    solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
-    status = solver.solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
-    return _Fixed(
-        replicas=tuple(solver.value(replicas[k]) if k in replicas else 0 for k in range(len(templates))),
-        partition_counts=tuple(tuple(solver.value(x) for x in row) for row in chosen),
-        tail_ticks=solver.value(sync) + solver.value(optimizer),
-        optimal=status == cp_model.OPTIMAL,
-    )
+# Refinement stages of a tail set in the queue.
+_ANY_TEMPLATES, _OWN_LP = 0, 1
 
 
-def _capacity_upper_bound(data: AllocationInput, capacities: list[int]) -> float:
-    """Most microbatches any allocation can run: every group earns at most the best
-    capacity-per-stage of a template using its type; each damaged node its best partition."""
-    per_group: dict[StageType, float] = {}
-    for template, capacity in zip(data.templates, capacities):
-        if capacity <= 0:
-            continue
-        share = capacity / len(template.stage_types)
-        for stage_type in set(template.stage_types):
-            per_group[stage_type] = max(per_group.get(stage_type, 0.0), share)
-    bound = data.healthy_base_groups * per_group.get(data.base, 0.0)
-    for node_class, partitions in zip(data.classes, data.partitions):
-        best = max((sum(per_group.get(g, 0.0) for g in p.groups) for p in partitions), default=0.0)
-        bound += len(node_class.nodes) * best
-    return bound
-
-
-def _breakpoints_between(templates: list[Template], v: int, total: int, lowest: float, highest: float) -> set[int]:
-    """Budgets (q v - 1) M + S, q = 1..N, of every template within [lowest, highest)."""
-    out: set[int] = set()
-    for t in templates:
-        bottleneck, fill = _ticks(t.bottleneck_ms), _ticks(t.total_ms) - _ticks(t.bottleneck_ms)
-        step = v * bottleneck
-        first = 1 if lowest <= step + fill else max(1, int((lowest - fill) // step))
-        for q in range(first, total + 1):
-            budget = q * step + fill
-            if budget >= highest:
+def _threshold_sets(indices: list[int], sync: list[int], optimizer: list[int], limit: float) -> dict[tuple[int, int], tuple[int, ...]]:
+    """Members under each pair of thresholds taken from their own values, keyed by the pair of
+    maxima they attain; pairs summing to `limit` or more are left out."""
+    out: dict[tuple[int, int], tuple[int, ...]] = {}
+    least_optimizer = min(optimizer[k] for k in indices)
+    for sync_level in sorted({sync[k] for k in indices}):
+        if sync_level + least_optimizer >= limit:
+            break
+        under = [k for k in indices if sync[k] <= sync_level]
+        for optimizer_level in sorted({optimizer[k] for k in under}):
+            if sync_level + optimizer_level >= limit:
                 break
-            if budget >= lowest:
-                out.add(budget)
+            members = tuple(k for k in under if optimizer[k] <= optimizer_level)
+            out.setdefault((max(sync[k] for k in members), optimizer_level), members)
     return out
 
 
-def _relaxed_capacity(data: AllocationInput, capacities: list[int]) -> float:
-    """LP relaxation (GLOP) of the most microbatches any allocation runs within the budget:
-    replica and partition counts continuous, the same group supplies. An upper bound."""
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    usable = [k for k, c in enumerate(capacities) if c > 0]
-    if not usable:
-        return 0.0
-    replicas = {k: solver.NumVar(0, data.microbatches, f"replicas_{k}") for k in usable}
-    chosen = [[solver.NumVar(0, len(c.nodes), "") for _ in ps] for c, ps in zip(data.classes, data.partitions)]
-    for ci, c in enumerate(data.classes):
-        solver.Add(sum(chosen[ci]) == len(c.nodes))
-    supply = [[p.counts() for p in ps] for ps in data.partitions]
-    types = {st for k in usable for st, _ in data.templates[k].degraded} | {data.base}
-    for st in types:
-        made = sum(chosen[ci][pi] * counts[st] for ci, row in enumerate(supply) for pi, counts in enumerate(row) if counts[st])
-        if st == data.base:
-            made = made + data.healthy_base_groups
-            needed = sum(replicas[k] * data.templates[k].base_groups for k in usable)
+class AllocationSearch:
+    """The exact allocation of one outer choice, one refinement at a time, with its lower bound
+    known throughout: the outer search interleaves many of them, best bound first."""
+
+    def __init__(self, data: AllocationInput, random_seed: int, floor_ms: float = 0.0,
+                 ceiling_ms: float = float("inf")) -> None:
+        self._data = data
+        self._seed = random_seed
+        templates, v = data.templates, data.virtual_stages
+        self._bottleneck = [v * ticks(t.bottleneck_ms) for t in templates]
+        self._fill = [ticks(t.total_ms) - ticks(t.bottleneck_ms) for t in templates]
+        self._uniform = [ticks(t.sync_uniform_ms) for t in templates]
+        self._resharded = [max(ticks(t.sync_resharded_ms), u) for t, u in zip(templates, self._uniform)]
+        self._optimizer = [ticks(t.optimizer_ms) for t in templates]
+        largest_tail = max((r + o for r, o in zip(self._resharded, self._optimizer)), default=0)
+        # A known lower bound on the iteration skips budgets below it less the largest tail.
+        self._lowest = v * (ticks(floor_ms) - largest_tail)
+        self._cutoff = self._limit(ceiling_ms)
+        self._relaxation = CapacityRelaxation(data)
+        self._model: FeasibilityModel | None = None
+        self._queue: list[tuple[int, int, int, int]] | None = None
+        self._sets: list[_TailSet] = []
+        self._best: _Best | None = None
+        self._unsettled: int | None = None  # least key of the sets whose probes ran out of time
+        self.settled = 0  # tail sets settled by feasibility probes
+
+    @property
+    def data(self) -> AllocationInput:
+        return self._data
+
+    @property
+    def best_ms(self) -> float:
+        """Iteration time of the best allocation found so far, as the search prices it in ticks (inf if none)."""
+        return float("inf") if self._best is None else self._best.value * TIME_QUANTUM_MS / self._data.virtual_stages
+
+    def _limit(self, ceiling_ms: float) -> float:
+        """Values at or above this cannot beat `ceiling_ms`; the slack covers the rounding of
+        every stage time to ticks (half a tick per microbatch), so no better layout is lost."""
+        if ceiling_ms == float("inf"):
+            return float("inf")
+        return self._data.virtual_stages * ticks(ceiling_ms) + self._slack()
+
+    def _slack(self) -> int:
+        return self._data.virtual_stages * (self._data.microbatches + 3)
+
+    def front_ms(self, ceiling_ms: float = float("inf")) -> float:
+        """Least iteration an allocation not yet found could have (inf when none beats
+        `ceiling_ms` or the best found)."""
+        self._cutoff = min(self._cutoff, self._limit(ceiling_ms))
+        queue = self._start()
+        if not queue or queue[0][0] >= self._bar():
+            return float("inf")
+        # Less the rounding slack: ticks may overstate the exact figures the caller compares with.
+        return (queue[0][0] - self._slack()) * TIME_QUANTUM_MS / self._data.virtual_stages
+
+    def advance(self, deadline: float, ceiling_ms: float = float("inf")) -> None:
+        """Refine or settle the set at the front once. A set whose probe ran out of time leaves
+        the queue, its key kept as `unsettled_ms`: trying it again could only spin."""
+        if self.front_ms(ceiling_ms) == float("inf"):
+            return
+        key, index, stage, low = heapq.heappop(self._queue)
+        if stage == _ANY_TEMPLATES:
+            self._refine(key, index, stage, low)
+        elif self._settle(self._sets[index], low, deadline):
+            self.settled += 1
         else:
-            needed = sum(replicas[k] * data.templates[k].degraded_map.get(st, 0) for k in usable if data.templates[k].degraded_map.get(st, 0))
-        solver.Add(needed <= made)
-    solver.Add(sum(replicas.values()) <= data.microbatches)
-    solver.Maximize(sum(replicas[k] * capacities[k] for k in usable))
-    if solver.Solve() != pywraplp.Solver.OPTIMAL:
-        return float("inf")  # no proof of infeasibility: let CP-SAT decide
-    return solver.Objective().Value()
+            self._unsettled = key if self._unsettled is None else min(self._unsettled, key)
 
+    @property
+    def unsettled_ms(self) -> float | None:
+        """Least iteration a set left unsettled (its probe ran out of time) could have; None if none."""
+        if self._unsettled is None:
+            return None
+        return (self._unsettled - self._slack()) * TIME_QUANTUM_MS / self._data.virtual_stages
 
-def _healthy_nodes_suffice(data: AllocationInput, capacities: list[int]) -> bool:
-    """Whether replicas of one base-only template on undamaged nodes alone run all N microbatches."""
-    for template, capacity in zip(data.templates, capacities):
-        if template.degraded or capacity <= 0:
-            continue
-        replicas = min(data.healthy_base_groups // len(template.stage_types), data.microbatches)
-        if replicas >= data.min_replicas and replicas * capacity >= data.microbatches:
+    def allocation(self) -> Allocation | None:
+        """The best allocation found, optimal once nothing left can beat it; None if none
+        beats the ceiling."""
+        best = self._best
+        if best is None or best.value >= self._cutoff:
+            return None
+        left = min(self._queue[0][0] if self._queue else float("inf"),
+                   float("inf") if self._unsettled is None else self._unsettled)
+        optimal = left >= best.value
+        scale = TIME_QUANTUM_MS / self._data.virtual_stages
+        return Allocation(
+            replicas_per_template=best.found.replicas,
+            microbatches_per_template=_distribute(self._data, best.found, best.budget),
+            partition_counts=best.found.partition_counts,
+            objective_ms=best.value * scale,
+            bound_ms=(best.value if optimal else max(0, left - self._slack())) * scale,
+            optimal=optimal,
+            status="OPTIMAL" if optimal else "FEASIBLE",
+        )
+
+    def solve(self, time_limit_s: float, ceiling_ms: float = float("inf")) -> Allocation | None:
+        """The optimal allocation (the best found when time runs out), or None if none beats
+        `ceiling_ms`."""
+        deadline = time.monotonic() + time_limit_s
+        while self.front_ms(ceiling_ms) < float("inf") and time.monotonic() < deadline:
+            self.advance(deadline)
+        return self.allocation()
+
+    def _bar(self) -> float:
+        return self._cutoff if self._best is None else min(self._cutoff, self._best.value)
+
+    def _capacities(self, budget: int) -> list[int]:
+        """`capacity` of every template at once."""
+        return [max(0, (budget - fill) // step) for step, fill in zip(self._bottleneck, self._fill)]
+
+    def _least_budget(self, members: tuple[int, ...], lowest: float, highest: float) -> int | None:
+        """Least breakpoint of the members in [lowest, highest) the relaxations allow."""
+        data = self._data
+        budgets = breakpoints_between([data.templates[k] for k in members], data.virtual_stages,
+                                      data.microbatches, lowest, highest)
+        first = bisect.bisect_left(
+            range(len(budgets)), True, key=lambda i: self._relaxation.may_run(self._capacities(budgets[i]), members)
+        )
+        return budgets[first] if first < len(budgets) else None
+
+    def _start(self) -> list[tuple[int, int, int, int]]:
+        if self._queue is not None:
+            return self._queue
+        data, v = self._data, self._data.virtual_stages
+        everything = tuple(range(len(data.templates)))
+        self._queue = []
+        if not everything:
+            return self._queue
+        least_tail = min(u + o for u, o in zip(self._uniform, self._optimizer))
+        low = self._least_budget(everything, self._lowest, self._cutoff - v * least_tail)
+        if low is None:
+            return self._queue
+        # Tails worth charging: the budget cannot go below `low`.
+        limit = (self._cutoff - low) / v
+        by_sharding: dict[tuple, list[int]] = {}
+        for k, template in enumerate(data.templates):
+            by_sharding.setdefault(template.sharding, []).append(k)
+        # (sharding, or None for mixed ones; sync; optimizer step) -> members.
+        sets: dict[tuple, tuple[int, ...]] = {}
+        for sharding, members in by_sharding.items():
+            for (sync, optimizer), chosen in _threshold_sets(members, self._uniform, self._optimizer, limit).items():
+                sets[sharding, sync, optimizer] = chosen
+        if len(by_sharding) > 1:
+            for (sync, optimizer), chosen in _threshold_sets(list(everything), self._resharded, self._optimizer,
+                                                             limit).items():
+                if len({data.templates[k].sharding for k in chosen}) > 1:
+                    sets[None, sync, optimizer] = chosen
+        self._sets = [_TailSet(members, sync + optimizer) for (_, sync, optimizer), members in sets.items()]
+        self._queue = [(low + v * s.tail, i, _ANY_TEMPLATES, low) for i, s in enumerate(self._sets)]
+        heapq.heapify(self._queue)
+        return self._queue
+
+    def _refine(self, key: int, index: int, stage: int, low: int) -> None:
+        """A set's key with its own LP least budget (dropped if none beats the bar)."""
+        v = self._data.virtual_stages
+        tail_set = self._sets[index]
+        own = self._least_budget(tail_set.members, low, self._bar() - v * tail_set.tail)
+        if own is not None:
+            heapq.heappush(self._queue, (own + v * tail_set.tail, index, _OWN_LP, own))
+
+    def _settle(self, tail_set: _TailSet, low: int, deadline: float) -> bool:
+        """F(A) by feasibility probes from the LP least budget up; False if time ran out."""
+        data, v = self._data, self._data.virtual_stages
+        budgets = breakpoints_between([data.templates[k] for k in tail_set.members], v, data.microbatches,
+                                      low, self._bar() - v * tail_set.tail)
+        if not budgets:
             return True
-    return False
-
-
-def _feasible(data: AllocationInput, budget: int, solver: cp_model.CpSolver, time_limit_s: float) -> bool:
-    capacities = [_capacity(t, budget, data.virtual_stages) for t in data.templates]
-    if _capacity_upper_bound(data, capacities) < data.microbatches:
-        return False
-    if _healthy_nodes_suffice(data, capacities):
+        # The LP least budget is most often feasible; if not, the largest useful one decides
+        # whether bisecting between them can pay.
+        found = self._probe(budgets[0], tail_set, deadline)
+        if found == UNKNOWN:
+            return False
+        if found is not None:
+            self._offer(budgets[0], found)
+            return True
+        if len(budgets) == 1:
+            return True
+        top = self._probe(budgets[-1], tail_set, deadline)
+        if top == UNKNOWN:
+            return False
+        if top is None:
+            return True
+        lo, hi, best = 0, len(budgets) - 1, top  # budgets[lo] infeasible, budgets[hi] feasible
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            found = self._probe(budgets[mid], tail_set, deadline)
+            if found == UNKNOWN:
+                self._offer(budgets[hi], best)
+                return False
+            if found is None:
+                lo = mid
+            else:
+                hi, best = mid, found
+        self._offer(budgets[hi], best)
         return True
-    if _relaxed_capacity(data, capacities) < data.microbatches - 1e-6:
-        return False
-    return _solve_fixed_budget(data, budget, time_limit_s, solver, minimize_tail=False) is not None
+
+    def _probe(self, budget: int, tail_set: _TailSet, deadline: float) -> Found | str | None:
+        capacities = self._capacities(budget)
+        healthy = self._relaxation.healthy_template(capacities, tail_set.members)
+        if healthy is not None:
+            k, replicas = healthy
+            counts = tuple(tuple(len(c.nodes) if i == 0 else 0 for i in range(len(ps)))
+                           for c, ps in zip(self._data.classes, self._data.partitions))
+            return Found(tuple(replicas if j == k else 0 for j in range(len(self._data.templates))), counts)
+        if self._model is None:
+            self._model = FeasibilityModel(self._data, self._seed)
+        return self._model.solve(capacities, tail_set.members, deadline - time.monotonic())
+
+    def _tail(self, found: Found) -> int:
+        """The tail an allocation actually pays: resharded sync only if its replicas differ in sharding."""
+        used = [k for k, n in enumerate(found.replicas) if n > 0]
+        mixed = len({self._data.templates[k].sharding for k in used}) > 1
+        sync = self._resharded if mixed else self._uniform
+        return max(sync[k] for k in used) + max(self._optimizer[k] for k in used)
+
+    def _offer(self, budget: int, found: Found) -> None:
+        value = budget + self._data.virtual_stages * self._tail(found)
+        if self._best is None or value < self._best.value:
+            self._best = _Best(value, budget, found)
 
 
-def _distribute(data: AllocationInput, fixed: _Fixed, budget: int) -> tuple[int, ...]:
+def _distribute(data: AllocationInput, found: Found, budget: int) -> tuple[int, ...]:
     """Microbatches per template: each replica one, then fill the fastest templates up to capacity."""
     v = data.virtual_stages
-    work = list(fixed.replicas)
+    work = list(found.replicas)
     left = data.microbatches - sum(work)
     order = sorted(range(len(data.templates)), key=lambda k: data.templates[k].bottleneck_ms)
     for k in order:
-        room = fixed.replicas[k] * _capacity(data.templates[k], budget, v) - work[k]
+        room = found.replicas[k] * capacity(data.templates[k], budget, v) - work[k]
         take = max(0, min(left, room))
         work[k] += take
         left -= take
@@ -266,79 +339,8 @@ def solve_allocation(
     """Optimal allocation, or None if none beats `ceiling_ms` (an incumbent's iteration time).
 
     `floor_ms`, a known lower bound on the iteration, skips budgets below it less the largest
-    tail; budgets above the ceiling cannot beat the incumbent and are not tried.
+    tail; budgets whose value cannot beat the ceiling are not tried.
     """
-    templates, v, total = data.templates, data.virtual_stages, data.microbatches
-    if not templates:
+    if not data.templates:
         return None
-    deadline = time.monotonic() + time_limit_s
-    largest_tail = max(_ticks(max(t.sync_uniform_ms, t.sync_resharded_ms)) + _ticks(t.optimizer_ms) for t in templates)
-    shortest_tail = v * min(_ticks(t.sync_uniform_ms) + _ticks(t.optimizer_ms) for t in templates)
-    lowest = v * (_ticks(floor_ms) - largest_tail)
-    highest = v * _ticks(ceiling_ms) - shortest_tail if ceiling_ms < float("inf") else float("inf")
-    breakpoints = sorted(_breakpoints_between(templates, v, total, lowest, highest))
-    if not breakpoints:
-        return None
-
-    # One solver for every model of this allocation: building one is not free.
-    solver = cp_model.CpSolver()
-    solver.parameters.random_seed = random_seed
-    solver.parameters.num_workers = 1
-    # Small models solved many times: presolve and probing cost more than they save (measured
-    # 40% faster on the sample scenarios, same optima).
-    solver.parameters.cp_model_presolve = False
-    solver.parameters.cp_model_probing_level = 0
-
-    def remaining() -> float:
-        return max(0.01, deadline - time.monotonic())
-
-    def attempt(index: int) -> _Fixed | None:
-        return _solve_fixed_budget(data, breakpoints[index], remaining(), solver)
-
-    # The largest useful budget first, with the least tail: if even it is infeasible nothing here
-    # beats the incumbent, and its tail is the least any smaller budget can reach.
-    capacities_top = [_capacity(t, breakpoints[-1], v) for t in templates]
-    if _capacity_upper_bound(data, capacities_top) < total:
-        return None
-    if not _healthy_nodes_suffice(data, capacities_top) and _relaxed_capacity(data, capacities_top) < total - 1e-6:
-        return None
-    top = attempt(len(breakpoints) - 1)
-    if top is None:
-        return None
-    least_tail = v * top.tail_ticks
-    # Bisection for the least feasible budget; bounds decide most probes without a solve.
-    first = bisect.bisect_left(
-        range(len(breakpoints)), True, key=lambda i: _feasible(data, breakpoints[i], solver, remaining())
-    )
-    # The top budget is feasible (solved above); a probe that ran out of time reads as infeasible,
-    # so under load bisection can run past it.
-    timed_out = first >= len(breakpoints)
-    first = min(first, len(breakpoints) - 1)
-    best_fixed = attempt(first) if first < len(breakpoints) - 1 else top
-    if best_fixed is None:
-        return None
-    best_budget = breakpoints[first]
-    best_value = best_budget + v * best_fixed.tail_ticks
-    all_optimal = best_fixed.optimal and top.optimal and not timed_out
-    # Larger budgets pay off only by a shorter tail, never shorter than the top budget's.
-    for index in range(first + 1, len(breakpoints)):
-        if breakpoints[index] + least_tail >= best_value or time.monotonic() >= deadline:
-            all_optimal = all_optimal and breakpoints[index] + least_tail >= best_value
-            break
-        fixed = attempt(index) if index < len(breakpoints) - 1 else top
-        if fixed is None:
-            continue
-        all_optimal = all_optimal and fixed.optimal
-        value = breakpoints[index] + v * fixed.tail_ticks
-        if value < best_value:
-            best_value, best_budget, best_fixed = value, breakpoints[index], fixed
-    scale = TIME_QUANTUM_MS / v
-    return Allocation(
-        replicas_per_template=best_fixed.replicas,
-        microbatches_per_template=_distribute(data, best_fixed, best_budget),
-        partition_counts=best_fixed.partition_counts,
-        objective_ms=best_value * scale,
-        bound_ms=(best_value if all_optimal else breakpoints[first]) * scale,
-        optimal=all_optimal,
-        status="OPTIMAL" if all_optimal else "FEASIBLE",
-    )
+    return AllocationSearch(data, random_seed, floor_ms, ceiling_ms).solve(time_limit_s)

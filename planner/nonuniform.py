@@ -16,10 +16,8 @@ import heapq
 import time
 from dataclasses import dataclass, replace
 
-from cost_models.iteration import stage_time
 from cost_models.nonuniform import nonuniform_iteration_ms
-from cost_models.stage_costs import max_layers_fitting
-from planner.allocation import Allocation, AllocationInput, solve_allocation
+from planner.allocation import Allocation, AllocationInput, AllocationSearch
 from planner.candidates import tensor_parallel_sizes
 from planner.partitions import (
     NodeClass,
@@ -96,6 +94,7 @@ class _Inventory:
     partitions: tuple[tuple[Partition, ...], ...]
     degraded: tuple[StageType, ...]
     most_groups: int
+    most_of_type: tuple[tuple[StageType, int], ...]  # most groups of each type formed at once
 
     def degraded_types(self) -> list[StageType]:
         return list(self.degraded)
@@ -114,7 +113,11 @@ def _inventory(problem: PlanningProblem, tp: int, sizes: list[int]) -> _Inventor
     healthy_groups = healthy_nodes * (cluster.gpus_per_node // tp)
     degraded = tuple(sorted({g for ps in partitions for p in ps for g in p.groups if g != base}))
     most = healthy_groups + sum(len(c.nodes) * max((len(p.groups) for p in ps), default=0) for c, ps in zip(classes, partitions))
-    return _Inventory(base, healthy_groups, classes, partitions, degraded, most)
+    most_of_type = {base: healthy_groups}
+    for c, ps in zip(classes, partitions):
+        for st in {g for p in ps for g in p.groups}:
+            most_of_type[st] = most_of_type.get(st, 0) + len(c.nodes) * max(p.counts()[st] for p in ps)
+    return _Inventory(base, healthy_groups, classes, partitions, degraded, most, tuple(sorted(most_of_type.items())))
 
 
 def _per_layer_ms(cache: TermsCache, stage_type: StageType) -> float:
@@ -144,7 +147,7 @@ def shortest_fitting_length(
     for stages in pipeline_lengths(outer.pp):
         key = (outer.tp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, stages, cache.memory_replicas)
         if key not in memo:
-            caps = [cache.layer_cap(outer.tp, stages, i, problem.hardware.gpu.memory_bytes) for i in range(stages)]
+            caps = cache.layer_caps(outer.tp, stages, problem.hardware.gpu.memory_bytes)
             unit_caps = [min(c // outer.virtual_stages, units) for c in caps]
             memo[key] = min(unit_caps) >= 1 and sum(unit_caps) >= units >= stages
         if memo[key]:
@@ -254,13 +257,13 @@ def _base_bottleneck_ms(
 
 def _base_bottleneck_uncached(problem: PlanningProblem, outer: OuterChoice, cache: TermsCache, stages: int) -> float | None:
     base = StageType(outer.tp, 1.0)
-    per_layer, fixed, caps = [], [], []
-    terms = cache.terms(outer.tp, stages)
+    affines = cache.stage_affines(base, stages)
+    per_layer, fixed = [], []
     for i in range(stages):
-        zero = stage_time(terms, i, 0, base.speed).total_ms
-        per_layer.append(stage_time(terms, i, 1, base.speed).total_ms - zero)
-        fixed.append(zero)
-        caps.append(max_layers_fitting(terms, i, problem.hardware.gpu.memory_bytes))
+        per_layer_ms, fixed_ms = affines[0 if i == 0 else (2 if i == stages - 1 else 1)]
+        per_layer.append(per_layer_ms)
+        fixed.append(fixed_ms)
+    caps = list(cache.layer_caps(outer.tp, stages, problem.hardware.gpu.memory_bytes))
     split = best_split(per_layer, fixed, caps, problem.workload.model.num_layers, outer.virtual_stages)
     if split is None:
         return None
@@ -307,9 +310,10 @@ def _strong_lower_bound_ms(
         alongside = max(min(1 / m, (p - 1 + rho) / full) - (p - 1) * per_group for p, m in bottlenecks.items())
         return max(0.0, rho / full, alongside)
 
+    credits = {g: credit(g) for g in (inventory.base, *inventory.degraded)}
     rate = inventory.healthy_base_groups * per_group
     for node_class, partitions in zip(inventory.classes, inventory.partitions):
-        rate += len(node_class.nodes) * max((sum(credit(g) for g in p.groups) for p in partitions), default=0.0)
+        rate += len(node_class.nodes) * max((sum(credits[g] for g in p.groups) for p in partitions), default=0.0)
     if rate <= 0:
         return float("inf")
     most_replicas = max(1, min(total, inventory.group_count_bound() // min(bottlenecks)))
@@ -320,97 +324,149 @@ def _strong_lower_bound_ms(
     return max(balanced, throughput, busiest)
 
 
-def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: float) -> NonUniformResult:
-    """Best non-uniform layout better than `incumbent_ms`, or none; bound over what was not excluded.
+class NonUniformSearch:
+    """Best non-uniform layout, one refinement at a time; bound over what was not excluded.
 
     Outer choices sit in a priority queue keyed by their bound and are refined
     lazily, each refinement going back in the queue: the cheap capacity bound
     first, then the strong bound (exact base bottlenecks), then the templates
     are built and the bound gains the least tail any template has (every
     plan's tail is at least one of its templates' uniform sync plus optimizer
-    step). CP-SAT allocates only outer choices whose refined bound still beats
-    the incumbent.
+    step), then the
+    allocation's own bound (`AllocationSearch.front_ms`), which rises as its
+    tail sets are refined and settled one per step. CP-SAT runs only for
+    outer choices whose refined bound still beats the incumbent. `step` takes
+    the incumbent each time, so `plan` can interleave this search with the
+    uniform one, always refining the smaller bound.
     """
-    sizes = tensor_parallel_sizes(problem)
-    total = problem.workload.global_batch_size
-    inventories = {tp: _inventory(problem, tp, sizes) for tp in sizes}
-    queue: list[tuple[float, int, int, OuterChoice]] = []
-    capacities: dict[tuple[int, int, str], _Capacity] = {}
-    fits: dict[tuple, bool] = {}
-    bottlenecks: dict[tuple, float | None] = {}
-    shared: dict = {}  # memory caps and stage times shared by every TermsCache of this search
-    template_memo: dict[tuple, Template | None] = {}
-    for index, outer in enumerate(outer_choices(problem)):
-        inventory = inventories[outer.tp]
-        if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
-            continue  # not even the shortest allowed pipeline finds enough TP groups
-        key = (outer.tp, outer.micro_batch_size, outer.recompute)
-        if key not in capacities:
-            capacities[key] = _capacity_summary(problem, outer, inventory)
-        # The shortest allowed length keeps this bound valid whatever fits; whether anything
-        # fits memory is checked when the outer choice reaches the front of the queue.
-        shortest = pipeline_lengths(outer.pp)[0]
-        queue.append((_lower_bound_ms(problem, outer, inventory, capacities[key], shortest), index, _CHEAP, outer))
-    heapq.heapify(queue)
-    considered = len(queue)
-    built: dict[int, list[Template]] = {}
 
-    best: NonUniformLayout | None = None
-    best_ms = incumbent_ms
-    bound = float("inf")
-    exhausted = True
-    solved = 0
-    while queue:
-        lower, index, stage, outer = heapq.heappop(queue)
-        if lower >= best_ms * (1 - PRUNE_TOLERANCE):
-            break
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            exhausted = False
-            bound = min(bound, lower)
-            break
-        inventory = inventories[outer.tp]
+    def __init__(self, problem: PlanningProblem) -> None:
+        self._problem = problem
+        sizes = tensor_parallel_sizes(problem)
+        self._inventories = {tp: _inventory(problem, tp, sizes) for tp in sizes}
+        self._capacities: dict[tuple[int, int, str], _Capacity] = {}
+        self._bottlenecks: dict[tuple, float | None] = {}
+        self._shared: dict = {}  # memory caps and stage times shared by every TermsCache of this search
+        self._template_memo: dict[tuple, Template | None] = {}
+        self._built: dict[int, list[Template]] = {}
+        self._searches: dict[int, AllocationSearch] = {}
+        self._queue = self._initial_queue()
+        self._considered = len(self._queue)
+        self._best: NonUniformLayout | None = None
+        self._solved = 0
+        self._unsettled_ms = float("inf")  # least bound of allocations whose probes ran out of time
+
+    def _initial_queue(self) -> list[tuple[float, int, int, OuterChoice]]:
+        problem = self._problem
+        queue = []
+        for index, outer in enumerate(outer_choices(problem)):
+            inventory = self._inventories[outer.tp]
+            if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
+                continue  # not even the shortest allowed pipeline finds enough TP groups
+            key = (outer.tp, outer.micro_batch_size, outer.recompute)
+            if key not in self._capacities:
+                self._capacities[key] = _capacity_summary(problem, outer, inventory)
+            # The shortest allowed length keeps this bound valid whatever fits; whether anything
+            # fits memory is checked when the outer choice reaches the front of the queue.
+            shortest = pipeline_lengths(outer.pp)[0]
+            queue.append((_lower_bound_ms(problem, outer, inventory, self._capacities[key], shortest), index, _CHEAP, outer))
+        heapq.heapify(queue)
+        return queue
+
+    @property
+    def best_ms(self) -> float:
+        return self._best.iteration_ms if self._best is not None else float("inf")
+
+    def next_bound_ms(self) -> float:
+        """Lower bound of every layout still in the queue (inf when it is empty); `result` also
+        counts allocations cut short by their time limit."""
+        return self._queue[0][0] if self._queue else float("inf")
+
+    def result(self, incumbent_ms: float) -> NonUniformResult:
+        """What was found; exhausted when nothing left could beat `incumbent_ms` (or the layout found)."""
+        incumbent_ms = min(incumbent_ms, self.best_ms)
+        left = min(self.next_bound_ms(), self._unsettled_ms)
+        exhausted = left >= incumbent_ms * (1 - PRUNE_TOLERANCE)
+        return NonUniformResult(self._best, left, exhausted, self._considered, self._solved)
+
+    def step(self, deadline: float, incumbent_ms: float = float("inf")) -> None:
+        """Refine the front of the queue once; `incumbent_ms` is the best layout known anywhere."""
+        problem = self._problem
+        best_ms = min(incumbent_ms, self.best_ms)
+        lower, index, stage, outer = heapq.heappop(self._queue)
+        inventory = self._inventories[outer.tp]
         memory_replicas = _memory_replicas(problem, outer, inventory)
-        cache = TermsCache(problem, outer, memory_replicas, _link_replicas(outer, inventory), shared)
+        link_replicas = _link_replicas(outer, inventory)
+        cache = TermsCache(problem, outer, memory_replicas, link_replicas, self._shared)
         if stage == _CHEAP:
-            if shortest_fitting_length(problem, outer, cache, fits) is None:
-                continue
-            capacity = capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
-            tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity, bottlenecks))
+            # The strong bound is infinite when no base-only pipeline fits memory, so it also drops
+            # what `shortest_fitting_length` would.
+            capacity = self._capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
+            tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity, self._bottlenecks))
             if tighter < float("inf"):
-                heapq.heappush(queue, (tighter, index, _STRONG, outer))
-            continue
+                heapq.heappush(self._queue, (tighter, index, _STRONG, outer))
+            return
         if stage == _STRONG:
             templates = enumerate_templates(
-                problem, outer, cache, inventory.degraded_types(), _link_replicas(outer, inventory), template_memo
+                problem, outer, cache, inventory.degraded_types(), link_replicas, self._template_memo,
+                dict(inventory.most_of_type),
             )
             if templates:
-                built[index] = templates
+                self._built[index] = templates
                 least_tail = min(t.sync_uniform_ms + t.optimizer_ms for t in templates)
-                heapq.heappush(queue, (lower + least_tail, index, _TEMPLATED, outer))
-            continue
-        templates = built.pop(index)
-        data = AllocationInput(
-            templates=templates, base=inventory.base, healthy_base_groups=inventory.healthy_base_groups,
-            classes=list(inventory.classes), partitions=[list(p) for p in inventory.partitions],
-            microbatches=total // outer.micro_batch_size, virtual_stages=outer.virtual_stages,
-            min_replicas=memory_replicas,
-        )
-        allocation = solve_allocation(data, remaining, problem.random_seed, floor_ms=lower, ceiling_ms=best_ms)
-        solved += 1
+                heapq.heappush(self._queue, (lower + least_tail, index, _TEMPLATED, outer))
+            return
+        if stage == _TEMPLATED:
+            data = AllocationInput(
+                templates=self._built.pop(index), base=inventory.base,
+                healthy_base_groups=inventory.healthy_base_groups,
+                classes=list(inventory.classes), partitions=[list(p) for p in inventory.partitions],
+                microbatches=problem.workload.global_batch_size // outer.micro_batch_size,
+                virtual_stages=outer.virtual_stages, min_replicas=memory_replicas,
+            )
+            allocation_search = AllocationSearch(data, problem.random_seed, floor_ms=lower, ceiling_ms=best_ms)
+        else:
+            # Its tail sets are refined and settled one at a time, each time it is the front.
+            allocation_search = self._searches.pop(index)
+            settled = allocation_search.settled
+            found_ms = allocation_search.best_ms
+            allocation_search.advance(deadline, ceiling_ms=best_ms)
+            self._solved += settled == 0 and allocation_search.settled > 0
+            if allocation_search.unsettled_ms is not None:
+                # Not proven worse, only cut short: it bounds the answer from outside the queue.
+                self._unsettled_ms = min(self._unsettled_ms, max(lower, allocation_search.unsettled_ms))
+            if allocation_search.best_ms < found_ms:
+                self._offer(outer, inventory, allocation_search, memory_replicas, link_replicas, best_ms)
+                best_ms = min(best_ms, self.best_ms)
+        front = allocation_search.front_ms(best_ms)
+        if front < float("inf"):
+            self._searches[index] = allocation_search
+            heapq.heappush(self._queue, (max(lower, front), index, _BOUNDED, outer))
+
+    def _offer(self, outer: OuterChoice, inventory: _Inventory, allocation_search: AllocationSearch,
+               memory_replicas: int, link_replicas: int, best_ms: float) -> None:
+        allocation = allocation_search.allocation()
         if allocation is None:
-            continue
-        if not allocation.optimal:
-            bound = min(bound, allocation.bound_ms)
+            return
+        templates = allocation_search.data.templates
         value = evaluate_layout(templates, allocation, outer.virtual_stages)
         if value < best_ms:
-            best_ms = value
-            best = NonUniformLayout(
+            self._best = NonUniformLayout(
                 outer, tuple(templates), allocation, inventory.classes, inventory.partitions, value,
-                memory_replicas, _link_replicas(outer, inventory),
+                memory_replicas, link_replicas,
             )
-    return NonUniformResult(best, bound, exhausted, considered, solved)
+
+
+def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: float) -> NonUniformResult:
+    """Best non-uniform layout better than `incumbent_ms`, or none; bound over what was not excluded
+    (see `NonUniformSearch`)."""
+    search = NonUniformSearch(problem)
+    while search.next_bound_ms() < min(incumbent_ms, search.best_ms) * (1 - PRUNE_TOLERANCE):
+        if time.monotonic() >= deadline:
+            break
+        search.step(deadline, incumbent_ms)
+    return search.result(incumbent_ms)
 
 
 # Refinement stages of an outer choice in the search queue.
-_CHEAP, _STRONG, _TEMPLATED = 0, 1, 2
+_CHEAP, _STRONG, _TEMPLATED, _BOUNDED = 0, 1, 2, 3

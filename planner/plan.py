@@ -1,9 +1,9 @@
 """Planner entry points: problem in, plan out.
 
 `plan` searches the uniform space (`search.py`) and, when non-uniform layouts
-are allowed, the failure-aware non-uniform space (`nonuniform.py`) with the
-uniform optimum as incumbent; the answer is the better of the two, optimal
-over their union when both searches finish.
+are allowed, the failure-aware non-uniform space (`nonuniform.py`), the two
+interleaved by bound with one shared incumbent; the answer is the better of
+the two, optimal over their union when both searches finish.
 """
 
 from __future__ import annotations
@@ -17,20 +17,17 @@ from planner.assemble_nonuniform import assemble_replicas
 from planner.errors import InfeasibleError
 from planner.infeasibility import explain_infeasible, obvious_infeasibility
 from planner.nonuniform import (
+    PRUNE_TOLERANCE,
     NonUniformLayout,
     NonUniformResult,
+    NonUniformSearch,
     recost,
-    search_nonuniform,
 )
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
 from planner.schedules.for_plan import MAX_OPTIMIZE_S_PER_REPLICA, with_schedules
-from planner.search import SearchResult, search
+from planner.search import SearchResult, UniformSearch, search
 from planner.templates import stage_timings
-
-# Share of the time limit the uniform search may use before the non-uniform one starts.
-UNIFORM_TIME_SHARE = 0.4
-
 
 # Share of the time limit kept for choosing schedules once the layout is known.
 SCHEDULE_TIME_SHARE = 0.1
@@ -59,19 +56,29 @@ def plan(problem: PlanningProblem) -> PlanResult:
 
 
 def _plan_layout(problem: PlanningProblem) -> PlanResult:
+    """Both searches interleaved best bound first, sharing one incumbent: neither spends time on
+    layouts the other has already beaten, and together they stop as soon as no bound in either
+    beats the best layout found."""
     started = time.monotonic()
     deadline = started + problem.time_limit_s
-    try:
-        uniform: SearchResult | None = search(replace(problem, time_limit_s=problem.time_limit_s * UNIFORM_TIME_SHARE))
-    except InfeasibleError:
-        uniform = None
-    incumbent = uniform.objective_ms if uniform is not None else float("inf")
-    found = search_nonuniform(problem, incumbent, deadline)
+    uniform = UniformSearch(problem)
+    nonuniform = NonUniformSearch(problem)
+    while time.monotonic() < deadline:
+        incumbent = min(uniform.best_ms, nonuniform.best_ms)
+        next_uniform, next_nonuniform = uniform.next_bound_ms(), nonuniform.next_bound_ms()
+        if min(next_uniform, next_nonuniform) >= incumbent * (1 - PRUNE_TOLERANCE):
+            break
+        if next_uniform <= next_nonuniform:
+            uniform.step(deadline)
+        else:
+            nonuniform.step(deadline, incumbent)
+    best_uniform = uniform.result()
+    found = nonuniform.result(best_uniform.objective_ms if best_uniform is not None else float("inf"))
     if found.layout is None:
-        if uniform is None:
+        if best_uniform is None:
             raise InfeasibleError(explain_infeasible(problem))
-        return _uniform_with_combined_status(problem, uniform, found, started)
-    return _assemble_nonuniform(problem, found, uniform, started)
+        return _uniform_with_combined_status(problem, best_uniform, found, started)
+    return _assemble_nonuniform(problem, found, best_uniform, started)
 
 
 def _combined_bound(uniform: SearchResult | None, found: NonUniformResult, value: float) -> tuple[float, bool]:

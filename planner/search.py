@@ -73,71 +73,99 @@ def _fits(split: tuple[int, ...], caps: tuple[int, ...], stock_only: bool) -> bo
     return not stock_only or len(set(split[1:-1])) <= 1
 
 
-def search(problem: PlanningProblem) -> SearchResult:
-    started = time.monotonic()
-    deadline = started + problem.time_limit_s
-    num_layers = problem.workload.model.num_layers
-    capacity = problem.hardware.gpu.memory_bytes
-    stock_only = problem.stock_layouts_only
-    candidates = ranked_candidates(problem)
+class UniformSearch:
+    """The branch and bound of `search`, one candidate at a time, so that another search can
+    share its incumbent (`plan` interleaves it with the non-uniform one by bound)."""
 
-    caps: dict[int, tuple[int, ...] | None] = {}
+    def __init__(self, problem: PlanningProblem) -> None:
+        self._problem = problem
+        self._started = time.monotonic()
+        self._candidates = ranked_candidates(problem)
+        self._caps: dict[int, tuple[int, ...] | None] = {}
+        self._best: tuple[float, int, tuple[int, ...]] | None = None
+        self._next = 0
+        self._solved = 0
+        self._bound = float("inf")  # from CP-SAT splits cut short
+        self._seed()
 
-    def memory_caps(index: int) -> tuple[int, ...] | None:
+    @property
+    def best_ms(self) -> float:
+        return self._best[0] if self._best is not None else float("inf")
+
+    def next_bound_ms(self) -> float:
+        """Lower bound of every candidate not yet solved (inf when none is left)."""
+        if self._next >= len(self._candidates):
+            return float("inf")
+        return self._candidates[self._next].lower_bound_ms
+
+    def _memory_caps(self, index: int) -> tuple[int, ...] | None:
         """Per-stage layer caps, or None when no split of the allowed form fits."""
-        if index not in caps:
-            candidate = candidates[index]
-            limits = candidate.max_layers(capacity)
-            caps[index] = limits if split_fits(candidate.shape, limits, num_layers, stock_only) else None
-        return caps[index]
+        if index not in self._caps:
+            problem, candidate = self._problem, self._candidates[index]
+            limits = candidate.max_layers(problem.hardware.gpu.memory_bytes)
+            fits = split_fits(candidate.shape, limits, problem.workload.model.num_layers, problem.stock_layouts_only)
+            self._caps[index] = limits if fits else None
+        return self._caps[index]
 
-    best: tuple[float, int, tuple[int, ...]] | None = None
-    for index in range(min(len(candidates), SEED_CANDIDATES)):
-        limits = memory_caps(index)
-        split = even_split(candidates[index].shape.pp, num_layers)
-        if limits is None or not _fits(split, limits, stock_only):
-            continue
-        value = evaluate(candidates[index], split).iteration_ms
-        if best is None or value < best[0]:
-            best = (value, index, split)
+    def _seed(self) -> None:
+        """The even split of the best-bounded candidates: a cheap first incumbent."""
+        num_layers = self._problem.workload.model.num_layers
+        for index in range(min(len(self._candidates), SEED_CANDIDATES)):
+            limits = self._memory_caps(index)
+            split = even_split(self._candidates[index].shape.pp, num_layers)
+            if limits is None or not _fits(split, limits, self._problem.stock_layouts_only):
+                continue
+            self._offer(index, split)
 
-    solved = 0
-    bound = float("inf")
-    exhausted = True
-    for index, candidate in enumerate(candidates):
-        if best is not None and candidate.lower_bound_ms >= best[0] * (1 - PRUNE_TOLERANCE):
-            break
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            exhausted = False
-            bound = min(bound, candidate.lower_bound_ms)
-            break
-        limits = memory_caps(index)
+    def _offer(self, index: int, split: tuple[int, ...]) -> None:
+        value = evaluate(self._candidates[index], split).iteration_ms
+        if self._best is None or value < self._best[0]:
+            self._best = (value, index, split)
+
+    def step(self, deadline: float) -> None:
+        """Solve the split of the next candidate (skipped when no split fits memory)."""
+        index = self._next
+        self._next += 1
+        limits = self._memory_caps(index)
         if limits is None:
-            continue
-        result = solve_split(candidate, limits, num_layers, stock_only, remaining, problem.random_seed)
-        solved += 1
+            return
+        problem = self._problem
+        candidate = self._candidates[index]
+        result = solve_split(candidate, limits, problem.workload.model.num_layers, problem.stock_layouts_only,
+                             deadline - time.monotonic(), problem.random_seed)
+        self._solved += 1
         if result is None:
-            continue
+            return
         if not result.optimal:
-            bound = min(bound, result.bound_ms)
-        value = evaluate(candidate, result.layers_per_stage).iteration_ms
-        if best is None or value < best[0]:
-            best = (value, index, result.layers_per_stage)
-    if best is None:
-        raise InfeasibleError(explain_infeasible(problem))
+            self._bound = min(self._bound, result.bound_ms)
+        self._offer(index, result.layers_per_stage)
 
-    value, index, split = best
-    bound = min(bound, value)
-    optimal = exhausted and bound >= value * (1 - PRUNE_TOLERANCE)
-    return SearchResult(
-        candidate=candidates[index],
-        layers_per_stage=split,
-        estimate=evaluate(candidates[index], split),
-        objective_ms=value,
-        bound_ms=value if optimal else bound,
-        optimal=optimal,
-        wall_time_s=time.monotonic() - started,
-        candidates_total=len(candidates),
-        candidates_solved=solved,
-    )
+    def result(self) -> SearchResult | None:
+        """The best layout so far, its bound over everything not solved; None if none fits."""
+        if self._best is None:
+            return None
+        value, index, split = self._best
+        bound = min(self._bound, value, self.next_bound_ms())
+        optimal = bound >= value * (1 - PRUNE_TOLERANCE)
+        return SearchResult(
+            candidate=self._candidates[index],
+            layers_per_stage=split,
+            estimate=evaluate(self._candidates[index], split),
+            objective_ms=value,
+            bound_ms=value if optimal else bound,
+            optimal=optimal,
+            wall_time_s=time.monotonic() - self._started,
+            candidates_total=len(self._candidates),
+            candidates_solved=self._solved,
+        )
+
+
+def search(problem: PlanningProblem) -> SearchResult:
+    deadline = time.monotonic() + problem.time_limit_s
+    uniform = UniformSearch(problem)
+    while uniform.next_bound_ms() < uniform.best_ms * (1 - PRUNE_TOLERANCE) and time.monotonic() < deadline:
+        uniform.step(deadline)
+    result = uniform.result()
+    if result is None:
+        raise InfeasibleError(explain_infeasible(problem))
+    return result

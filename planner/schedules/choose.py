@@ -9,7 +9,7 @@ exactly what the plan reports.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from planner.errors import PlanningError
@@ -54,6 +54,9 @@ def choose_schedule(
     optimize_time_limit_s: float = 0.0,
     min_gain_ms: float = 0.0,
     seed: int = 0,
+    simulated: Sequence[tuple[Schedule, SimulationResult]] | None = None,
+    use_solver: bool = True,
+    start: Schedule | None = None,
 ) -> ChosenSchedule:
     """The fastest allowed schedule whose activations fit; ties go to the one holding less memory.
 
@@ -61,9 +64,14 @@ def choose_schedule(
     handcrafted order is more than `min_gain_ms` above the lower bound. If
     no allowed schedule fits the activation limit, the one with the smallest
     overshoot is returned: the layout search already sized memory for 1F1B,
-    so this happens only for a restricted choice such as GPipe.
+    so this happens only for a restricted choice such as GPipe. `simulated`,
+    the handcrafted schedules of `spec` already simulated (`handcrafted_runs`),
+    saves simulating them again. Without `use_solver` only the greedy list
+    schedules are tried (`optimize_schedule`), not CP-SAT. `start`, an order
+    already known to beat the handcrafted ones (an earlier list schedule),
+    seeds CP-SAT instead of the list schedules.
     """
-    handcrafted = [(schedule, simulate(schedule, spec)) for schedule in handcrafted_schedules(spec)]
+    handcrafted = list(simulated) if simulated is not None else handcrafted_runs(spec)
     tried = [item for item in handcrafted if allowed is None or item[0].name in allowed]
     optimize_allowed = allowed is None or OPTIMIZED in allowed
     if not tried and not optimize_allowed:
@@ -86,7 +94,8 @@ def choose_schedule(
     if worth_optimizing:
         optimized = optimize_schedule(
             spec, time_limit_s=max(optimize_time_limit_s, MIN_REQUIRED_OPTIMIZE_S), split_backward=True,
-            hint=best[0], seed=seed, relative_gap_limit=OPTIMALITY_GAP,
+            hint=start or best[0], seed=seed, relative_gap_limit=OPTIMALITY_GAP, use_solver=use_solver,
+            warm_start=start is None,
         )
         if optimized is not None:
             simulation = simulate(optimized.schedule, spec)
@@ -104,6 +113,11 @@ def choose_schedule(
         simulation=best[1],
         candidates_ms=tuple((schedule.name, simulation.makespan_ms) for schedule, simulation in tried),
     )
+
+
+def handcrafted_runs(spec: PipelineSpec) -> list[tuple[Schedule, SimulationResult]]:
+    """Every handcrafted schedule that applies to `spec`, with its simulation."""
+    return [(schedule, simulate(schedule, spec)) for schedule in handcrafted_schedules(spec)]
 
 
 def _best(tried: list[tuple[Schedule, SimulationResult]], spec: PipelineSpec) -> tuple[Schedule, SimulationResult]:

@@ -18,8 +18,10 @@ from cost_models.pipeline import pipeline_time_ms
 from planner.assemble import predicted_figures
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
+from planner.schedules.bounds import lower_bound_ms
 from planner.schedules.build import replica_spec, timeline_signature
-from planner.schedules.choose import ChosenSchedule, choose_schedule
+from planner.schedules.choose import ChosenSchedule, choose_schedule, handcrafted_runs
+from planner.schedules.optimal import OPTIMIZED
 from planner.schedules.result import ReplicaTimeline, ScheduleChoice
 
 # A single replica's CP-SAT schedule gets at most this long, whatever the plan's budget.
@@ -39,18 +41,33 @@ def with_schedules(problem: PlanningProblem, result: PlanResult, budget_s: float
     for replica in result.replicas:
         groups.setdefault(timeline_signature(replica), []).append(replica)
     specs = {key: replica_spec(members[0], result.virtual_stages, gpu_memory_gib) for key, members in groups.items()}
-    chosen = {key: choose_schedule(spec, allowed=allowed) for key, spec in specs.items()}
+    handcrafted = {key: handcrafted_runs(spec) for key, spec in specs.items()}
+    min_gain_ms = MIN_ITERATION_GAIN * result.predicted.iteration_time_s * 1e3
+    chosen = {key: choose_schedule(spec, allowed=allowed, simulated=handcrafted[key]) for key, spec in specs.items()}
+    # Greedy list schedules first, for the slowest replica again and again (the plan waits only for
+    # it): milliseconds each, and often at the lower bound already, so CP-SAT has less left to gain.
+    listed: set[tuple] = set()
+    while (slowest := max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)) not in listed:
+        listed.add(slowest)
+        chosen[slowest] = choose_schedule(
+            specs[slowest], allowed=allowed, optimize_time_limit_s=MIN_OPTIMIZE_S, min_gain_ms=min_gain_ms,
+            seed=problem.random_seed, simulated=handcrafted[slowest], use_solver=False,
+        )
+    bounds = {key: lower_bound_ms(spec) for key, spec in specs.items()}
 
-    # CP-SAT only pays where it lowers the iteration: on the slowest replica, again and again.
+    # CP-SAT only pays where it lowers the iteration: on the slowest replica, again and again, while
+    # the plan's pipeline is more than the gain threshold above what every replica's bound allows.
     optimized: set[tuple] = set()
     while (remaining := deadline - time.monotonic()) > MIN_OPTIMIZE_S:
         slowest = max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)
-        if slowest in optimized:
+        if slowest in optimized or chosen[slowest].simulation.makespan_ms - max(bounds.values()) <= min_gain_ms:
             break
         optimized.add(slowest)
+        current = chosen[slowest].schedule
         chosen[slowest] = choose_schedule(
             specs[slowest], allowed=allowed, optimize_time_limit_s=min(remaining, MAX_OPTIMIZE_S_PER_REPLICA),
-            min_gain_ms=MIN_ITERATION_GAIN * result.predicted.iteration_time_s * 1e3, seed=problem.random_seed,
+            min_gain_ms=min_gain_ms, seed=problem.random_seed, simulated=handcrafted[slowest],
+            start=current if current.name == OPTIMIZED else None,
         )
     scheduled = _apply(problem, result, groups, chosen)
     # The solver's wall time covers the whole answer: layout search and schedules.

@@ -83,42 +83,48 @@ def list_schedule(
     back = INPUT_GRAD if split else BACKWARD
     release = WEIGHT_GRAD if split else BACKWARD
     kinds = op_kinds(split)
-    rank = {kind: priority.index(kind) for kind in kinds}
+    # Kinds, microbatches and virtual stages as list indices, not dict keys: this loop runs a
+    # few times per op, and hashing tuples was most of its time.
+    index = {kind: k for k, kind in enumerate(kinds)}
+    forward, backward_index = index[FORWARD], index[back]
+    weight, input_grad = index.get(WEIGHT_GRAD), index.get(INPUT_GRAD)
+    rank = [priority.index(kind) for kind in kinds]
+    durations = [[[chunk.duration_ms(kind) for kind in kinds] for chunk in spec.chunks[s]] for s in range(p)]
     memory = [spec.memory_units(s) for s in range(p)]
     free = [0.0] * p
     held = [0] * p  # memory units
     alive = [0] * p  # microbatch-chunks
     peak = [0] * p
-    following = {(kind, s, c): 0 for kind in kinds for s in range(p) for c in range(v)}
-    end: dict[tuple[str, int, int], float] = {}
+    following = [[[0] * v for _ in range(p)] for _ in kinds]  # next microbatch per kind, stage, chunk
+    end: list[list[list[float | None]]] = [[[None] * V for _ in range(m)] for _ in kinds]
     orders: list[list[Op]] = [[] for _ in range(p)]
 
-    def ready(kind: str, mb: int, vs: int) -> float | None:
-        if kind == FORWARD:
-            return 0.0 if vs == 0 else (None if (t := end.get((FORWARD, mb, vs - 1))) is None else t + L)
-        if kind == WEIGHT_GRAD:
-            return end.get((INPUT_GRAD, mb, vs))
-        own = end.get((FORWARD, mb, vs))
+    def ready(k: int, mb: int, vs: int) -> float | None:
+        if k == forward:
+            return 0.0 if vs == 0 else (None if (t := end[forward][mb][vs - 1]) is None else t + L)
+        if k == weight:
+            return end[input_grad][mb][vs]
+        own = end[forward][mb][vs]
         if own is None or vs == V - 1:
             return own
-        later = end.get((back, mb, vs + 1))
+        later = end[backward_index][mb][vs + 1]
         return None if later is None else max(own, later + L)
 
     def candidate(s: int) -> tuple | None:
         best = None
         for c in range(v):
-            for kind in kinds:
-                mb = following[kind, s, c]
+            for k, kind in enumerate(kinds):
+                mb = following[k][s][c]
                 if mb >= m:
                     continue
-                if kind == FORWARD:
+                if k == forward:
                     if memory[s] is not None and held[s] + memory[s][0][c] > memory[s][1]:
                         continue
                     if limit is not None and alive[s] >= limit[s]:
                         continue
-                at = ready(kind, mb, c * p + s)
+                at = ready(k, mb, c * p + s)
                 if at is not None:
-                    key = (max(free[s], at), rank[kind], mb, s, c, kind)
+                    key = (max(free[s], at), rank[k], mb, s, c, kind)
                     best = key if best is None or key < best else best
         return best
 
@@ -138,9 +144,10 @@ def list_schedule(
         if seen != version[s]:
             continue
         vs = c * p + s
-        finish = at + spec.chunks[s][c].duration_ms(kind)
-        end[kind, mb, vs] = free[s] = finish
-        following[kind, s, c] += 1
+        k = index[kind]
+        finish = at + durations[s][c][k]
+        end[k][mb][vs] = free[s] = finish
+        following[k][s][c] += 1
         orders[s].append(Op(kind, mb, c))
         if kind == FORWARD:
             held[s] += memory[s][0][c] if memory[s] is not None else 0
@@ -158,8 +165,10 @@ def list_schedule(
     return Start(schedule, max(free), sum(peak))
 
 
-def warm_starts(spec: PipelineSpec, split: bool) -> list[Start]:
-    """List schedules: backward or forward first, in-flight limit none, v(p - s) or 2v(p - s).
+def warm_starts(spec: PipelineSpec, split: bool, good_enough_ms: float = 0.0) -> list[Start]:
+    """List schedules: backward or forward first, in-flight limit none, v(p - s) or 2v(p - s);
+    the rest are skipped once one fits memory within `good_enough_ms` (the caller would not
+    improve on it).
 
     (W first, or W ahead of F, never won on the benchmark grid and is left out.)
     """
@@ -170,8 +179,16 @@ def warm_starts(spec: PipelineSpec, split: bool) -> list[Start]:
         priorities = [(BACKWARD, FORWARD), (FORWARD, BACKWARD)]
     limits = [(None, ""), ([v * (p - s) for s in range(p)], ", v(p-s) in flight"),
               ([2 * v * (p - s) for s in range(p)], ", 2v(p-s) in flight")]
-    found = (list_schedule(spec, split, priority, limit, name) for priority in priorities for limit, name in limits)
-    return [start for start in found if start is not None]
+    out = []
+    for priority in priorities:
+        for limit, name in limits:
+            start = list_schedule(spec, split, priority, limit, name)
+            if start is None:
+                continue
+            out.append(start)
+            if start.makespan_ms <= good_enough_ms:
+                return out
+    return out
 
 
 __all__ = ["Start", "list_schedule", "warm_starts", "with_backward"]

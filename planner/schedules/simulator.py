@@ -16,7 +16,7 @@ after it), is rejected with the ops involved.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from planner.schedules.ops import (
@@ -73,22 +73,35 @@ def validate(schedule: Schedule, spec: PipelineSpec) -> None:
         raise ScheduleError(f"schedule {schedule.name!r} has {len(schedule.orders)} stages, the pipeline {spec.num_stages}")
     m, v = spec.num_microbatches, spec.virtual_stages
     for stage, order in enumerate(schedule.orders):
-        counts = Counter(order)
-        for op, count in counts.items():
-            if op.kind not in OP_KINDS:
-                raise ScheduleError(f"stage {stage}: {op.label()} is not an F, B, I or W operation")
-            if not (0 <= op.microbatch < m and 0 <= op.chunk < v):
-                raise ScheduleError(f"stage {stage}: {op.label()} is outside {m} microbatches x {v} chunks")
+        # Plain tuples, not Ops: hashing dataclasses dominated simulating long orders.
+        counts: dict[tuple[str, int, int], int] = {}
+        for op in order:
+            key = (op.kind, op.microbatch, op.chunk)
+            counts[key] = counts.get(key, 0) + 1
+        for (kind, mb, chunk), count in counts.items():
+            if kind not in OP_KINDS:
+                raise ScheduleError(f"stage {stage}: {Op(kind, mb, chunk).label()} is not an F, B, I or W operation")
+            if not (0 <= mb < m and 0 <= chunk < v):
+                raise ScheduleError(f"stage {stage}: {Op(kind, mb, chunk).label()} is outside {m} microbatches x {v} chunks")
             if count > 1:
-                raise ScheduleError(f"stage {stage}: {op.label()} appears {count} times")
+                raise ScheduleError(f"stage {stage}: {Op(kind, mb, chunk).label()} appears {count} times")
+        seen = counts.keys()
+        if len(seen) in (2 * m * v, 3 * m * v) and _complete(seen, m, v):
+            continue
         for chunk in range(v):
             for mb in range(m):
-                _check_complete(stage, counts, mb, chunk)
+                _check_complete(stage, seen, mb, chunk)
 
 
-def _check_complete(stage: int, counts: Counter, mb: int, chunk: int) -> None:
+def _complete(seen: Collection[tuple[str, int, int]], m: int, v: int) -> bool:
+    """Every (microbatch, chunk) has F and B, or F, I and W (the common case, checked at once)."""
+    kinds = (FORWARD, BACKWARD) if len(seen) == 2 * m * v else (FORWARD, INPUT_GRAD, WEIGHT_GRAD)
+    return all((kind, mb, chunk) in seen for kind in kinds for mb in range(m) for chunk in range(v))
+
+
+def _check_complete(stage: int, seen: Collection[tuple[str, int, int]], mb: int, chunk: int) -> None:
     def has(kind: str) -> bool:
-        return counts[Op(kind, mb, chunk)] > 0
+        return (kind, mb, chunk) in seen
 
     label = Op(FORWARD, mb, chunk).label()[1:]
     if not has(FORWARD):
@@ -101,32 +114,15 @@ def _check_complete(stage: int, counts: Counter, mb: int, chunk: int) -> None:
         raise ScheduleError(f"stage {stage}: microbatch {label} has no {missing}{label}")
 
 
-def _dependencies(op: Op, stage: int, spec: PipelineSpec) -> tuple[tuple[tuple, float], ...]:
-    """(result key, latency) pairs the op waits for."""
-    vs = spec.virtual_stage(stage, op.chunk)
-    last = spec.num_stages * spec.virtual_stages - 1
-    latency = spec.hop_latency_ms
-    if op.kind == FORWARD:
-        return (((FORWARD, op.microbatch, vs - 1), latency),) if vs > 0 else ()
-    if op.kind == WEIGHT_GRAD:
-        return (((_GRADIENT, op.microbatch, vs), 0.0),)
-    own_forward = ((FORWARD, op.microbatch, vs), 0.0)
-    if vs == last:
-        return (own_forward,)
-    return own_forward, ((_GRADIENT, op.microbatch, vs + 1), latency)
-
-
-def _produces(op: Op, stage: int, spec: PipelineSpec) -> tuple:
-    vs = spec.virtual_stage(stage, op.chunk)
-    kind = FORWARD if op.kind == FORWARD else (WEIGHT_GRAD if op.kind == WEIGHT_GRAD else _GRADIENT)
-    return kind, op.microbatch, vs
-
-
 def simulate(schedule: Schedule, spec: PipelineSpec) -> SimulationResult:
     """Run the schedule; raise ScheduleError if it is incomplete or deadlocks."""
     validate(schedule, spec)
     orders = schedule.orders
     p = spec.num_stages
+    last = p * spec.virtual_stages - 1
+    latency = spec.hop_latency_ms
+    # Durations per stage, chunk and kind, read once: the loop below runs once per op.
+    durations = [[{kind: chunk.duration_ms(kind) for kind in OP_KINDS} for chunk in chunks] for chunks in spec.chunks]
     position = [0] * p
     free_at = [0.0] * p
     done: dict[tuple, float] = {}
@@ -138,22 +134,34 @@ def simulate(schedule: Schedule, spec: PipelineSpec) -> SimulationResult:
         order = orders[stage]
         while position[stage] < len(order):
             op = order[position[stage]]
+            kind, mb, chunk = op.kind, op.microbatch, op.chunk
+            vs = chunk * p + stage
+            # Inputs (see the module docstring): the key of each result the op waits for.
+            if kind == FORWARD:
+                needs = (((FORWARD, mb, vs - 1), latency),) if vs > 0 else ()
+                produced = (FORWARD, mb, vs)
+            elif kind == WEIGHT_GRAD:
+                needs = (((_GRADIENT, mb, vs), 0.0),)
+                produced = (WEIGHT_GRAD, mb, vs)
+            else:
+                own_forward = ((FORWARD, mb, vs), 0.0)
+                needs = (own_forward,) if vs == last else (own_forward, ((_GRADIENT, mb, vs + 1), latency))
+                produced = (_GRADIENT, mb, vs)
             ready = free_at[stage]
             blocked_on = None
-            for key, latency in _dependencies(op, stage, spec):
+            for key, delay in needs:
                 end = done.get(key)
                 if end is None:
                     blocked_on = key
                     break
-                ready = max(ready, end + latency)
+                ready = max(ready, end + delay)
             if blocked_on is not None:
                 waiting.setdefault(blocked_on, []).append(stage)
                 break
-            end = ready + spec.times(stage, op)
+            end = ready + durations[stage][chunk][kind]
             timelines[stage].append(TimedOp(op, ready, end))
             free_at[stage] = end
             position[stage] += 1
-            produced = _produces(op, stage, spec)
             done[produced] = end
             runnable.extend(waiting.pop(produced, ()))
     stuck = [s for s in range(p) if position[s] < len(orders[s])]

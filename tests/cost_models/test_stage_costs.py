@@ -10,12 +10,19 @@ import pytest
 from cost_models.comm import NETWORK_STEP_LATENCY_S, NVLINK_STEP_LATENCY_S
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.hardware import GpuSpec
-from cost_models.iteration import estimate_iteration, exposed_dp_sync_ms, stage_time
+from cost_models.iteration import (
+    estimate_iteration,
+    exposed_dp_sync_ms,
+    stage_backward_ms,
+    stage_time,
+    stage_total_ms,
+)
 from cost_models.layout import Hardware, ParallelShape, Workload
 from cost_models.memory import ACTIVATION_FRAGMENTATION, RESERVED_BYTES
 from cost_models.model_spec import ModelSpec
 from cost_models.stage_costs import (
     max_layers_fitting,
+    max_layers_fitting_all,
     stage_cost_terms,
     stage_memory_bytes,
 )
@@ -220,3 +227,17 @@ def test_pp2_iteration_with_slow_stage():
     slowest = max(t0, t1)
     assert est.pipeline_ms == pytest.approx(m * slowest + (t0 + t1 - slowest), rel=1e-12)
     assert est.bottleneck_stage == (0 if t0 > t1 else 1)
+
+
+@pytest.mark.parametrize("schedule,virtual_stages", [("1f1b", 1), ("interleaved", 2)])
+def test_search_shortcuts_equal_the_full_stage_figures(schedule, virtual_stages):
+    """The planner's search reads stage totals, backwards and whole rows of caps through shortcuts
+    that skip the rest; they must be the very same numbers, bit for bit."""
+    terms = terms_for(2, 4, 2, schedule=schedule, virtual_stages=virtual_stages)
+    for stage in range(4):
+        for layers in (0, 1, 3):
+            for speed in (1.0, 0.5, 0.3):
+                full = stage_time(terms, stage, layers, speed)
+                assert stage_total_ms(terms, stage, layers, speed) == full.total_ms
+                assert stage_backward_ms(terms, stage, layers, speed) == full.backward_ms
+    assert max_layers_fitting_all(terms, 80 * GIB) == tuple(max_layers_fitting(terms, s, 80 * GIB) for s in range(4))
