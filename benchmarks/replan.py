@@ -22,13 +22,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from cost_models.migration import MigrationCost, migration_cost, unit_params
-from planner.devices import device_id
-from planner.holdings import device_holdings, placed_layout
 from planner.plan import plan
 from planner.problem import PlanningProblem
-from planner.replan import replan, running_plan
-from planner.result import PlanResult
+from planner.replan import plan_migration, replan, running_plan
 
 GIB = 1024**3
 
@@ -70,15 +66,6 @@ def _problem(model: str, failed: list[str], slow: dict[str, float]) -> PlanningP
     return to_problem(PlanRequest.model_validate(_request(model, failed, slow)))
 
 
-def _move(problem: PlanningProblem, old: PlanResult, new: PlanResult) -> MigrationCost:
-    cluster = problem.cluster
-    devices = [(n, g) for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)]
-    alive = frozenset(device_id(n, g) for n, g in devices if (n, g) not in cluster.failed)
-    return migration_cost(device_holdings(placed_layout(old)), device_holdings(placed_layout(new)), alive,
-                          {device_id(n, g): n for n, g in devices}, unit_params(problem.workload.model),
-                          problem.hardware.intra_node_bandwidth_gb_s, problem.hardware.inter_node_bandwidth_gb_s)
-
-
 @dataclass(frozen=True)
 class Step:
     model: str
@@ -106,7 +93,7 @@ def run_sequence(model: str) -> list[Step]:
         slow = {d: s for d, s in {**slow, **dict(event.slow)}.items() if d not in event.recovered}
         problem = _problem(model, failed, slow)
         fresh = plan(problem)
-        scratch_cost = _move(problem, scratch_running, fresh)
+        scratch_cost = plan_migration(problem, scratch_running, fresh)
         scratch_running = fresh
         started = time.perf_counter()
         found = replan(problem, replace(running_plan(aware_running, dict(aware_running.slow_devices)), iteration_s=aware_iteration))

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cost_models.migration import MigrationCost, migration_cost, unit_params
+from cost_models.migration import Holding, MigrationCost, migration_cost, unit_params
 from planner.devices import device_id
 from planner.holdings import PlacedLayout, device_holdings, placed_layout
 from planner.placement import matched_device_map, relabel
@@ -126,18 +126,30 @@ def keep_iteration_bound_s(problem: PlanningProblem, running: RunningPlan) -> fl
     return running.iteration_s + worst_replica_s + (worst_factor - 1.0) * running.optimizer_s
 
 
+def migration_between(problem: PlanningProblem, held: Mapping[str, Holding],
+                      needed: Mapping[str, Holding]) -> MigrationCost:
+    """What moving from `held` to `needed` costs on this cluster in its failure state now."""
+    cluster = problem.cluster
+    devices = [(n, g) for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)]
+    alive = frozenset(device_id(n, g) for n, g in devices if (n, g) not in cluster.failed)
+    node_of = {device_id(n, g): n for n, g in devices}
+    return migration_cost(held, needed, alive, node_of, unit_params(problem.workload.model),
+                          problem.hardware.intra_node_bandwidth_gb_s, problem.hardware.inter_node_bandwidth_gb_s)
+
+
+def plan_migration(problem: PlanningProblem, old: Any, new: Any) -> MigrationCost:
+    """Moving from plan `old` to plan `new` (PlanResults or wire Plans)."""
+    return migration_between(problem, device_holdings(placed_layout(old)), device_holdings(placed_layout(new)))
+
+
 def replan(problem: PlanningProblem, running: RunningPlan,
            amortize_iterations: int = DEFAULT_AMORTIZE_ITERATIONS) -> ReplanResult:
     cluster = problem.cluster
     units = unit_params(problem.workload.model)
     held = device_holdings(running.layout)
-    alive = frozenset(device_id(n, g) for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)
-                      if (n, g) not in cluster.failed)
-    node_of = {device_id(n, g): n for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)}
 
     def cost_of(result: PlanResult) -> MigrationCost:
-        return migration_cost(held, device_holdings(placed_layout(result)), alive, node_of, units,
-                              problem.hardware.intra_node_bandwidth_gb_s, problem.hardware.inter_node_bandwidth_gb_s)
+        return migration_between(problem, held, device_holdings(placed_layout(result)))
 
     def candidate(name: str, iteration_s: float, migration: MigrationCost) -> ReplanCandidate:
         return ReplanCandidate(name, iteration_s, migration, objective_ms(iteration_s, migration, amortize_iterations))

@@ -8,7 +8,7 @@ import pytest
 
 from api.convert import to_problem
 from api.schemas import PlanRequest
-from cost_models.migration import MigrationCost, migration_cost, unit_params
+from cost_models.migration import MigrationCost, unit_params
 from planner.devices import device_id
 from planner.holdings import device_holdings, placed_layout
 from planner.placement import matched_device_map, relabel
@@ -17,6 +17,7 @@ from planner.replan import (
     ReplanCandidate,
     ReplanResult,
     objective_ms,
+    plan_migration,
     replan,
     running_plan,
 )
@@ -37,12 +38,7 @@ def _running(result):
 
 
 def _bytes(problem, old, new) -> int:
-    cluster = problem.cluster
-    alive = frozenset(device_id(n, g) for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)
-                      if (n, g) not in cluster.failed)
-    node_of = {device_id(n, g): n for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)}
-    return migration_cost(device_holdings(placed_layout(old)), device_holdings(placed_layout(new)), alive, node_of,
-                          unit_params(problem.workload.model), 300.0, 25.0).bytes_moved
+    return plan_migration(problem, old, new).bytes_moved
 
 
 @pytest.fixture(scope="module")
