@@ -2,6 +2,7 @@
 
     python -m benchmarks.closed_loop            # print the tables
     python -m benchmarks.closed_loop --write    # also BENCHMARKS.md and docs/closed-loop.png
+                                                # (needs matplotlib: pip install -e '.[bench]')
 
 One run of 1,000 iterations of llama2-13b (global batch 512 x 4,096 tokens)
 on 32 x 8 A100-80GB. Fail-stop and fail-slow events arrive at fixed wall-clock
