@@ -28,7 +28,7 @@ from cost_models.model_spec import (
 from planner.devices import build_cluster_state
 from planner.errors import PlanningError
 from planner.problem import PlanningProblem
-from planner.result import PlanResult
+from planner.result import PlanResult, ReplicaResult
 from planner.schedules.result import ScheduleChoice
 
 # A custom GPU without HBM bandwidth gets A100-80GB's bytes per FLOP.
@@ -147,10 +147,16 @@ def to_wire(result: PlanResult, plan_id: str, **extra) -> Plan:
     fields = {name: getattr(result, name) for name in result.__dataclass_fields__}
     choice = fields.pop("pipeline_schedule")
     body = {name: asdict(value) if is_dataclass(value) else value for name, value in fields.items()}
-    body["replicas"] = [asdict(replica) for replica in result.replicas]
+    body["replicas"] = [_replica_fields(replica) for replica in result.replicas]
     body["pipeline_schedule"] = schedule_to_wire(choice) if choice is not None else None
     body["slow_devices"] = [{"device": device, "speed": speed} for device, speed in result.slow_devices]
     return Plan.model_validate({"plan_id": plan_id, **body, **extra})
+
+
+def _replica_fields(replica: ReplicaResult) -> dict:
+    """`asdict` without its deep copies of every device id: a third of a second at 65,536 GPUs."""
+    stages = [{name: getattr(stage, name) for name in stage.__dataclass_fields__} for stage in replica.stages]
+    return {"id": replica.id, "num_microbatches": replica.num_microbatches, "stages": stages}
 
 
 def schedule_to_wire(choice: ScheduleChoice) -> PipelineSchedule:

@@ -7,6 +7,8 @@ and SwiGLU by counting the same stored tensors.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from cost_models.efficiency import SoftwareConfig
 from cost_models.model_spec import ModelSpec
 from cost_models.pipeline import interleaved_group_sizes
@@ -99,11 +101,20 @@ def in_flight_microbatches(schedule: str, stage: int, stages: int, microbatches:
     first stage holds p (1 + (p - 1)/(p v)) layer sets, Korthikanti's factor;
     up to 2p - 1 for other m). GPipe holds all m.
     """
+    return in_flight_row(schedule, stages, microbatches, virtual_stages, (stage,))[0]
+
+
+def in_flight_row(
+    schedule: str, stages: int, microbatches: int, virtual_stages: int, positions: Iterable[int] | None = None
+) -> list[float]:
+    """`in_flight_microbatches` of each stage in `positions` (default: every stage); a whole row
+    finds the interleaved first group once."""
+    positions = range(stages) if positions is None else positions
     if schedule == "gpipe":
-        return float(microbatches)
+        return [float(microbatches) for _ in positions]
     if schedule == "interleaved" and virtual_stages > 1:
         first_group = interleaved_group_sizes(microbatches, stages)[0]
-        chunks = 2 * (stages - stage - 1) + (virtual_stages - 1) * first_group + 1
-        chunks = min(chunks, microbatches * virtual_stages)
-        return chunks / virtual_stages
-    return float(min(stages - stage, microbatches))
+        most = microbatches * virtual_stages
+        warm_up = (virtual_stages - 1) * first_group + 1
+        return [min(2 * (stages - stage - 1) + warm_up, most) / virtual_stages for stage in positions]
+    return [float(min(stages - stage, microbatches)) for stage in positions]

@@ -24,6 +24,7 @@ from cost_models.memory import (
     embedding_activation_bytes,
     head_activation_bytes,
     in_flight_microbatches,
+    in_flight_row,
     layer_activation_bytes,
     state_bytes_per_param,
 )
@@ -65,6 +66,11 @@ class StageCostTerms:
         """Microbatches whose activations `stage` holds at its peak, in layer-set units."""
         shape = self.shape
         return in_flight_microbatches(shape.schedule, stage, shape.pp, self.num_microbatches, shape.virtual_stages)
+
+    def in_flight_row(self) -> list[float]:
+        """`in_flight` of every stage."""
+        shape = self.shape
+        return in_flight_row(shape.schedule, shape.pp, self.num_microbatches, shape.virtual_stages)
 
     def dp_sync_ms(self, params: float, ranks: int | None = None) -> float:
         """Gradient all-reduce (or reduce-scatter + all-gather with ZeRO-1) of `params` per GPU
@@ -127,7 +133,6 @@ def stage_cost_terms(
 ) -> StageCostTerms:
     """Cost coefficients of `shape`; pass `parts` (from `part_costs`) to reuse layer costs across shapes."""
     model = workload.model
-    seq, mbs, tp = workload.seq_length, shape.micro_batch_size, shape.tp
     gpu = hardware.gpu
     intra = hardware.intra_node_bandwidth_gb_s
     microbatches = shape.num_microbatches(workload.global_batch_size)
@@ -139,21 +144,9 @@ def stage_cost_terms(
         head = PartCosts(head.time, float(model.hidden_size), head.activation_bytes)
 
     # Megatron's rank order is tp, dp, pp (fastest first): data-parallel
-    # peers share a node while they fit, pipeline neighbours cross nodes
-    # unless the whole job fits in one.
-    groups_per_node = max(1, hardware.gpus_per_node // tp)
-    same_node_p2p = shape.devices <= hardware.gpus_per_node
-    p2p_ms = 0.0
-    if shape.pp > 1:
-        p2p_bytes = 2.0 * seq * mbs * model.hidden_size / (tp if software.scatter_gather_p2p else 1)
-        if same_node_p2p:
-            bandwidth, latency = intra * efficiency.nvlink_fraction, NVLINK_STEP_LATENCY_S
-        else:
-            bandwidth, latency = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction, NETWORK_STEP_LATENCY_S
-        # Every model chunk sends its output on and its input gradient back,
-        # so interleaving multiplies the transfers by v.
-        transfers = 2.0 * shape.virtual_stages
-        p2p_ms = transfers * 1e3 * point_to_point_s(p2p_bytes, bandwidth, latency)
+    # peers share a node while they fit.
+    groups_per_node = max(1, hardware.gpus_per_node // shape.tp)
+    p2p_ms = pipeline_p2p_ms(workload, hardware, shape, efficiency, software)
 
     optimizer_params_share = 1.0 / shape.dp if workload.zero_stage >= 1 else 1.0
     optimizer_ms_per_param = (
@@ -175,6 +168,30 @@ def stage_cost_terms(
         bucket_params=float(software.ddp_bucket_params),
         overlap_grad_reduce=software.overlap_grad_reduce,
     )
+
+
+def pipeline_p2p_ms(
+    workload: Workload,
+    hardware: Hardware,
+    shape: ParallelShape,
+    efficiency: EfficiencyParams,
+    software: SoftwareConfig,
+) -> float:
+    """`StageCostTerms.p2p_ms` of `shape` (the planner prices links for another replica count)."""
+    if shape.pp <= 1:
+        return 0.0
+    # Megatron's rank order is tp, dp, pp (fastest first): pipeline neighbours cross nodes
+    # unless the whole job fits in one.
+    mbs, tp = shape.micro_batch_size, shape.tp
+    p2p_bytes = 2.0 * workload.seq_length * mbs * workload.model.hidden_size / (tp if software.scatter_gather_p2p else 1)
+    if shape.devices <= hardware.gpus_per_node:
+        bandwidth, latency = hardware.intra_node_bandwidth_gb_s * efficiency.nvlink_fraction, NVLINK_STEP_LATENCY_S
+    else:
+        bandwidth, latency = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction, NETWORK_STEP_LATENCY_S
+    # Every model chunk sends its output on and its input gradient back,
+    # so interleaving multiplies the transfers by v.
+    transfers = 2.0 * shape.virtual_stages
+    return transfers * 1e3 * point_to_point_s(p2p_bytes, bandwidth, latency)
 
 
 @dataclass(frozen=True)
@@ -214,16 +231,25 @@ def stage_memory_bytes(terms: StageCostTerms, stage: int, layers: int) -> float:
 
 def max_layers_fitting(terms: StageCostTerms, stage: int, memory_bytes: float) -> int:
     """Most layers `stage` can hold within `memory_bytes` (may be < 1: nothing fits)."""
-    return _max_layers(terms, stage, memory_bytes, terms.in_flight(stage))
+    return _max_layers(terms, stage_memory(terms, stage, 0), memory_bytes, terms.in_flight(stage))
 
 
 def max_layers_fitting_all(terms: StageCostTerms, memory_bytes: float) -> tuple[int, ...]:
     """`max_layers_fitting` of every stage of the shape (the planner asks for whole rows)."""
-    return tuple(_max_layers(terms, stage, memory_bytes, terms.in_flight(stage)) for stage in range(terms.shape.pp))
+    last = terms.shape.pp - 1
+    # A stage's memory without layers depends only on whether it is the first, the last or a
+    # middle one: each is built once per row (the row is the planner's hot path).
+    empty = {0: stage_memory(terms, 0, 0), last: stage_memory(terms, last, 0)}
+    middle = stage_memory(terms, 1, 0) if last > 1 else None
+    return tuple(
+        _max_layers(terms, empty.get(stage, middle), memory_bytes, in_flight)
+        for stage, in_flight in enumerate(terms.in_flight_row())
+    )
 
 
-def _max_layers(terms: StageCostTerms, stage: int, memory_bytes: float, in_flight: float) -> int:
-    fixed = stage_memory(terms, stage, 0).peak_bytes(in_flight)
+def _max_layers(terms: StageCostTerms, empty: StageMemory, memory_bytes: float, in_flight: float) -> int:
+    """Most layers within `memory_bytes`, `empty` being the stage's memory without layers."""
+    fixed = empty.peak_bytes(in_flight)
     per_layer = (
         terms.layer.params * terms.state_bytes_per_param
         + terms.layer.activation_bytes * in_flight * (1 + ACTIVATION_FRAGMENTATION)

@@ -121,8 +121,7 @@ def _inventory(problem: PlanningProblem, tp: int, sizes: list[int]) -> _Inventor
 
 
 def _per_layer_ms(cache: TermsCache, stage_type: StageType) -> float:
-    terms = cache.terms(stage_type.tp, 1)
-    time = terms.layer.time
+    time = cache.layer_time(stage_type.tp)
     return (time.forward_compute_ms + time.backward_compute_ms) / stage_type.speed + time.forward_tp_comm_ms + time.backward_tp_comm_ms
 
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from cost_models.compute import LayerTime
 from cost_models.iteration import (
     StageTime,
     stage_backward_ms,
@@ -37,6 +38,7 @@ from cost_models.stage_costs import (
     StageCostTerms,
     max_layers_fitting_all,
     part_costs,
+    pipeline_p2p_ms,
     stage_cost_terms,
 )
 from planner.partitions import StageType
@@ -187,24 +189,34 @@ class TermsCache:
                 tp, stages, self._replicas, outer.micro_batch_size, outer.recompute,
                 "interleaved" if outer.virtual_stages > 1 else "1f1b", outer.virtual_stages,
             )
-            parts_key = (tp, outer.micro_batch_size, outer.recompute)
-            if parts_key not in self._parts:
-                self._parts[parts_key] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency,
-                                                    problem.software)
-            parts = self._parts[parts_key]
+            parts = self._part_set(tp)
             terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software, parts)
+            changes = {}
             if self._link_replicas > self._replicas:
-                links = stage_cost_terms(
+                changes["p2p_ms"] = pipeline_p2p_ms(
                     problem.workload, problem.hardware, replace(shape, dp=self._link_replicas),
-                    problem.efficiency, problem.software, parts,
+                    problem.efficiency, problem.software,
                 )
-                terms = replace(terms, p2p_ms=links.p2p_ms)
             if outer.virtual_stages > 1:
                 # Replicas get any microbatch count, and interleaving holds the most
                 # for m = 2p - 1 (one group of 2p - 1): size memory for that.
-                terms = replace(terms, num_microbatches=2 * stages - 1)
-            self._terms[key] = terms
+                changes["num_microbatches"] = 2 * stages - 1
+            self._terms[key] = replace(terms, **changes) if changes else terms
         return self._terms[key]
+
+    def layer_time(self, tp: int) -> LayerTime:
+        """One layer's time at TP size `tp`: it depends on neither the stage count nor the replicas."""
+        return self._part_set(tp).layer.time
+
+    def _part_set(self, tp: int) -> PartSet:
+        """Layer, embedding and head costs (`part_costs` reads only tp, micro-batch size and recompute)."""
+        outer = self._outer
+        key = (tp, outer.micro_batch_size, outer.recompute)
+        if key not in self._parts:
+            problem = self._problem
+            shape = ParallelShape(tp, 1, 1, outer.micro_batch_size, outer.recompute)
+            self._parts[key] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
+        return self._parts[key]
 
 
 def degraded_positions(stages: int) -> list[int]:

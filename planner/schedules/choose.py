@@ -39,7 +39,8 @@ class ChosenSchedule:
 TIE_PREFERENCE = ("1f1b", "interleaved", "zb-h1", "zb-h2", "gpipe", OPTIMIZED)
 
 
-def _preference(name: str) -> int:
+def preference(name: str) -> int:
+    """Rank among equally fast schedules: the most widely run first."""
     return TIE_PREFERENCE.index(name) if name in TIE_PREFERENCE else len(TIE_PREFERENCE)
 
 
@@ -93,7 +94,8 @@ def choose_schedule(
     )
     if worth_optimizing:
         optimized = optimize_schedule(
-            spec, time_limit_s=max(optimize_time_limit_s, MIN_REQUIRED_OPTIMIZE_S), split_backward=True,
+            spec, time_limit_s=optimize_time_limit_s if tried else max(optimize_time_limit_s, MIN_REQUIRED_OPTIMIZE_S),
+            split_backward=True,
             hint=start or best[0], seed=seed, relative_gap_limit=OPTIMALITY_GAP, use_solver=use_solver,
             warm_start=start is None,
         )
@@ -125,7 +127,7 @@ def _best(tried: list[tuple[Schedule, SimulationResult]], spec: PipelineSpec) ->
     if fitting:
         # Equal makespans: the one holding fewer activations, then the most widely run.
         return min(fitting, key=lambda item: (
-            round(item[1].makespan_ms, 6), round(max(item[1].peak_activation_gib), 6), _preference(item[0].name),
+            round(item[1].makespan_ms, 6), round(max(item[1].peak_activation_gib), 6), preference(item[0].name),
         ))
     limits = spec.activation_limit_gib or ()
     return min(

@@ -12,6 +12,7 @@ becomes its static memory plus the chosen schedule's activation peak.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from cost_models.pipeline import pipeline_time_ms
@@ -20,9 +21,12 @@ from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
 from planner.schedules.bounds import lower_bound_ms
 from planner.schedules.build import replica_spec, timeline_signature
-from planner.schedules.choose import ChosenSchedule, choose_schedule, handcrafted_runs
+from planner.schedules.choose import ChosenSchedule, choose_schedule, preference
+from planner.schedules.handcrafted import handcrafted_schedules
+from planner.schedules.ops import PipelineSpec, Schedule
 from planner.schedules.optimal import OPTIMIZED
 from planner.schedules.result import ReplicaTimeline, ScheduleChoice
+from planner.schedules.simulator import SimulationResult, simulate
 
 # A single replica's CP-SAT schedule gets at most this long, whatever the plan's budget.
 MAX_OPTIMIZE_S_PER_REPLICA = 1.0
@@ -41,13 +45,17 @@ def with_schedules(problem: PlanningProblem, result: PlanResult, budget_s: float
     for replica in result.replicas:
         groups.setdefault(timeline_signature(replica), []).append(replica)
     specs = {key: replica_spec(members[0], result.virtual_stages, gpu_memory_gib) for key, members in groups.items()}
-    handcrafted = {key: handcrafted_runs(spec) for key, spec in specs.items()}
+    handcrafted = _handcrafted_within(specs, allowed, deadline)
     min_gain_ms = MIN_ITERATION_GAIN * result.predicted.iteration_time_s * 1e3
     chosen = {key: choose_schedule(spec, allowed=allowed, simulated=handcrafted[key]) for key, spec in specs.items()}
     # Greedy list schedules first, for the slowest replica again and again (the plan waits only for
     # it): milliseconds each, and often at the lower bound already, so CP-SAT has less left to gain.
+    # On long pipelines (p = 32, m = 128) they take tenths of a second: only while the budget lasts.
     listed: set[tuple] = set()
-    while (slowest := max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)) not in listed:
+    while (
+        (slowest := max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)) not in listed
+        and time.monotonic() < deadline
+    ):
         listed.add(slowest)
         chosen[slowest] = choose_schedule(
             specs[slowest], allowed=allowed, optimize_time_limit_s=MIN_OPTIMIZE_S, min_gain_ms=min_gain_ms,
@@ -73,6 +81,34 @@ def with_schedules(problem: PlanningProblem, result: PlanResult, budget_s: float
     # The solver's wall time covers the whole answer: layout search and schedules.
     wall_time_s = round(result.solver.wall_time_s + time.monotonic() - started, 3)
     return replace(scheduled, solver=replace(scheduled.solver, wall_time_s=wall_time_s))
+
+
+def first_choice(allowed: Collection[str] | None, names: Sequence[str]) -> str:
+    """The handcrafted schedule simulated even without a budget: the first allowed one in tie
+    preference (1F1B, the layout search's own pipeline model, when allowed), else the first of
+    all as CP-SAT's seed."""
+    usable = [name for name in names if allowed is None or name in allowed] or list(names)
+    return min(usable, key=preference)
+
+
+def _handcrafted_within(
+    specs: dict[tuple, PipelineSpec], allowed: Collection[str] | None, deadline: float
+) -> dict[tuple, list[tuple[Schedule, SimulationResult]]]:
+    """Every replica's first-choice handcrafted schedule, simulated; then, slowest replica first, the
+    others while time remains. A plan needs one timeline per replica, so that much is spent whatever
+    the budget; simulating the rest of them takes tenths of a second on long pipelines."""
+    schedules = {key: handcrafted_schedules(spec) for key, spec in specs.items()}
+    runs = {}
+    for key, spec in specs.items():
+        first = first_choice(allowed, [schedule.name for schedule in schedules[key]])
+        runs[key] = [(schedule, simulate(schedule, spec)) for schedule in schedules[key] if schedule.name == first]
+    for key in sorted(specs, key=lambda key: -runs[key][0][1].makespan_ms):
+        for schedule in schedules[key]:
+            if time.monotonic() >= deadline:
+                return runs
+            if schedule.name != runs[key][0][0].name and (allowed is None or schedule.name in allowed):
+                runs[key].append((schedule, simulate(schedule, specs[key])))
+    return runs
 
 
 def _apply(

@@ -112,20 +112,23 @@ def list_schedule(
 
     def candidate(s: int) -> tuple | None:
         best = None
+        stage_memory, stage_free = memory[s], free[s]
+        forward_allowed = limit is None or alive[s] < limit[s]
         for c in range(v):
             for k, kind in enumerate(kinds):
                 mb = following[k][s][c]
                 if mb >= m:
                     continue
-                if k == forward:
-                    if memory[s] is not None and held[s] + memory[s][0][c] > memory[s][1]:
-                        continue
-                    if limit is not None and alive[s] >= limit[s]:
-                        continue
+                if k == forward and (
+                    not forward_allowed
+                    or (stage_memory is not None and held[s] + stage_memory[0][c] > stage_memory[1])
+                ):
+                    continue
                 at = ready(k, mb, c * p + s)
                 if at is not None:
-                    key = (max(free[s], at), rank[k], mb, s, c, kind)
-                    best = key if best is None or key < best else best
+                    key = (max(stage_free, at), rank[k], mb, s, c, kind)
+                    if best is None or key < best:
+                        best = key
         return best
 
     version = [0] * p
@@ -156,8 +159,12 @@ def list_schedule(
             held[s] -= memory[s][0][c] if memory[s] is not None else 0
             alive[s] -= 1
         refresh(s)
-        for neighbour in {(vs + 1) % p, (vs - 1) % p} - {s}:
-            refresh(neighbour)
+        # Only the stage that waits for this op's result can start something new: a forward's
+        # output feeds the next virtual stage, a backward's gradient the previous one, a W nothing.
+        if kind == FORWARD and vs < V - 1 and (vs + 1) % p != s:
+            refresh((vs + 1) % p)
+        elif kind == back and vs > 0 and (vs - 1) % p != s:
+            refresh((vs - 1) % p)
         peak[s] = max(peak[s], alive[s])
     if sum(map(len, orders)) < p * v * m * len(kinds):
         return None

@@ -136,25 +136,42 @@ def simulate(schedule: Schedule, spec: PipelineSpec) -> SimulationResult:
             op = order[position[stage]]
             kind, mb, chunk = op.kind, op.microbatch, op.chunk
             vs = chunk * p + stage
-            # Inputs (see the module docstring): the key of each result the op waits for.
-            if kind == FORWARD:
-                needs = (((FORWARD, mb, vs - 1), latency),) if vs > 0 else ()
-                produced = (FORWARD, mb, vs)
-            elif kind == WEIGHT_GRAD:
-                needs = (((_GRADIENT, mb, vs), 0.0),)
-                produced = (WEIGHT_GRAD, mb, vs)
-            else:
-                own_forward = ((FORWARD, mb, vs), 0.0)
-                needs = (own_forward,) if vs == last else (own_forward, ((_GRADIENT, mb, vs + 1), latency))
-                produced = (_GRADIENT, mb, vs)
+            # Inputs (see the module docstring): the op waits for each result's key, `latency` more
+            # for one from another virtual stage. Written out, not looped over: this runs per op.
             ready = free_at[stage]
             blocked_on = None
-            for key, delay in needs:
+            if kind == FORWARD:
+                produced = (FORWARD, mb, vs)
+                if vs > 0:
+                    key = (FORWARD, mb, vs - 1)
+                    end = done.get(key)
+                    if end is None:
+                        blocked_on = key
+                    else:
+                        ready = max(ready, end + latency)
+            elif kind == WEIGHT_GRAD:
+                produced = (WEIGHT_GRAD, mb, vs)
+                key = (_GRADIENT, mb, vs)
                 end = done.get(key)
                 if end is None:
                     blocked_on = key
-                    break
-                ready = max(ready, end + delay)
+                else:
+                    ready = max(ready, end)
+            else:
+                produced = (_GRADIENT, mb, vs)
+                key = (FORWARD, mb, vs)
+                end = done.get(key)
+                if end is None:
+                    blocked_on = key
+                else:
+                    ready = max(ready, end)
+                    if vs != last:
+                        key = (_GRADIENT, mb, vs + 1)
+                        end = done.get(key)
+                        if end is None:
+                            blocked_on = key
+                        else:
+                            ready = max(ready, end + latency)
             if blocked_on is not None:
                 waiting.setdefault(blocked_on, []).append(stage)
                 break

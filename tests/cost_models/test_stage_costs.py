@@ -23,6 +23,7 @@ from cost_models.model_spec import ModelSpec
 from cost_models.stage_costs import (
     max_layers_fitting,
     max_layers_fitting_all,
+    pipeline_p2p_ms,
     stage_cost_terms,
     stage_memory_bytes,
 )
@@ -241,3 +242,26 @@ def test_search_shortcuts_equal_the_full_stage_figures(schedule, virtual_stages)
                 assert stage_total_ms(terms, stage, layers, speed) == full.total_ms
                 assert stage_backward_ms(terms, stage, layers, speed) == full.backward_ms
     assert max_layers_fitting_all(terms, 80 * GIB) == tuple(max_layers_fitting(terms, s, 80 * GIB) for s in range(4))
+
+
+@pytest.mark.parametrize("schedule,virtual_stages", [("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("gpipe", 1)])
+@pytest.mark.parametrize("pp", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("dp", [1, 2, 16])
+def test_cap_rows_equal_the_per_stage_caps(schedule, virtual_stages, pp, dp):
+    """A row of caps reuses the first, middle and last stages' memory without layers and one
+    in-flight row: the same numbers, bit for bit, as asking stage by stage (m < p included)."""
+    if schedule == "interleaved" and pp == 1:
+        return
+    terms = terms_for(1, pp, dp, mbs=1, schedule=schedule, virtual_stages=virtual_stages)
+    for memory_gib in (1, 8, 80):
+        row = max_layers_fitting_all(terms, memory_gib * GIB)
+        assert row == tuple(max_layers_fitting(terms, s, memory_gib * GIB) for s in range(pp))
+    assert terms.in_flight_row() == [terms.in_flight(s) for s in range(pp)]
+
+
+@pytest.mark.parametrize("tp,pp,dp", [(1, 2, 1), (2, 4, 1), (2, 4, 2), (8, 2, 1), (1, 1, 4)])
+def test_pipeline_p2p_is_the_terms_p2p(tp, pp, dp):
+    for virtual_stages in (1, 2):
+        schedule = "interleaved" if virtual_stages > 1 else "1f1b"
+        terms = terms_for(tp, pp, dp, schedule=schedule, virtual_stages=virtual_stages)
+        assert pipeline_p2p_ms(Workload(MODEL, S, G, 1), HW, terms.shape, EFF, SW) == terms.p2p_ms

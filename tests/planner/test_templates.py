@@ -55,3 +55,31 @@ def test_degraded_stages_go_to_the_middle_first():
     assert arrange(4, base, (slow,)) == (base, slow, base, base)
     assert arrange(1, base, (slow,)) == (slow,)
     assert arrange(2, base, (slow,)) == (slow, base)
+
+
+def test_terms_cache_shortcuts_equal_the_full_terms():
+    """The cache prices pipeline links for `link_replicas` and memory for `memory_replicas`, and
+    reads layer times without building terms: the same numbers as `stage_cost_terms` directly."""
+    from dataclasses import replace
+
+    from cost_models.layout import ParallelShape
+    from cost_models.stage_costs import stage_cost_terms
+    from planner.templates import OuterChoice, TermsCache
+    from tests.planner.helpers import small_problem
+
+    problem = small_problem(num_nodes=4, gpus_per_node=4)
+    args = (problem.workload, problem.hardware)
+    for v, schedule in ((1, "1f1b"), (2, "interleaved")):
+        outer = OuterChoice(2, 2, 1, "none", v)
+        for memory_replicas, link_replicas in ((1, 1), (1, 2), (2, 4)):
+            cache = TermsCache(problem, outer, memory_replicas, link_replicas)
+            for tp, stages in ((1, 1), (2, 2), (2, 3)):
+                shape = ParallelShape(tp, stages, memory_replicas, 1, "none", schedule, v)
+                direct = stage_cost_terms(*args, shape, problem.efficiency, problem.software)
+                links = stage_cost_terms(*args, replace(shape, dp=link_replicas), problem.efficiency, problem.software)
+                terms = cache.terms(tp, stages)
+                expected = replace(direct, p2p_ms=links.p2p_ms)
+                if v > 1:
+                    expected = replace(expected, num_microbatches=2 * stages - 1)
+                assert terms == expected
+                assert cache.layer_time(tp) == direct.layer.time
