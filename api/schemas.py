@@ -19,6 +19,9 @@ MAX_LIST_LENGTH = 131_072
 MAX_CLUSTER_GPUS = 131_072  # num_nodes x gpus_per_node
 MAX_DEVICE_ID_CHARS = 24  # "16383:71" is 8; longer ids are typos or abuse (int() of huge digit strings fails)
 MAX_TOKENS_PER_ITERATION = 2**31  # global_batch_size x seq_length; ~100x the largest published batches
+# The largest published batch in sequences is BERT-with-LAMB's 65,536. Every microbatch is an op of every
+# stage's timeline: 65,536 on one 8-GPU node already take ~8 s to simulate and answer 30 MB.
+MAX_GLOBAL_BATCH_SEQUENCES = 65_536
 MIN_PEAK_TFLOPS = 0.1
 MIN_MEMORY_GIB = 0.1
 MIN_BANDWIDTH_GB_S = 0.01
@@ -131,7 +134,7 @@ ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "optimi
 
 
 class Training(_Strict):
-    global_batch_size: int = Field(ge=1, le=1_048_576, description="Sequences per iteration.")
+    global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH_SEQUENCES, description="Sequences per iteration.")
     seq_length: int = Field(ge=1, le=1_048_576, description="Tokens per sequence.")
     micro_batch_size: int | None = Field(default=None, ge=1, le=4096, description="null: the planner chooses.")
     precision: Literal["bf16", "fp16"] = "bf16"

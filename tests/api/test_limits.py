@@ -128,11 +128,11 @@ def test_device_ids_are_length_capped(client):
 def test_sequence_length_and_batch_size_are_capped(client):
     assert_validation(client.post("/v1/plan", json=small_request(training={"global_batch_size": 32, "seq_length": 2**21})),
                       ("body", "training", "seq_length"), "less than or equal to 1048576")
-    assert_validation(client.post("/v1/plan", json=small_request(training={"global_batch_size": 2**21, "seq_length": 8})),
-                      ("body", "training", "global_batch_size"), "less than or equal to 1048576")
-    # Each within its own cap, together a trillion tokens per iteration: the planner would run for minutes.
-    both = small_request(training={"global_batch_size": 1_048_576, "seq_length": 1_048_576})
-    assert_validation(client.post("/v1/plan", json=both), ("body", "training"), "1,099,511,627,776 tokens",
+    assert_validation(client.post("/v1/plan", json=small_request(training={"global_batch_size": 65_537, "seq_length": 8})),
+                      ("body", "training", "global_batch_size"), "less than or equal to 65536")
+    # Each within its own cap, together 68 billion tokens per iteration: the planner would run for minutes.
+    both = small_request(training={"global_batch_size": 65_536, "seq_length": 1_048_576})
+    assert_validation(client.post("/v1/plan", json=both), ("body", "training"), "68,719,476,736 tokens",
                       "at most 2,147,483,648")
 
 
