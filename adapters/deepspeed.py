@@ -80,9 +80,19 @@ Where DeepSpeed is not what the plan assumed, and refusals:
   non-uniform plan (`stock_layout` names what differs). Ask for a runnable
   plan with `"options": {"allow_non_uniform": false, "schedules": ["1f1b"]}`.
 
+The `resiplan` section also carries the model: `model` is the plan's whole
+architecture (normalization, RoPE base and scaling, biases, tying, GQA), and
+`megatron_deepspeed.args` the Megatron-DeepSpeed pretrain_gpt.py flags that
+build it (adapters.megatron_model), or `args: null` and `cannot_build` with
+the reason (Megatron-DeepSpeed has no Q, K, V-only biases and no Llama 3.1
+RoPE scaling).
+
 `launch_command` uses DeepSpeed's launcher (`deepspeed --hostfile --include`)
 when it places every rank on its planned GPU, and `torchrun` lines per node
-otherwise (see there).
+otherwise (see there). The training script is `"${TRAIN_SCRIPT:?...}"`: the
+plan cannot know it, so the printed command stops, naming the variable,
+until it is set; the script's own settings (data, tokenizer, iterations,
+learning rate) follow `--deepspeed_config`, as the comments say.
 """
 
 from __future__ import annotations
@@ -91,7 +101,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from adapters.megatron_model import megatron_deepspeed_model_args
 from adapters.registry import ExportError
+from adapters.shell_text import Required, inert
 from adapters.stock import StockLayout, check_replica, launch_blocks, stock_layout
 from api.schemas import Plan
 
@@ -99,8 +111,13 @@ TARGET = "DeepSpeed"
 RESIPLAN_KEY = "resiplan"
 CONFIG_FILE = "ds_config.json"
 HOSTFILE = "resiplan-hostfile"
-TRAIN_SCRIPT = "train.py"
-TRAIN = f"{TRAIN_SCRIPT} --deepspeed --deepspeed_config {CONFIG_FILE}"  # what every launcher line runs
+# What every launcher line runs: the user's script, which the plan cannot know (bash stops, naming the
+# variable, while it is unset), and the config this plan exports.
+SCRIPT = Required("", "TRAIN_SCRIPT", f"your training script, which builds the PipelineModule from the "
+                                       f"resiplan section of {CONFIG_FILE}")
+REQUIRED = (SCRIPT,)
+TRAIN_SCRIPT_VARIABLE = SCRIPT.variable
+TRAIN = f"{SCRIPT.value()} --deepspeed --deepspeed_config {CONFIG_FILE}"
 MASTER_PORT = 29500
 GRADIENT_CLIPPING = 1.0
 EVEN_PARTITION_METHOD = "type:transformer"
@@ -196,10 +213,12 @@ def launch_command(plan: Plan) -> str:
     layout = _layout(plan)
     blocks = launch_blocks(layout, "DeepSpeed's launcher")
     lines = [
-        (f"# resiplan plan {plan.plan_id}: {TARGET} on {layout.world_size} GPUs (tp {layout.tp}, pp {layout.pp}, "
+        (f"# resiplan plan {inert(plan.plan_id)}: {TARGET} on {layout.world_size} GPUs (tp {layout.tp}, pp {layout.pp}, "
          f"dp {layout.dp}) on {len(blocks)} node(s)"),
-        (f"# {CONFIG_FILE}: this plan exported with --format deepspeed; {TRAIN_SCRIPT}: your script, which builds "
-         f"the PipelineModule from its \"{RESIPLAN_KEY}\" section"),
+        f"# {CONFIG_FILE}: this plan exported with --format deepspeed, in the directory the script runs in",
+        f"# still to set: {TRAIN_SCRIPT_VARIABLE}, your training script; its own settings (data, tokenizer, iterations,",
+        "#   learning rate) go after --deepspeed_config; Megatron-DeepSpeed's pretrain_gpt.py also takes the model",
+        f"#   flags in {CONFIG_FILE}'s resiplan.megatron_deepspeed.args",
     ]
     if deepspeed_launcher_places(blocks):
         return "\n".join(lines + deepspeed_launcher_lines(blocks, layout.gpus_per_node)) + "\n"
@@ -348,10 +367,19 @@ def _script_settings(plan: Plan, layout: StockLayout) -> dict[str, Any]:
                      "deepspeed": "TrainSchedule (1F1B)" if layout.pp > 1 else "gradient accumulation (one stage)"},
         "recompute": {"plan": layout.recompute, "deepspeed": recompute},
         "model": layout.architecture.model_dump(),
+        "megatron_deepspeed": _megatron_deepspeed(layout),
         "seq_length": layout.seq_length,
         "world_size": layout.world_size,
         "rank_devices": list(layout.rank_devices),
     }
+
+
+def _megatron_deepspeed(layout: StockLayout) -> dict[str, Any]:
+    """Megatron-DeepSpeed pretrain_gpt.py's model flags for the plan's architecture, or why it has none."""
+    try:
+        return {"args": megatron_deepspeed_model_args(layout.architecture, layout.seq_length)}
+    except ExportError as error:
+        return {"args": None, "cannot_build": str(error)}
 
 
 def _slots(gpus: Sequence[int]) -> str:

@@ -30,17 +30,22 @@ What the plan sets, and how:
                              --recompute-num-layers 1
     zero_stage 1             --use-distributed-optimizer; always --overlap-grad-reduce
     precision                --bf16 / --fp16
-    architecture             --num-layers, --hidden-size, --ffn-hidden-size,
-                             --num-attention-heads, --group-query-attention
-                             --num-query-groups (GQA), --swiglu,
-                             --untie-embeddings-and-output-weights (untied)
-    batch                    --seq-length, --max-position-embeddings (= seq length),
-                             --micro-batch-size, --global-batch-size
+    architecture             adapters.megatron_model: shape, GQA, --swiglu, untied embeddings,
+                             --normalization and --norm-epsilon, RoPE (--position-embedding-type
+                             rope, --rotary-base, Llama 3.1 --use-rope-scaling) or a learned
+                             table, --disable-bias-linear / --add-qkv-bias
+    batch                    --seq-length, --max-position-embeddings (the sequence length with
+                             RoPE, the table with learned positions), --micro-batch-size,
+                             --global-batch-size
 
-Not set: data, tokenizer (the vocabulary comes from it), optimizer, learning
-rate schedule, iterations, checkpointing, and the model details the plan
-does not carry (normalization, position embedding type, biases, RoPE base);
-the rendered header says so.
+Not set: data, tokenizer (the vocabulary comes from it), learning rate and
+its schedule, iterations, checkpointing. `launch_command` passes the ones
+pretrain_gpt.py cannot start without as `--data-path "${DATA_PATH:?...}"`
+and the like (REQUIRED), so the printed command stops, naming the variable,
+until each is set; the rendered header lists them.
+
+Plan-supplied text (plan_id, the model's name, device ids) reaches comments
+only through `adapters.shell_text.inert`; every argument is shlex-quoted.
 
 Refused (ExportError): what `stock_layout` refuses (replicas that differ in
 stage count, TP, layer split or microbatches; TP that differs between
@@ -55,14 +60,18 @@ megatron-core 0.16 on CPU: `parallel_state.initialize_model_parallel` under
 torch's fake process group (group sizes and each checked rank's TP/PP/DP
 group devices), `TransformerConfig.__post_init__`, the layer offsets and
 counts megatron-core builds per pipeline rank and virtual stage, its
-microbatch calculator and its interleaved schedule table. Megatron-LM's own
-argument parser and `validate_args` (megatron/training/arguments.py) are not
-part of the megatron-core wheel: they live in the Megatron-LM repository
-(megatron.training, whose `initialize_megatron` asserts CUDA), and the
-megatron-core current Megatron-LM pairs with (>= 0.17) needs Python >= 3.12
-while this project runs on 3.11. The flag names and `validate_args` rules
-used here were taken from that file; the test copies the parser definitions
-of the emitted flags and the rules that concern them.
+microbatch calculator and its interleaved schedule table;
+tests/adapters/test_model_exports.py builds the GPTModel the flags describe
+and compares its parameter count with the plan's. Megatron-LM's own
+training code (megatron/training/arguments.py's parser, `validate_args`,
+`core_transformer_config_from_args`, and gpt_builders.py) is not part of
+the megatron-core wheel and is on no package index, so those tests
+re-implement it: the parser definitions of the emitted flags, copied from
+Megatron-LM core_v0.16.1 (the tag megatron-core 0.16.1 comes from), the
+`validate_args` rules that concern them, the config's field-by-field copy
+and gpt_builder's GPTModel call. tests/adapters/megatron_lm_checkout_check.py
+runs the real ones instead when RESIPLAN_MEGATRON_LM names a checkout of
+that tag.
 """
 
 from __future__ import annotations
@@ -70,7 +79,9 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
+from adapters.megatron_model import megatron_lm_model_args
 from adapters.registry import ExportError
+from adapters.shell_text import Required, inert, required_lines
 from adapters.stock import StockLayout, check_replica, node_blocks, stock_layout
 from api.schemas import Plan
 from cost_models.pipeline import interleaved_group_sizes
@@ -81,6 +92,15 @@ DEFAULT_ORDER = "tp-dp-pp"  # Megatron's default rank order: tp fastest, then dp
 TP_PP_DP_ORDER = "tp-pp-dp"  # with --use-tp-pp-dp-mapping
 ENTRY_SCRIPT = "pretrain_gpt.py"
 MASTER_PORT = 29500
+# What pretrain_gpt.py cannot start without and the plan cannot know: the launch command reads each
+# from the environment and stops, saying which, while one is unset.
+REQUIRED = (
+    Required("--data-path", "DATA_PATH", "your dataset prefix (the .bin/.idx path without its extension)"),
+    Required("--tokenizer-type", "TOKENIZER_TYPE", "a Megatron tokenizer type, e.g. HuggingFaceTokenizer"),
+    Required("--tokenizer-model", "TOKENIZER_MODEL", "the tokenizer: a Hugging Face name or path"),
+    Required("--train-iters", "TRAIN_ITERS", "the number of iterations to train"),
+    Required("--lr", "LR", "the peak learning rate"),
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -197,22 +217,9 @@ def _args(layout: StockLayout, order: str) -> list[str]:
         args.append("--use-tp-pp-dp-mapping")
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
-    args += [
-        "--num-layers", str(arch.num_layers),
-        "--hidden-size", str(arch.hidden_size),
-        "--ffn-hidden-size", str(arch.ffn_hidden_size),
-        "--num-attention-heads", str(arch.num_attention_heads),
-    ]
-    kv_heads = arch.num_kv_heads or arch.num_attention_heads
-    if kv_heads != arch.num_attention_heads:
-        args += ["--group-query-attention", "--num-query-groups", str(kv_heads)]
-    if arch.swiglu:
-        args.append("--swiglu")
-    if not arch.tied_embeddings:
-        args.append("--untie-embeddings-and-output-weights")
+    args += megatron_lm_model_args(arch, layout.seq_length, TARGET)
     args += [
         "--seq-length", str(layout.seq_length),
-        "--max-position-embeddings", str(layout.seq_length),
         "--micro-batch-size", str(layout.micro_batch_size),
         "--global-batch-size", str(layout.global_batch_size),
     ]
@@ -259,7 +266,7 @@ def _header(plan: Plan, layout: StockLayout, order: str, devices: tuple[str, ...
     arch = layout.architecture
     blocks = node_blocks(devices) or []
     lines = [
-        f"# {TARGET} {ENTRY_SCRIPT} arguments for resiplan plan {plan.plan_id} (model {arch.name})",
+        f"# {TARGET} {ENTRY_SCRIPT} arguments for resiplan plan {inert(plan.plan_id)} (model {inert(arch.name)})",
         (
             f"# world size {layout.world_size} = tp {layout.tp} x pp {layout.pp} x dp {layout.dp} "
             f"(Megatron derives dp from the world size), on {len(layout.nodes)} node(s)"
@@ -280,10 +287,10 @@ def _header(plan: Plan, layout: StockLayout, order: str, devices: tuple[str, ...
     )
     lines += _ranges(blocks)
     lines += [
-        f"# not set here: data, tokenizer (vocabulary {arch.vocab_size}), optimizer, learning rate, iterations,",
-        "#   checkpointing, and the model details the plan does not carry (normalization, position embedding",
-        "#   type, biases, RoPE base)",
-        f'# use: torchrun ... {ENTRY_SCRIPT} "${{MEGATRON_ARGS[@]}}" ...   (resiplan launch prints the whole command)',
+        f"# not set here: data, tokenizer (its vocabulary must be the plan's {arch.vocab_size} entries; Megatron pads",
+        "#   it to a multiple of 128 x tp), learning rate and its schedule, iterations, checkpointing",
+        f'# use: torchrun ... {ENTRY_SCRIPT} "${{MEGATRON_ARGS[@]}}" {" ".join(r.flag + " ..." for r in REQUIRED)}',
+        "#   (resiplan launch prints the whole command)",
     ]
     return lines
 
@@ -304,11 +311,18 @@ def render(plan: Plan, replica_id: int | None = None) -> str:
 # Launch
 
 
-def _left_out(plan: Plan, node: int) -> str:
-    unused = [d for d in plan.unused_devices if int(d.split(":")[0]) == node]
-    failed = [d for d in plan.excluded_devices if d.split(":")[0] == str(node)]
-    parts = ([f"{', '.join(unused)} unused"] if unused else []) + ([f"{', '.join(failed)} failed"] if failed else [])
-    return f" ({'; '.join(parts)})" if parts else ""
+def _left_out_by_node(plan: Plan) -> dict[int, str]:
+    """node -> " (its unused devices unused; its failed devices failed)", for the nodes that have any."""
+    # ids are checked "<node>:<gpu>" (or "<node>:*") by stock_layout; inert() keeps a comment a comment regardless
+    by_node: dict[int, tuple[list[str], list[str]]] = {}
+    for kind, devices in ((0, plan.unused_devices), (1, plan.excluded_devices)):
+        for device in devices:
+            by_node.setdefault(int(device.split(":")[0]), ([], []))[kind].append(inert(device))
+    text = {}
+    for node, (unused, failed) in by_node.items():
+        parts = [f"{', '.join(devices)} {what}" for devices, what in ((unused, "unused"), (failed, "failed")) if devices]
+        text[node] = f" ({'; '.join(parts)})"
+    return text
 
 
 def launch_command(plan: Plan) -> str:
@@ -321,16 +335,17 @@ def launch_command(plan: Plan) -> str:
     last = len(blocks) - 1
     lines = [
         (
-            f"# {TARGET} launch for resiplan plan {plan.plan_id}: {layout.world_size} ranks "
+            f"# {TARGET} launch for resiplan plan {inert(plan.plan_id)}: {layout.world_size} ranks "
             f"(tp {layout.tp} x pp {layout.pp} x dp {layout.dp}) on {len(blocks)} node(s)"
         ),
         "# run it on every node with NODE_RANK set as listed and MASTER_ADDR the host of NODE_RANK 0;",
         "# a node's local rank i runs on the i-th GPU of its list (CUDA_VISIBLE_DEVICES keeps that order)",
     ]
+    left_out = _left_out_by_node(plan)
     for node_rank, (node, gpus) in enumerate(blocks):
         lines.append(
             f"#   NODE_RANK={node_rank}: node {node}, {len(gpus)} ranks on GPUs "
-            f"{','.join(map(str, gpus))}{_left_out(plan, node)}"
+            f"{','.join(map(str, gpus))}{left_out.get(node, '')}"
         )
     if len(counts) > 1:
         lines.append(
@@ -350,9 +365,10 @@ def launch_command(plan: Plan) -> str:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM requires it with tensor parallelism")
     nproc = f'"${{NPROC_PER_NODE:?NODE_RANK must be 0..{last}}}"' if len(counts) > 1 else str(counts.pop())
     command = (
-        f"torchrun --nnodes {len(blocks)} --nproc-per-node {nproc} --node-rank $NODE_RANK "
-        f"--master-addr $MASTER_ADDR --master-port {MASTER_PORT} {ENTRY_SCRIPT}"
+        f'torchrun --nnodes {len(blocks)} --nproc-per-node {nproc} --node-rank "${{NODE_RANK:?0..{last}}}" '
+        f'--master-addr "${{MASTER_ADDR:?the host of NODE_RANK 0}}" --master-port {MASTER_PORT} {ENTRY_SCRIPT}'
     )
-    arg_lines = _lines(_args(layout, order))
+    arg_lines = _lines(_args(layout, order)) + [setting.words() for setting in REQUIRED]
+    lines += required_lines(REQUIRED)
     lines.append(" \\\n  ".join([command, *arg_lines]))
     return "\n".join(lines) + "\n"

@@ -8,11 +8,18 @@ differs and how to ask for one that does not.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from adapters.registry import ExportError
-from api.schemas import ModelArchitecture, Plan
+from adapters.shell_text import inert
+from api.schemas import MAX_DEVICE_ID_CHARS, ModelArchitecture, Plan
+
+# ASCII digits only: a plan read from a file is not validated like a request, and a device id is
+# written into launch lines, so "3:5\ntouch x" or other scripts' digits never get that far.
+_DEVICE_ID = re.compile(r"[0-9]{1,12}:[0-9]{1,12}")
+_WHOLE_NODE_ID = re.compile(r"[0-9]{1,12}:\*")
 
 ASK_FOR_STOCK = (
     'ask for a plan stock trainers run with "options": {"allow_non_uniform": false}, '
@@ -70,11 +77,36 @@ def _differences(plan: Plan) -> list[str]:
     return problems
 
 
+def _device_id_problems(plan: Plan) -> list[str]:
+    """Device ids that are not `<node>:<gpu>` (or `<node>:*` among the excluded)."""
+    placed = (device for replica in plan.replicas for stage in replica.stages for device in stage.devices)
+    for device in [*placed, *plan.unused_devices]:
+        if len(device) > MAX_DEVICE_ID_CHARS or not _DEVICE_ID.fullmatch(device):
+            return [f'device id "{inert(device)}" is not "<node>:<gpu>"']
+    for device in plan.excluded_devices:
+        if len(device) > MAX_DEVICE_ID_CHARS or not (_DEVICE_ID.fullmatch(device) or _WHOLE_NODE_ID.fullmatch(device)):
+            return [f'excluded device id "{inert(device)}" is not "<node>:<gpu>" or "<node>:*"']
+    return []
+
+
+def _position_problems(plan: Plan) -> list[str]:
+    arch = plan.architecture
+    if arch is None or plan.seq_length is None or arch.position_embedding != "learned":
+        return []
+    if plan.seq_length > (arch.max_position_embeddings or 0):
+        return [f"its sequences of {plan.seq_length} tokens are longer than the model's learned position table "
+                f"({arch.max_position_embeddings} rows)"]
+    return []
+
+
 def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = None) -> StockLayout:
     """The plan as one uniform shape, or ExportError naming what `target` cannot run.
 
     schedules: the plan schedules `target` runs (None: any).
     """
+    unrunnable = _device_id_problems(plan) + _position_problems(plan)
+    if unrunnable:
+        raise ExportError(f"{target} cannot run this plan: {'; '.join(unrunnable)}")
     problems = _differences(plan)
     if schedules is not None and plan.schedule not in schedules:
         allowed = ", ".join(f'"{name}"' for name in sorted(schedules))
@@ -133,13 +165,15 @@ def node_blocks(devices: Sequence[str]) -> list[tuple[int, list[int]]] | None:
     appears in one run.
     """
     blocks: list[tuple[int, list[int]]] = []
+    seen: set[int] = set()  # a set, not a scan of the blocks: 16,384 nodes made that 8 s
     for device in devices:
         node, gpu = (int(part) for part in device.split(":"))
         if blocks and blocks[-1][0] == node:
             blocks[-1][1].append(gpu)
-        elif any(seen == node for seen, _ in blocks):
+        elif node in seen:
             return None
         else:
+            seen.add(node)
             blocks.append((node, [gpu]))
     return blocks
 

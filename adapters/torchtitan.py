@@ -68,25 +68,37 @@ Where torchtitan is not what the plan assumed:
   replica's order (or `replica_id`'s) everywhere. Same p, v and m, so it is
   valid for all; only the slowest replica's is tuned for it.
 - Model. torchtitan builds the model from its config function: the
-  command line cannot change its shape. Llama 3.1 8B and 70B shapes have
-  built-in bf16 configs (its 405B one trains in float8); for any other
-  model, `launch_command` leaves `--module` and `--config` to
-  $TORCHTITAN_MODULE and $TORCHTITAN_CONFIG, a config_registry function of
-  yours describing that architecture. Tied embeddings under PP are refused
-  (torchtitan's Decoder refuses them).
+  command line cannot change its shape. Its llama3_8b and llama3_70b
+  (Llama 3.1, bf16) are chosen when they are the plan's architecture field
+  for field (presets llama3.1-8b and llama3.1-70b; its 405B one trains in
+  float8). For any other model, `launch_command` leaves `--module` and
+  `--config` to $TORCHTITAN_MODULE and $TORCHTITAN_CONFIG, a config_registry
+  function of yours, whose model_spec `adapters.torchtitan_model` builds
+  from the plan's architecture (or, for what torchtitan's Llama3 decoder
+  cannot build, such as LayerNorm or learned positions, the launch comments
+  say so). Tied embeddings under PP are refused (torchtitan's Decoder
+  refuses them).
+- Settings the plan cannot know (tokenizer files, dataset, steps, learning
+  rate): `launch_command` passes them as `"${HF_ASSETS_PATH:?...}"` and the
+  like (REQUIRED), overriding the config function's own, so the command
+  stops, naming the variable, until each is set.
 - fp16. torchtitan 0.3 trains in bfloat16 or float32 only: fp16 plans are
   refused.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
 import shlex
 
 from adapters import torch_csv
+from adapters.megatron_model import RECORDED_DETAILS
 from adapters.registry import ExportError
+from adapters.shell_text import Required, inert, required_lines
 from adapters.stock import StockLayout, check_replica, launch_blocks, stock_layout
-from api.schemas import Plan
+from adapters.torchtitan_model import unsupported
+from api.schemas import ModelArchitecture, Plan
+from cost_models.model_spec import model_preset
 
 TARGET = "torchtitan"
 ENTRY_MODULE = "torchtitan.train"
@@ -96,13 +108,21 @@ MASTER_PORT = 29500
 NAMED_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
 CSV_SCHEDULES = frozenset({"zb-h1", "zb-h2", "optimized"})
 AC_MODES = {"none": "none", "selective": "selective", "full": "full"}
-# torchtitan 0.3's own bf16 config functions, by the model shape they build:
-# (num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_kv_heads, vocab_size, tied) -> (--module, --config)
+# torchtitan 0.3's own bf16 config functions, and the resiplan preset each builds, field for field
+# (Llama 3.1: RoPE base 500000 with Llama 3.1 scaling, RMSNorm 1e-5, no biases, untied).
 # Not llama3_405b: it trains in float8 (torchao) with torch.compile, which the plan did not assume.
 BUILTIN_CONFIGS = {
-    (32, 4096, 14336, 32, 8, 128256, False): ("llama3", "llama3_8b"),
-    (80, 8192, 28672, 64, 8, 128256, False): ("llama3", "llama3_70b"),
+    ("llama3", "llama3_8b"): "llama3.1-8b",
+    ("llama3", "llama3_70b"): "llama3.1-70b",
 }
+# What torchtitan cannot start without and the plan cannot know; before the activation-checkpoint
+# subcommand, which takes every option after it as its own.
+REQUIRED = (
+    Required("--hf_assets_path", "HF_ASSETS_PATH", "the directory holding the tokenizer files of the model"),
+    Required("--dataloader.dataset", "DATASET", "a dataset name torchtitan knows, e.g. c4"),
+    Required("--training.steps", "TRAIN_STEPS", "the number of steps to train"),
+    Required("--optimizer.param_groups.0.optimizer_kwargs.lr", "LR", "the peak learning rate"),
+)
 EMBEDDING_FQN = "tok_embeddings"
 OUTPUT_FQNS = ("norm", "lm_head")
 
@@ -159,13 +179,25 @@ def override_argv(plan: Plan, schedule_csv_path: str = SCHEDULE_CSV) -> list[str
 
 
 def model_selection(plan: Plan) -> tuple[str, str] | None:
-    """torchtitan's own (--module, --config) building the plan's model shape, or None when it has none."""
-    arch = plan.architecture
-    if arch is None or not arch.swiglu:
-        return None
-    shape = (arch.num_layers, arch.hidden_size, arch.ffn_hidden_size, arch.num_attention_heads,
-             arch.num_kv_heads or arch.num_attention_heads, arch.vocab_size, arch.tied_embeddings)
-    return BUILTIN_CONFIGS.get(shape)
+    """torchtitan's own (--module, --config) building exactly the plan's model, or None when it has none."""
+    if plan.architecture is None or not RECORDED_DETAILS <= plan.architecture.model_fields_set:
+        return None  # a plan stored before it recorded RoPE and norms: torchtitan's model may not be it
+    planned = _architecture_fields(plan.architecture)
+    for selection, preset in BUILTIN_CONFIGS.items():
+        if planned == _architecture_fields(resolve_architecture(preset)):
+            return selection
+    return None
+
+
+def resolve_architecture(preset: str) -> ModelArchitecture:
+    """The wire architecture of a resiplan preset."""
+    return ModelArchitecture.model_validate(dataclasses.asdict(model_preset(preset)))
+
+
+def _architecture_fields(arch: ModelArchitecture) -> dict:
+    fields = arch.model_dump(exclude={"name"})
+    fields["num_kv_heads"] = arch.num_kv_heads or arch.num_attention_heads
+    return fields
 
 
 def schedule_csv(plan: Plan, replica_id: int | None = None) -> str | None:
@@ -214,17 +246,20 @@ def launch_command(plan: Plan) -> str:
     args = override_argv(plan)
     selection = model_selection(plan)
     if selection is None:
-        name = _safe(plan.architecture.name) if plan.architecture is not None else "this model"
+        name = inert(plan.architecture.name)
         model_text = (f'--module "${{TORCHTITAN_MODULE:?a torchtitan module whose config_registry describes {name}}}" '
                       '--config "${TORCHTITAN_CONFIG:?its config function}"')
     else:
         model_text = f"--module {shlex.quote(selection[0])} --config {shlex.quote(selection[1])}"
-    train = f"-m {ENTRY_MODULE} {model_text} {' '.join(shlex.quote(word) for word in args)}"
+    # the required settings go before the activation-checkpoint subcommand, the last word
+    options = [*(shlex.quote(word) for word in args[:-1]), *(setting.words() for setting in REQUIRED),
+               shlex.quote(args[-1])]
+    train = f"-m {ENTRY_MODULE} {model_text} {' '.join(options)}"
 
     nodes = launch_blocks(layout, f"{TARGET} via torchrun")
-    header = (f"# resiplan plan {_safe(plan.plan_id)}: {TARGET} on {layout.world_size} GPUs "
+    header = (f"# resiplan plan {inert(plan.plan_id)}: {TARGET} on {layout.world_size} GPUs "
               f"(tp {layout.tp}, pp {layout.pp}, dp {layout.dp}) on {len(nodes)} node(s)")
-    lines = [header]
+    lines = [header, *_model_lines(plan, selection), *required_lines(REQUIRED)]
     csv_text = schedule_csv(plan)
     if csv_text is not None:
         lines.append(f"# the plan's {layout.schedule} schedule, read by --parallelism.pipeline_parallel_schedule_csv")
@@ -307,9 +342,17 @@ def _pipeline_options(plan: Plan, layout: StockLayout, schedule_csv_path: str) -
     return options
 
 
-def _safe(text: str) -> str:
-    """Plan-supplied text for a comment or a ${VAR:?message}: nothing the shell would act on."""
-    return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
+def _model_lines(plan: Plan, selection: tuple[str, str] | None) -> list[str]:
+    """Comments saying which model torchtitan builds, or what the user's config function must build."""
+    arch = plan.architecture
+    if selection is not None:
+        return [f"# model: torchtitan's own {selection[1]}, which is this plan's architecture field for field"]
+    problems = unsupported(arch)
+    if problems:
+        return ["# model: torchtitan has no config function for it, and its Llama3 decoder cannot build it",
+                f"#   ({inert('; '.join(problems))}): TORCHTITAN_MODULE must name a module of yours that does"]
+    return ["# model: torchtitan has no config function for it; TORCHTITAN_MODULE/TORCHTITAN_CONFIG name yours,",
+            "#   whose model_spec is adapters.torchtitan_model.llama3_model_spec(plan.architecture)"]
 
 
 def _visible(gpus: list[int]) -> str:

@@ -5,19 +5,27 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi_offline import FastAPIOffline
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from api.auth import BearerTokenMiddleware
+from api.body import document_bodies
+from api.errors import RequestBodyInvalid, error_body, field_errors, validation_detail
 from api.execution import PoolConfig, PoolError, SolverPool
 from api.limits import BodyLimitMiddleware, BodyLimits
 from api.logs import configure_logging
 from api.metrics import CONTENT_TYPE, Metrics
 from api.observe import ObserveMiddleware
 from api.routes import detect, plans, replan, ui
-from api.service import BodyValidationError
+from api.schemas import ErrorDetail, EstimateRequest, PlanRequest, ReplanRequest
 from api.settings import Settings
-from api.store import PlanStore, make_engine
+from api.store import PlanStore, StoreUnavailable, make_engine
 from planner.errors import PlanningError
+
+# Seconds a client is told to wait when the plan store is down: a restart of a database server.
+STORE_RETRY_AFTER_S = 5
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -27,9 +35,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.settings = settings
-        app.state.store = PlanStore(make_engine(settings.database_url))
+        app.state.store = PlanStore(make_engine(settings.database_url), cache_bytes=settings.plan_cache_mib * 1024 * 1024)
         pool = SolverPool(
-            PoolConfig(workers=settings.workers(), queue_size=settings.queue_size(), grace_s=settings.solver_grace_s),
+            PoolConfig(workers=settings.workers(), queue_size=settings.queue_size(), grace_s=settings.solver_grace_s,
+                       max_worker_rss_mib=settings.solver_worker_max_rss_mib),
             observer=app.state.metrics,
         )
         await pool.start()
@@ -41,7 +50,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await pool.close()
             app.state.store.close()
 
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from the fastapi-offline package, not from a CDN: GPU
+    # clusters are often offline.
+    app = FastAPIOffline(
         title="resiplan",
         version="0.1.0",
         summary="Failure-aware data/tensor/pipeline-parallel layout planning for large-model training.",
@@ -57,6 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             max_json_depth=settings.max_json_depth,
             max_bytes_by_path={detect.DETECT_PATH: settings.max_detect_body_bytes},
             depth_unchecked_paths=frozenset({detect.DETECT_PATH}),
+            body_timeout_s=settings.body_timeout_s,
         ),
     )
     app.add_middleware(BearerTokenMiddleware, token=settings.token())
@@ -64,20 +76,40 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(PlanningError)
     async def planning_error(_request: Request, error: PlanningError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": str(error)})
+        return JSONResponse(status_code=422, content=error_body(str(error)))
+
+    @app.exception_handler(RequestBodyInvalid)
+    async def body_invalid(_request: Request, error: RequestBodyInvalid) -> JSONResponse:
+        return JSONResponse(status_code=422, content=error_body(error.detail, error.errors))
+
+    @app.exception_handler(RequestValidationError)
+    async def parameter_error(_request: Request, error: RequestValidationError) -> JSONResponse:
+        # Query and path parameters (bodies go through api.body); never echoes the input.
+        errors = field_errors(error.errors())
+        return JSONResponse(status_code=422, content=error_body(validation_detail(errors), errors))
 
     @app.exception_handler(PoolError)
     async def pool_error(_request: Request, error: PoolError) -> JSONResponse:
         headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
-        return JSONResponse(status_code=error.status_code, content={"detail": str(error)}, headers=headers)
+        return JSONResponse(status_code=error.status_code, content=error_body(str(error)), headers=headers)
 
-    @app.exception_handler(BodyValidationError)
-    async def body_validation_error(_request: Request, error: BodyValidationError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": error.errors})
+    @app.exception_handler(StoreUnavailable)
+    async def store_unavailable(_request: Request, error: StoreUnavailable) -> JSONResponse:
+        return JSONResponse(status_code=503, content=error_body(f"{error}; retry in {STORE_RETRY_AFTER_S} s"),
+                            headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
+        """Liveness: the process answers. Says nothing about the store (see /readyz)."""
         return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"], responses={503: {"model": ErrorDetail}})
+    async def readyz() -> dict[str, str]:
+        """Readiness: the plan store answers a query and the solver pool runs; 503 with Retry-After if not."""
+        if getattr(app.state, "pool", None) is None:
+            raise PoolError("the solver pool is not running (the service is starting or stopping)", retry_after_s=1)
+        await run_in_threadpool(app.state.store.check)
+        return {"status": "ready"}
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
@@ -85,8 +117,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(content=app.state.metrics.render(), media_type=CONTENT_TYPE)
 
     app.include_router(plans.router)
+    app.include_router(plans.alias_router)
     app.include_router(replan.router)
     app.include_router(detect.router)
     app.include_router(ui.router)
+    document_bodies(app, (PlanRequest, EstimateRequest, ReplanRequest, plans.ViewLinkRequest))
     detect.document_request_body(app)
     return app

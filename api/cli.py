@@ -75,7 +75,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _launcher(format_name: str):
-    """The format's `launch_command(plan) -> str`, checked before any planning is asked for."""
+    """The format's module, with its `launch_command(plan) -> str`, checked before any planning is asked for."""
     import importlib
 
     from adapters.registry import ExportError, export_format
@@ -94,7 +94,7 @@ def _launcher(format_name: str):
         raise ExportError(
             f"format {format_name!r} has no launch command; launch works with: {', '.join(LAUNCH_FORMATS)}"
         )
-    return launch_command
+    return module
 
 
 def _stock_request(request: PlanRequest) -> PlanRequest:
@@ -107,8 +107,9 @@ def _stock_request(request: PlanRequest) -> PlanRequest:
 
 def _launch(args: argparse.Namespace) -> int:
     from adapters.client import PlannerClient, PlannerError
+    from adapters.shell_text import inert, required_summary
 
-    launch_command = _launcher(args.format)
+    launcher = _launcher(args.format)
     request = _stock_request(_read_request(args.request, PlanRequest))
     token = args.token or os.environ.get(TOKEN_ENV) or None
     try:
@@ -117,9 +118,14 @@ def _launch(args: argparse.Namespace) -> int:
     except PlannerError as error:
         print(f"resiplan: {error}", file=sys.stderr)
         return EXIT_BAD_REQUEST
-    print(f"resiplan: plan {plan.plan_id} ({args.server.rstrip('/')}/v1/plans/{plan.plan_id})", file=sys.stderr)
-    command = launch_command(plan)
+    plan_id = inert(plan.plan_id)  # the server's text, kept from the terminal's control sequences too
+    print(f"resiplan: plan {plan_id} ({args.server.rstrip('/')}/v1/plans/{plan_id})", file=sys.stderr)
+    command = launcher.launch_command(plan)
     sys.stdout.write(command if command.endswith("\n") else command + "\n")
+    required = getattr(launcher, "REQUIRED", ())
+    if required:
+        print(f"resiplan: the {args.format} command needs what the plan cannot know: {required_summary(required)}",
+              file=sys.stderr)
     return 0
 
 
@@ -212,9 +218,10 @@ def _input_name(args: argparse.Namespace) -> str:
 
 
 def _validation_text(error: ValidationError) -> str:
-    return "\n".join(
-        f"  {'.'.join(str(part) for part in item['loc']) or '(body)'}: {item['msg']}" for item in error.errors()
-    )
+    from api.errors import field_errors
+
+    errors = field_errors(error.errors(include_url=False, include_input=False))
+    return "\n".join(f"  {item['field'] or '(file)'}: {item['message']}" for item in errors)
 
 
 if __name__ == "__main__":

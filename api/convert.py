@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, is_dataclass
 
+from pydantic import ValidationError
+
 from api.schemas import (
     Cluster,
     GpuObject,
@@ -12,8 +14,6 @@ from api.schemas import (
     PipelineSchedule,
     Plan,
     PlanRequest,
-    ReplicaSchedule,
-    StageTimeline,
 )
 from cost_models.efficiency import SoftwareConfig, fitted_efficiency
 from cost_models.hardware import GpuSpec, gpu_preset, gpu_preset_names
@@ -21,12 +21,14 @@ from cost_models.layout import Hardware, Workload
 from cost_models.model_spec import (
     HfConfigError,
     ModelSpec,
+    RopeScaling,
     model_from_hf_config,
     model_preset,
     model_preset_names,
 )
 from planner.devices import build_cluster_state
 from planner.errors import PlanningError
+from planner.gc_pause import gc_paused
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
 from planner.schedules.result import ScheduleChoice
@@ -78,6 +80,7 @@ def resolve_model(model: str | ModelArchitecture | HfConfigModel) -> ModelSpec:
             raise PlanningError(f"hf_config: {error}") from None
         _check_shape(spec)
         return spec
+    scaling = model.rope_scaling
     spec = ModelSpec(
         name=model.name,
         num_layers=model.num_layers,
@@ -88,21 +91,30 @@ def resolve_model(model: str | ModelArchitecture | HfConfigModel) -> ModelSpec:
         vocab_size=model.vocab_size,
         swiglu=model.swiglu,
         tied_embeddings=model.tied_embeddings,
+        normalization=model.normalization,
+        norm_epsilon=model.norm_epsilon,
+        position_embedding=model.position_embedding,
+        rope_theta=model.rope_theta,
+        rotary_percent=model.rotary_percent,
+        rope_scaling=RopeScaling(**scaling.model_dump()) if scaling is not None else None,
+        max_position_embeddings=model.max_position_embeddings,
+        qkv_bias=model.qkv_bias,
+        linear_bias=model.linear_bias,
     )
     _check_shape(spec)
     return spec
 
 
 def _check_shape(spec: ModelSpec) -> None:
-    positive = {"num_layers": spec.num_layers, "hidden_size": spec.hidden_size, "ffn_hidden_size": spec.ffn_hidden_size,
-                "num_attention_heads": spec.num_attention_heads, "num_kv_heads": spec.num_kv_heads, "vocab_size": spec.vocab_size}
-    for name, value in positive.items():
-        if value < 1:
-            raise PlanningError(f"model {name} must be at least 1, got {value}")
-    if spec.hidden_size % spec.num_attention_heads:
-        raise PlanningError(f"model hidden_size {spec.hidden_size} is not divisible by num_attention_heads {spec.num_attention_heads}")
-    if spec.num_attention_heads % spec.num_kv_heads:
-        raise PlanningError(f"model num_attention_heads {spec.num_attention_heads} is not a multiple of num_kv_heads {spec.num_kv_heads}")
+    """What ModelArchitecture checks, for specs that did not come through it (presets, hf_config, stored plans)."""
+    try:
+        ModelArchitecture.model_validate(asdict(spec))
+    except ValidationError as error:
+        problems = "; ".join(
+            (f"{'.'.join(map(str, item['loc']))}: " if item["loc"] else "") + item["msg"].removeprefix("Value error, ")
+            for item in error.errors()
+        )
+        raise PlanningError(f"model {problems}") from None
 
 
 def model_label(model: str | ModelArchitecture | HfConfigModel, spec: ModelSpec) -> str:
@@ -143,7 +155,10 @@ def to_problem(request: PlanRequest) -> PlanningProblem:
     )
 
 
+@gc_paused()
 def to_wire(result: PlanResult, plan_id: str, **extra) -> Plan:
+    # Cyclic collections paused: they rescanned the plan's hundreds of thousands of fresh objects
+    # for nothing, half of this function's time at 65,536 GPUs.
     fields = {name: getattr(result, name) for name in result.__dataclass_fields__}
     choice = fields.pop("pipeline_schedule")
     body = {name: asdict(value) if is_dataclass(value) else value for name, value in fields.items()}
@@ -160,32 +175,45 @@ def _replica_fields(replica: ReplicaResult) -> dict:
 
 
 def schedule_to_wire(choice: ScheduleChoice) -> PipelineSchedule:
-    """Times rounded to a microsecond: enough for a Gantt chart, small for 64 stages x 512 microbatches."""
+    """Times rounded to a microsecond: enough for a Gantt chart, small for 64 stages x 512 microbatches.
+
+    Built as plain data and validated once: a timeline has a few hundred thousand ops on a large
+    damaged cluster, and per-stage model objects cost three times as much. Replicas of one shape
+    share their schedule's op objects, so each op's label is made once."""
+    labels: dict[int, str] = {}
+
+    def label(op) -> str:
+        # By identity: hashing the frozen dataclass costs more than making the label.
+        text = labels.get(id(op))
+        if text is None:
+            text = labels[id(op)] = op.label()
+        return text
+
     replicas = [
-        ReplicaSchedule(
-            replica_ids=list(timeline.replica_ids),
-            schedule=timeline.schedule.name,
-            makespan_ms=round(timeline.simulation.makespan_ms, 3),
-            bubble_fraction=round(timeline.simulation.bubble_fraction, 4),
-            stages=[
-                StageTimeline(
-                    stage=stage,
-                    ops=[item.op.label() for item in ops],
-                    start_ms=[round(item.start_ms, 3) for item in ops],
-                    end_ms=[round(item.end_ms, 3) for item in ops],
-                    busy_ms=round(timeline.simulation.busy_ms[stage], 3),
-                    peak_activation_gib=round(timeline.simulation.peak_activation_gib[stage], 3),
-                )
+        {
+            "replica_ids": list(timeline.replica_ids),
+            "schedule": timeline.schedule.name,
+            "makespan_ms": round(timeline.simulation.makespan_ms, 3),
+            "bubble_fraction": round(timeline.simulation.bubble_fraction, 4),
+            "stages": [
+                {
+                    "stage": stage,
+                    "ops": [label(item.op) for item in ops],
+                    "start_ms": [round(item.start_ms, 3) for item in ops],
+                    "end_ms": [round(item.end_ms, 3) for item in ops],
+                    "busy_ms": round(timeline.simulation.busy_ms[stage], 3),
+                    "peak_activation_gib": round(timeline.simulation.peak_activation_gib[stage], 3),
+                }
                 for stage, ops in enumerate(timeline.simulation.timelines)
             ],
-        )
+        }
         for timeline in choice.replicas
     ]
-    return PipelineSchedule(
-        name=choice.name,
-        bubble_fraction=round(choice.slowest.simulation.bubble_fraction, 4),
-        candidates_ms={name: round(ms, 3) for name, ms in choice.candidates_ms},
-        replicas=replicas,
-    )
+    return PipelineSchedule.model_validate({
+        "name": choice.name,
+        "bubble_fraction": round(choice.slowest.simulation.bubble_fraction, 4),
+        "candidates_ms": {name: round(ms, 3) for name, ms in choice.candidates_ms},
+        "replicas": replicas,
+    })
 
 

@@ -18,6 +18,10 @@ worker is replaced.
   an argument and answer by it; the backstop is for those that do not.
 - Warm workers: they fork from a forkserver that imported `warm_modules` (the planner, OR-Tools) once,
   so starting or replacing one costs a fork rather than a second of imports.
+- Recycling: a worker whose resident memory is over `max_worker_rss_mib` after a task (Python's allocator
+  keeps much of what a big parse or solve freed) delivers the answer, exits, and is replaced: an expected
+  path, reported to the observer as `worker_recycled`, not a crash.
+- Retry-After: from the backlog and recent run times per task kind (`api.backlog`).
 """
 
 from __future__ import annotations
@@ -25,17 +29,21 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-import math
 import multiprocessing
 import os
 import pickle
+import resource
 import signal
+import sys
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol, TypeVar
+
+from api.backlog import RunTimes, retry_after_s
 
 log = logging.getLogger("resiplan.execution")
 
@@ -52,7 +60,7 @@ OK, ERROR, CRASHED, TIMED_OUT, REJECTED, EXPIRED, CANCELLED = (
 _RETRY_AFTER_CRASH_S = 1
 _MAX_RETRY_AFTER_S = 60
 _JOIN_TIMEOUT_S = 5.0
-_RUN_TIME_SMOOTHING = 0.2
+_MIB = 1024 * 1024
 
 
 class PoolError(Exception):
@@ -95,7 +103,9 @@ class TaskError(Exception):
 class PoolConfig:
     """workers: solver processes (each runs one task at a time). queue_size: tasks that may wait for a
     worker beyond those running. grace_s: seconds past a task's deadline before its worker is killed.
-    start_method: `forkserver` (warm forks) or `spawn`. niceness: added to the workers' nice value."""
+    start_method: `forkserver` (warm forks) or `spawn`. niceness: added to the workers' nice value.
+    max_worker_rss_mib: a worker resident in more memory than this after a task is replaced (None: never).
+    max_retry_after_s: the most Retry-After ever says."""
 
     workers: int
     queue_size: int
@@ -105,9 +115,13 @@ class PoolConfig:
     # Workers run at a lower CPU priority than the server, so health checks and admission answer at once
     # even when every core is solving; with nothing else to run, solves lose nothing.
     niceness: int = 5
+    max_worker_rss_mib: float | None = None
+    max_retry_after_s: int = _MAX_RETRY_AFTER_S
 
     def __post_init__(self) -> None:
-        if self.workers < 1 or self.queue_size < 0 or self.grace_s < 0:
+        if self.workers < 1 or self.queue_size < 0 or self.grace_s < 0 or self.max_retry_after_s < 1:
+            raise ValueError(f"invalid pool config {self}")
+        if self.max_worker_rss_mib is not None and self.max_worker_rss_mib <= 0:
             raise ValueError(f"invalid pool config {self}")
 
 
@@ -125,6 +139,10 @@ class PoolObserver(Protocol):
         """Called once per `run`: the task's function name, one of the outcomes above, seconds spent waiting
         for a worker and running, and the task's return value (None unless the outcome is OK)."""
 
+    def worker_recycled(self, task: str, resident_mib: float) -> None:
+        """A worker finished `task` (its answer delivered) resident in `resident_mib`, over the limit, and
+        was replaced."""
+
 
 class _Worker:
     """The parent's handle on one worker process and its end of the pipe."""
@@ -138,15 +156,16 @@ class _Worker:
     def pid(self) -> int | None:
         return self.process.pid
 
-    def call(self, payload: bytes) -> tuple[str, Any]:
-        """Send one task and wait for its reply (blocking: runs in a thread). ("crashed", exitcode) if the
-        process died, which closes the only other end of the pipe and ends the wait with EOF."""
+    def call(self, payload: bytes) -> tuple[str, Any, float | None]:
+        """Send one task and wait for its reply (blocking: runs in a thread): (kind, value, the worker's
+        resident MiB if it is retiring, else None). ("crashed", exitcode, None) if the process died, which
+        closes the only other end of the pipe and ends the wait with EOF."""
         try:
             self.conn.send_bytes(payload)
             return pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):
             self.process.join(_JOIN_TIMEOUT_S)
-            return ("crashed", self.process.exitcode)
+            return ("crashed", self.process.exitcode, None)
 
     def kill(self) -> None:
         if not self.reaped and self.process.is_alive():
@@ -156,11 +175,14 @@ class _Worker:
         if not self.reaped and self.process.is_alive():
             self.process.terminate()
 
-    def reap(self) -> None:
-        """Stop the process (if it still runs) and release its resources; blocking, idempotent."""
+    def reap(self, exit_wait_s: float = 0.0) -> None:
+        """Stop the process (if it still runs after `exit_wait_s`) and release its resources; blocking,
+        idempotent."""
         if self.reaped:
             return
         self.reaped = True
+        if exit_wait_s > 0:
+            self.process.join(exit_wait_s)
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(_JOIN_TIMEOUT_S)
@@ -187,7 +209,9 @@ class SolverPool:
         self._pipes = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="resiplan-solver-pipe")
         self._admitted = 0
         self._busy = 0
-        self._typical_run_s = 1.0
+        self._backlog: Counter[str] = Counter()  # admitted tasks (running or queued) by kind
+        # Recent run times per task kind, for Retry-After; operators and tests may record known times.
+        self.run_times = RunTimes()
         self._started = False
         self._closed = False
 
@@ -236,26 +260,30 @@ class SolverPool:
         capacity = self.config.workers + self.config.queue_size
         if self._admitted >= capacity:
             self._observe(name, REJECTED, 0.0, 0.0, None)
+            wait_s = self.retry_after_s()
             raise PoolSaturated(
                 f"the planner is at capacity: all {self.config.workers} solver workers are busy and "
-                f"{self.config.queue_size} requests are waiting; retry in {self.retry_after_s()} s",
-                retry_after_s=self.retry_after_s(),
+                f"{self.config.queue_size} requests are waiting; retry in {wait_s} s",
+                retry_after_s=wait_s,
             )
         # Pickle here, not in the pipe thread, so an unpicklable argument fails in the caller's traceback.
         payload = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
         loop = asyncio.get_running_loop()
         called = loop.time()
         self._admitted += 1
+        self._backlog[name] += 1
         try:
             try:
                 worker = await asyncio.wait_for(self._idle_worker(), timeout=max(deadline_s, 0.0))
             except TimeoutError:
                 waited_s = loop.time() - called
                 self._observe(name, EXPIRED, waited_s, 0.0, None)
+                self._leave_backlog(name)
+                wait_s = self.retry_after_s()
                 raise DeadlineExpired(
                     f"no solver worker became free within this request's deadline of {deadline_s:g} s; "
-                    f"retry in {self.retry_after_s()} s",
-                    retry_after_s=self.retry_after_s(),
+                    f"retry in {wait_s} s",
+                    retry_after_s=wait_s,
                 ) from None
             queued_s = loop.time() - called
             self._busy += 1
@@ -263,6 +291,7 @@ class SolverPool:
                 return await self._execute(worker, name, payload, queued_s, called + deadline_s + self.config.grace_s)
             finally:
                 self._busy -= 1
+                self._leave_backlog(name)
         finally:
             self._admitted -= 1
 
@@ -280,10 +309,16 @@ class SolverPool:
         return sorted(worker.pid for worker in self._workers if worker.pid is not None)
 
     def retry_after_s(self) -> int:
-        """Seconds a rejected client should wait: about one typical task's run time."""
-        return max(1, min(_MAX_RETRY_AFTER_S, math.ceil(self._typical_run_s)))
+        """Seconds a rejected client should wait: until the workers have worked through the tasks admitted
+        now, at their kinds' recent run times (`api.backlog`)."""
+        return retry_after_s(self._backlog, self.config.workers, self.run_times, self.config.max_retry_after_s)
 
     # -- internals -----------------------------------------------------------------------------------------
+
+    def _leave_backlog(self, name: str) -> None:
+        self._backlog[name] -= 1
+        if self._backlog[name] <= 0:
+            del self._backlog[name]
 
     async def _idle_worker(self) -> _Worker:
         """The next idle worker that is still alive: one that died while idle (the OOM killer picks
@@ -310,6 +345,7 @@ class SolverPool:
             worker.kill()  # ends the pipe wait at once (EOF)
             self._replace(worker, call)
             ran_s = loop.time() - started
+            self.run_times.record(name, ran_s)  # it held its worker that long: so may the next one
             self._observe(name, TIMED_OUT, queued_s, ran_s, None)
             log.warning("solver task %s still running after %.1f s, past its deadline and grace; "
                         "worker %s killed and replaced", name, queued_s + ran_s, worker.pid)
@@ -325,7 +361,8 @@ class SolverPool:
             self._observe(name, CANCELLED, queued_s, loop.time() - started, None)
             raise
         ran_s = loop.time() - started
-        kind, value = reply
+        self.run_times.record(name, ran_s)
+        kind, value, retiring_mib = reply
         if kind == "crashed":
             self._replace(worker, call)
             self._observe(name, CRASHED, queued_s, ran_s, None)
@@ -337,8 +374,10 @@ class SolverPool:
                 "it has been replaced and other requests are unaffected; retry",
                 retry_after_s=_RETRY_AFTER_CRASH_S,
             )
-        self._idle.put_nowait(worker)
-        self._typical_run_s += _RUN_TIME_SMOOTHING * (ran_s - self._typical_run_s)
+        if retiring_mib is None:
+            self._idle.put_nowait(worker)
+        else:
+            self._recycle(worker, call, name, retiring_mib)
         if kind == "error":
             self._observe(name, ERROR, queued_s, ran_s, None)
             raise value
@@ -348,8 +387,9 @@ class SolverPool:
     def _spawn(self) -> _Worker:
         """Start one worker process (blocking: call in a thread)."""
         parent_end, child_end = self._context.Pipe(duplex=True)
+        max_rss_bytes = None if self.config.max_worker_rss_mib is None else int(self.config.max_worker_rss_mib * _MIB)
         process = self._context.Process(
-            target=_worker_main, args=(child_end, self.config.warm_modules, self.config.niceness),
+            target=_worker_main, args=(child_end, self.config.warm_modules, self.config.niceness, max_rss_bytes),
             name="resiplan-solver", daemon=True,
         )
         process.start()
@@ -357,19 +397,31 @@ class SolverPool:
         child_end.close()
         return _Worker(process, parent_end)
 
-    def _replace(self, dead: _Worker, pending: asyncio.Future[Any]) -> None:
+    def _recycle(self, worker: _Worker, pending: asyncio.Future[Any], name: str, resident_mib: float) -> None:
+        log.info("solver worker %s is resident in %.0f MiB after %s, over the %g MiB limit; it exits and is "
+                 "replaced", worker.pid, resident_mib, name, self.config.max_worker_rss_mib)
+        self._replace(worker, pending, exit_wait_s=_JOIN_TIMEOUT_S)
+        if self._observer is not None:
+            try:
+                self._observer.worker_recycled(name, resident_mib)
+            except Exception:  # noqa: BLE001 - metrics must never fail a request
+                log.exception("pool observer failed")
+
+    def _replace(self, dead: _Worker, pending: asyncio.Future[Any], exit_wait_s: float = 0.0) -> None:
+        """Replace `dead` once `pending` (its pipe call) is done; `exit_wait_s`: how long it may take to
+        exit by itself (a recycled worker does) before it is terminated."""
         self._workers.discard(dead)
         if self._closed:
             return  # close() reaps every worker it found
-        task = asyncio.get_running_loop().create_task(self._respawn(dead, pending))
+        task = asyncio.get_running_loop().create_task(self._respawn(dead, pending, exit_wait_s))
         self._replacing.add(task)
         task.add_done_callback(self._replacing.discard)
 
-    async def _respawn(self, dead: _Worker, pending: asyncio.Future[Any]) -> None:
+    async def _respawn(self, dead: _Worker, pending: asyncio.Future[Any], exit_wait_s: float) -> None:
         # Close the dead worker's pipe only once no thread reads it any more: a closed descriptor
         # number is reused at once, by the replacement's pipe among others.
         await asyncio.wait([pending])
-        await asyncio.to_thread(dead.reap)
+        await asyncio.to_thread(dead.reap, exit_wait_s)
         delay_s = 0.1
         while not self._closed:
             try:
@@ -414,7 +466,7 @@ def _exit_text(exitcode: int | None) -> str:
 # -- the worker process ------------------------------------------------------------------------------------
 
 
-def _worker_main(conn: Connection, warm_modules: tuple[str, ...], niceness: int) -> None:
+def _worker_main(conn: Connection, warm_modules: tuple[str, ...], niceness: int, max_rss_bytes: int | None) -> None:
     # Ctrl-C reaches the whole process group; the server decides when workers stop (it closes the pipe
     # or terminates them), so a worker must not die half-way through a reply on SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -423,22 +475,52 @@ def _worker_main(conn: Connection, warm_modules: tuple[str, ...], niceness: int)
     for name in warm_modules:
         importlib.import_module(name)
     while True:
-        try:
-            payload = conn.recv_bytes()
-        except (EOFError, OSError):
+        served = _serve_one(conn, max_rss_bytes)
+        if served is None:
             return  # the server closed the pipe or is gone
-        try:
-            fn, args = pickle.loads(payload)
-            reply: tuple[str, Any] = ("ok", fn(*args))
-        except Exception as error:  # noqa: BLE001 - every task error travels back to its caller
-            reply = ("error", _portable(error))
-        conn.send_bytes(_dump_reply(reply))
+        reply, retiring = served
+        conn.send_bytes(reply)
+        if retiring:
+            return  # the server starts a fresh worker in its place
+
+
+def _serve_one(conn: Connection, max_rss_bytes: int | None) -> tuple[bytes, bool] | None:
+    """Receive one task and run it: the pickled reply (kind, value, resident MiB if retiring else None) and
+    whether this worker retires; None once the pipe is closed. The wire form and the arguments are dropped
+    as soon as they are done with (and a task error keeps no frames), so the resident size measured after
+    the task is what the allocator kept, plus the answer."""
+    try:
+        payload = conn.recv_bytes()
+    except (EOFError, OSError):
+        return None
+    try:
+        fn, args = pickle.loads(payload)
+        del payload  # a 60 MB /v1/detect body would otherwise be held twice while it is parsed
+        outcome: tuple[str, Any] = ("ok", fn(*args))
+    except Exception as error:  # noqa: BLE001 - every task error travels back to its caller
+        outcome = ("error", _portable(error))
+    fn = args = payload = None
+    resident_bytes = _resident_bytes() if max_rss_bytes is not None else 0
+    retiring = max_rss_bytes is not None and resident_bytes > max_rss_bytes
+    return _dump_reply((*outcome, resident_bytes / _MIB if retiring else None)), retiring
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory now (Linux), else its peak so far (what getrusage offers)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def _portable(error: Exception) -> Exception:
     """The exception itself if it survives pickling (its type is kept, e.g. PlanningError -> 422), else a
     TaskError with its text; either way with the worker's traceback as a note for the server's log."""
     error.add_note("in the solver worker:\n" + "".join(traceback.format_exception(error)).rstrip())
+    # The note has the story; the frames (holding the task's arguments, a 60 MB body) need not live on.
+    error.__traceback__ = error.__context__ = error.__cause__ = None
     try:
         pickle.loads(pickle.dumps(error))
         return error
@@ -449,8 +531,8 @@ def _portable(error: Exception) -> Exception:
         return portable
 
 
-def _dump_reply(reply: tuple[str, Any]) -> bytes:
+def _dump_reply(reply: tuple[str, Any, float | None]) -> bytes:
     try:
         return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as error:  # noqa: BLE001 - an unpicklable result is the task's error, not a crash
-        return pickle.dumps(("error", TaskError(f"the task's result could not be sent back: {error}")))
+        return pickle.dumps(("error", TaskError(f"the task's result could not be sent back: {error}"), reply[2]))

@@ -1,8 +1,11 @@
-"""Body limits checked before a route parses anything: size per route (413) and JSON nesting (422)."""
+"""Body limits checked before a route parses anything: size per route (413), time to send it (408), JSON
+nesting and encoding (422)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -28,6 +31,7 @@ class BodyLimits:
     max_json_depth: int
     max_bytes_by_path: Mapping[str, int] = field(default_factory=dict)
     depth_unchecked_paths: frozenset[str] = frozenset()
+    body_timeout_s: float = 30.0
 
     def max_bytes_for(self, path: str) -> int:
         return self.max_bytes_by_path.get(path, self.max_bytes)
@@ -51,8 +55,11 @@ def nested_deeper_than(body: bytes, limit: int) -> bool:
 
 class BodyLimitMiddleware:
     """Reads the whole body (routes read it whole anyway), counting bytes as they arrive: over the route's
-    limit it answers 413 at once, by Content-Length before reading anything when the client declares it.
-    Then checks JSON nesting, and hands the body on to the app."""
+    limit it answers 413 at once, by Content-Length before reading anything when the client declares it;
+    a body not complete `body_timeout_s` after its first byte was awaited is answered 408 (a slow sender
+    would otherwise hold a connection, and a worker thread, forever). Then checks the bytes are UTF-8 and
+    how deep the JSON nests, whatever the declared content type (every route parses its body as JSON), and
+    hands the body on to the app."""
 
     def __init__(self, app: ASGIApp, limits: BodyLimits) -> None:
         self.app = app
@@ -72,8 +79,14 @@ class BodyLimitMiddleware:
             return
         chunks: list[bytes] = []
         size = 0
+        give_up_at = time.monotonic() + self.limits.body_timeout_s
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(0.0, give_up_at - time.monotonic()))
+            except TimeoutError:
+                await _reject(408, f"the request body did not arrive within {self.limits.body_timeout_s:g} s; "
+                                   "send it at once after the headers", scope, _disconnected, send)
+                return
             if message["type"] == "http.disconnect":
                 return  # the client is gone: nobody to answer
             chunk = message.get("body", b"")
@@ -86,8 +99,7 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        content_type = headers.get("content-type", "")
-        if path not in self.limits.depth_unchecked_paths and (not content_type or "json" in content_type):
+        if path not in self.limits.depth_unchecked_paths:
             # FastAPI answers undecodable bytes with an undocumented 400; a malformed body is a 422 here.
             if not _is_utf8(body):
                 await _reject(422, "the request body is not UTF-8 text; JSON must be sent as UTF-8",
@@ -119,6 +131,11 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()  # after the body: the disconnect, when it comes
 
     return replay
+
+
+async def _disconnected() -> Message:
+    # After a timed-out body nothing more is read from the client: the answer closes the exchange.
+    return {"type": "http.disconnect"}
 
 
 async def _reject(status: int, detail: str, scope: Scope, receive: Receive, send: Send) -> None:

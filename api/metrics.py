@@ -39,6 +39,10 @@ class Metrics:
                              "raised, e.g. an infeasible request), crashed, timed_out, rejected (pool full: 503), "
                              "expired (deadline passed in the queue), cancelled.",
                              ["task", "outcome"], registry=registry)
+        self.workers_recycled = Counter("resiplan_solver_workers_recycled", "Solver workers replaced after a "
+                                        "task because they were resident in more than the memory limit "
+                                        "(RESIPLAN_SOLVER_WORKER_MAX_RSS_MIB); the task's answer was delivered.",
+                                        ["task"], registry=registry)
         self.solver_status = Counter("resiplan_solver_status", "Plans answered, by the solver's status "
                                      "(OPTIMAL, FEASIBLE, ...).", ["status"], registry=registry)
         registry.register(_PoolCollector(pool_stats))
@@ -57,6 +61,10 @@ class Metrics:
             self.solver_status.labels(result.solver_status).inc()
         elif isinstance(result, Plan):
             self.solver_status.labels(result.solver.status).inc()
+
+    def worker_recycled(self, task: str, resident_mib: float) -> None:
+        """api.execution.PoolObserver."""
+        self.workers_recycled.labels(task).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from api.convert import to_problem, to_wire
+from api.errors import RequestBodyInvalid
 from api.service import PlanAnswer, budgeted, new_plan_id
 from api.schemas import (
     Migration,
@@ -17,7 +18,6 @@ from api.schemas import (
     SlowDevice,
 )
 from planner.devices import device_id
-from planner.errors import PlanningError
 from planner.problem import PlanningProblem
 from planner.replan import ReplanResult, replan, running_plan
 
@@ -32,8 +32,9 @@ def replan_request(parent_request: dict[str, Any], body: ReplanRequest) -> PlanR
     try:
         return PlanRequest.model_validate(merged)
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
-        raise PlanningError(f"the parent plan's request with these failures and options is invalid: {problems}") from None
+        problems = RequestBodyInvalid.from_validation(error)
+        raise RequestBodyInvalid(f"the parent plan's request with these failures and options is invalid: "
+                                 f"{problems.detail}", problems.errors) from None
 
 
 def _kept(parent: Plan, problem: PlanningProblem, plan_id: str, iteration_s: float) -> Plan:
@@ -75,19 +76,22 @@ def _migration(found: ReplanResult) -> Migration:
     )
 
 
-def replan_for(request: PlanRequest, parent_plan: dict[str, Any], plan_id: str,
+def replan_for(request: PlanRequest, parent_plan: dict[str, Any] | Plan, plan_id: str,
                max_time_limit_s: float | None = None, solve_by_monotonic_s: float | None = None) -> Plan:
     """The new plan for `request` (see `replan_request`), moving from the stored `parent_plan`."""
     problem = budgeted(to_problem(request), max_time_limit_s, solve_by_monotonic_s)
-    parent = Plan.model_validate(parent_plan)
+    parent = parent_plan if isinstance(parent_plan, Plan) else Plan.model_validate(parent_plan)
     running = running_plan(parent, {s.device: s.speed for s in parent.slow_devices})
     found = replan(problem, running, request.options.amortize_iterations)
     plan = _kept(parent, problem, plan_id, found.chosen.iteration_s) if found.result is None else to_wire(found.result, plan_id)
     return plan.model_copy(update={"parent_plan_id": parent.plan_id, "migration": _migration(found)})
 
 
-def replan_answer(request: PlanRequest, parent_plan: dict[str, Any], max_time_limit_s: float | None,
-                  solve_by_monotonic_s: float | None) -> PlanAnswer:
-    """replan_for, for a solver worker."""
-    return PlanAnswer(replan_for(request, parent_plan, new_plan_id(), max_time_limit_s, solve_by_monotonic_s)
-                      .model_dump(mode="json"))
+def replan_answer(parent_request: dict[str, Any], body: ReplanRequest, parent_plan_json: str,
+                  max_time_limit_s: float | None, solve_by_monotonic_s: float | None) -> PlanAnswer:
+    """replan_request + replan_for, for a solver worker: the merged request is validated and the stored
+    parent plan (the JSON text the store holds) parsed there, not in the server's event loop."""
+    request = replan_request(parent_request, body)
+    parent_plan = Plan.model_validate_json(parent_plan_json)
+    return PlanAnswer.of(replan_for(request, parent_plan, new_plan_id(), max_time_limit_s, solve_by_monotonic_s),
+                         request)

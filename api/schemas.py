@@ -1,17 +1,36 @@
 """Wire models of API.md v1. Field names here are the public contract.
 
-These models import only pydantic, so the CLI and adapter clients use them
-without FastAPI.
+These models import only pydantic (and cost_models.model_spec, which checks a
+Hugging Face config against the same architecture limits), so the CLI and
+adapter clients use them without FastAPI.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-DEVICE_PATTERN = re.compile(r"^(\d+):(\d+|\*)$")
+from cost_models.model_spec import (
+    ARCHITECTURE_LIMITS,
+    MAX_MODEL_NAME_CHARS,
+    MAX_ROPE_THETA,
+    HfConfigError,
+    model_from_hf_config,
+)
+
+DEVICE_PATTERN = re.compile(r"([0-9]+):([0-9]+|\*)")  # used with fullmatch: no "3:5\\n", no non-ASCII digits
 
 MAX_NODES = 16_384
 MAX_GPUS_PER_NODE = 72
@@ -26,12 +45,28 @@ MIN_PEAK_TFLOPS = 0.1
 MIN_MEMORY_GIB = 0.1
 MIN_BANDWIDTH_GB_S = 0.01
 MIN_SPEED = 0.001  # the least speed the detector reports, so its estimates can be replanned with
+# Tags of the members of "a preset name or an object" fields; api.errors leaves `<...>` parts out of field paths.
+PRESET_TAG, OBJECT_TAG, ARCHITECTURE_TAG, HF_CONFIG_TAG = "<preset>", "<object>", "<architecture>", "<hf_config>"
 
 
 class _Strict(BaseModel):
-    """Unknown fields are rejected so a typo is an error, not a silent default."""
+    """Unknown fields are rejected so a typo is an error, not a silent default; NaN and infinities are
+    rejected in every float (no time, bandwidth or speed is meaningful as one, and JSON cannot carry them
+    back in an answer)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _member_kind(value: Any, object_kinds: dict[str, str], default_object_kind: str) -> str | None:
+    """Which member of a "name or object" union `value` is meant as: the tag of its form, so a bad object
+    is reported against the one model it was meant as, not against every member of the union."""
+    if isinstance(value, str):
+        return PRESET_TAG
+    if isinstance(value, dict):
+        return next((tag for key, tag in object_kinds.items() if key in value), default_object_kind)
+    if isinstance(value, BaseModel):
+        return next((tag for tag, model in _TAGGED_MODELS.items() if isinstance(value, model)), None)
+    return None
 
 
 class GpuObject(_Strict):
@@ -49,7 +84,14 @@ class GpuObject(_Strict):
 class Cluster(_Strict):
     num_nodes: int = Field(ge=1, le=MAX_NODES)
     gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
-    gpu: str | GpuObject = Field(description="A preset name (A100-40GB, A100-80GB, H100-SXM, H200, B200) or an object.")
+    gpu: Annotated[
+        Annotated[str, Tag(PRESET_TAG)] | Annotated[GpuObject, Tag(OBJECT_TAG)],
+        Discriminator(
+            lambda value: _member_kind(value, {}, OBJECT_TAG),
+            custom_error_type="gpu_kind",
+            custom_error_message='must be a preset name or an object {"name", "peak_tflops", "memory_gib"}',
+        ),
+    ] = Field(description="A preset name (A100-40GB, A100-80GB, H100-SXM, H200, B200) or an object.")
     intra_node_bandwidth_gb_s: float | None = Field(
         default=None, ge=MIN_BANDWIDTH_GB_S, le=100_000,
         description="Unidirectional NVLink GB/s per GPU; default from the GPU preset.",
@@ -80,7 +122,7 @@ class SlowDevice(_Strict):
     @field_validator("device")
     @classmethod
     def _device_form(cls, value: str) -> str:
-        match = DEVICE_PATTERN.match(value)
+        match = DEVICE_PATTERN.fullmatch(value)
         if not match or match.group(2) == "*":
             raise ValueError(f'slow device {value!r} must look like "<node>:<gpu>", e.g. "9:2"')
         return value
@@ -96,21 +138,59 @@ class Failures(_Strict):
     @classmethod
     def _failed_form(cls, values: list[str]) -> list[str]:
         for value in values:
-            if not DEVICE_PATTERN.match(value):
+            if not DEVICE_PATTERN.fullmatch(value):
                 raise ValueError(f'failed device {value!r} must look like "<node>:<gpu>" or "<node>:*", e.g. "3:5"')
         return values
 
 
+class RopeScalingModel(_Strict):
+    """Llama 3.1-style RoPE frequency scaling (Hugging Face `"rope_type": "llama3"`)."""
+
+    rope_type: Literal["llama3"] = "llama3"
+    factor: float = Field(gt=0, le=1024, description="Long wavelengths are divided by this (8 in Llama 3.1).")
+    low_freq_factor: float = Field(default=1.0, gt=0, le=1024)
+    high_freq_factor: float = Field(default=4.0, gt=0, le=1024)
+    original_max_position_embeddings: int = Field(
+        default=8192, ge=1, le=ARCHITECTURE_LIMITS["max_position_embeddings"],
+        description="Context length the scaling starts from.",
+    )
+
+    @model_validator(mode="after")
+    def _bands(self) -> RopeScalingModel:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(f"rope_scaling high_freq_factor {self.high_freq_factor:g} must exceed "
+                             f"low_freq_factor {self.low_freq_factor:g}")
+        return self
+
+
 class ModelArchitecture(_Strict):
-    num_layers: int = Field(ge=1, le=1024)
-    hidden_size: int = Field(ge=1, le=262_144)
-    ffn_hidden_size: int = Field(ge=1, le=1_048_576)
-    num_attention_heads: int = Field(ge=1, le=4096)
-    num_kv_heads: int | None = Field(default=None, ge=1, le=4096, description="Defaults to num_attention_heads.")
-    vocab_size: int = Field(ge=1, le=4_194_304)
+    num_layers: int = Field(ge=1, le=ARCHITECTURE_LIMITS["num_layers"])
+    hidden_size: int = Field(ge=1, le=ARCHITECTURE_LIMITS["hidden_size"])
+    ffn_hidden_size: int = Field(ge=1, le=ARCHITECTURE_LIMITS["ffn_hidden_size"])
+    num_attention_heads: int = Field(ge=1, le=ARCHITECTURE_LIMITS["num_attention_heads"])
+    num_kv_heads: int | None = Field(
+        default=None, ge=1, le=ARCHITECTURE_LIMITS["num_kv_heads"], description="Defaults to num_attention_heads."
+    )
+    vocab_size: int = Field(ge=1, le=ARCHITECTURE_LIMITS["vocab_size"])
     swiglu: bool = True
     tied_embeddings: bool = False
-    name: str = Field(default="custom", max_length=128)
+    name: str = Field(default="custom", max_length=MAX_MODEL_NAME_CHARS)
+    normalization: Literal["rmsnorm", "layernorm"] = Field(
+        default="rmsnorm", description="rmsnorm (a weight) or layernorm (a weight and a bias)."
+    )
+    norm_epsilon: float = Field(default=1e-5, gt=0, le=1)
+    position_embedding: Literal["rope", "learned"] = Field(
+        default="rope", description="rope (rotary) or learned (a table of max_position_embeddings rows)."
+    )
+    rope_theta: float = Field(default=10_000.0, ge=1, le=MAX_ROPE_THETA, description="RoPE base.")
+    rotary_percent: float = Field(default=1.0, gt=0, le=1, description="Share of each head's dimensions RoPE rotates.")
+    rope_scaling: RopeScalingModel | None = Field(default=None, description="Llama 3.1-style scaling, or null.")
+    max_position_embeddings: int | None = Field(
+        default=None, ge=1, le=ARCHITECTURE_LIMITS["max_position_embeddings"],
+        description="Rows of the learned position table; required with position_embedding learned.",
+    )
+    qkv_bias: bool = Field(default=False, description="Biases on Q, K and V only (Qwen2).")
+    linear_bias: bool = Field(default=False, description="Biases on every linear layer of a transformer layer (GPT-3).")
 
     @model_validator(mode="after")
     def _shape(self) -> ModelArchitecture:
@@ -121,11 +201,29 @@ class ModelArchitecture(_Strict):
         kv = self.num_kv_heads or self.num_attention_heads
         if self.num_attention_heads % kv:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} is not a multiple of num_kv_heads {kv}")
+        if self.position_embedding == "learned" and self.max_position_embeddings is None:
+            raise ValueError("position_embedding learned needs max_position_embeddings, the rows of its table")
+        if self.position_embedding == "learned" and self.rope_scaling is not None:
+            raise ValueError("rope_scaling applies to position_embedding rope, not learned")
         return self
 
 
 class HfConfigModel(_Strict):
     hf_config: dict[str, Any] = Field(description="A Hugging Face config.json, as-is.")
+
+    @model_validator(mode="after")
+    def _plannable(self) -> HfConfigModel:
+        """The architecture limits of ModelArchitecture, checked here, before any solve, in hf_config's terms."""
+        try:
+            spec = model_from_hf_config(self.hf_config)
+        except (HfConfigError, TypeError) as error:
+            raise ValueError(str(error)) from None
+        try:
+            ModelArchitecture.model_validate(dataclasses.asdict(spec))
+        except ValidationError as error:
+            problems = "; ".join(item["msg"].removeprefix("Value error, ") for item in error.errors())
+            raise ValueError(f"hf_config describes a model resiplan cannot plan: {problems}") from None
+        return self
 
 
 Recompute = Literal["none", "selective", "full", "auto"]
@@ -170,8 +268,19 @@ class Options(_Strict):
     )
 
 
+_TAGGED_MODELS: dict[str, type[BaseModel]] = {
+    OBJECT_TAG: GpuObject, ARCHITECTURE_TAG: ModelArchitecture, HF_CONFIG_TAG: HfConfigModel,
+}
+
 ModelField = Annotated[
-    str | ModelArchitecture | HfConfigModel,
+    Annotated[str, Tag(PRESET_TAG)]
+    | Annotated[ModelArchitecture, Tag(ARCHITECTURE_TAG)]
+    | Annotated[HfConfigModel, Tag(HF_CONFIG_TAG)],
+    Discriminator(
+        lambda value: _member_kind(value, {"hf_config": HF_CONFIG_TAG}, ARCHITECTURE_TAG),
+        custom_error_type="model_kind",
+        custom_error_message='must be a preset name, an architecture object or {"hf_config": {...}}',
+    ),
     Field(description="A preset name, an architecture object, or {\"hf_config\": {...}}."),
 ]
 
@@ -247,6 +356,11 @@ class SolverReport(BaseModel):
     bound_ms: float | None = None
     candidates_total: int | None = None
     candidates_solved: int | None = None
+    time_limit_s: float | None = Field(
+        default=None, description="The limit this answer was computed under, counted from arrival: the request's "
+        "options.time_limit_s, at most the server's cap, raised to the least this request takes (see notes).")
+    notes: list[str] = Field(
+        default_factory=list, description="What the answer gave up to arrive in time, or why its limit was raised.")
 
 
 class ReplanCandidate(BaseModel):
@@ -332,10 +446,25 @@ class Plan(BaseModel):
     global_batch_size: int | None = None
     seq_length: int | None = None
     precision: str | None = None
+    gpu_memory_gib: float | None = Field(
+        default=None, description="HBM capacity of one GPU, GiB: what each stage's memory_gib is measured against."
+    )
+    stored: bool | None = Field(
+        default=None, description="Only in an answer, and only false: the plan store was unavailable, so this plan "
+        "was not kept; reading it back by id (GET, exports, replan, detect) answers 404.")
+
+
+class FieldError(BaseModel):
+    field: str = Field(description="Path of the failing value in the request, e.g. `failures.slow[0].speed`.")
+    message: str
 
 
 class ErrorDetail(BaseModel):
-    detail: str | list[Any]
+    """Every error answer: `detail` is one sentence for people; `errors` lists the failing fields of a
+    request that did not validate."""
+
+    detail: str
+    errors: list[FieldError] | None = None
 
 
 # POST /v1/detect -------------------------------------------------------------
@@ -363,7 +492,7 @@ class DeviceTelemetry(_Strict):
     @field_validator("device")
     @classmethod
     def _device_form(cls, value: str) -> str:
-        match = DEVICE_PATTERN.match(value)
+        match = DEVICE_PATTERN.fullmatch(value)
         if not match or match.group(2) == "*":
             raise ValueError(f'telemetry device {value!r} must look like "<node>:<gpu>", e.g. "3:5"')
         return value

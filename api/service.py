@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any
-
-from pydantic import ValidationError
 
 from api.convert import resolve_model, to_problem, to_wire
-from api.schemas import DetectRequest, DetectResponse, EstimateRequest, FailSlowDevice, Plan, PlanRequest
-from planner.detection import Microbatch, TelemetryItem, detect, layout_from_plan
-from planner.detection.telemetry import TelemetryError
+from api.schemas import DetectResponse, EstimateRequest, FailSlowDevice, Plan, PlanRequest
+from api.telemetry_body import parse_detect_body
+from planner.detection import ItemTotals, TelemetryError, detect, layout_from_plan
 from planner.errors import PlanningError
 from planner.estimate import FixedLayout, estimate_layout
+from planner.budget import Budget
+from planner.deadline import (
+    late_start_note,
+    least_time_limit_s,
+    raised_limit_note,
+    reading_s,
+    transfer_s,
+    wire_reserve_s,
+)
 from planner.plan import plan
 from planner.problem import PlanningProblem
 
@@ -31,8 +38,34 @@ def plan_for(
 ) -> Plan:
     """The plan for `request`, its solver budget capped by `max_time_limit_s` and by the time left until
     `solve_by_monotonic_s` (a `time.monotonic()` instant; the clock is system-wide on Linux, so a
-    deadline the server set holds in a worker process, and time spent queued comes off the budget)."""
-    return to_wire(plan(budgeted(to_problem(request), max_time_limit_s, solve_by_monotonic_s)), new_plan_id())
+    deadline the server set holds in a worker process, and time spent queued comes off the budget).
+
+    The deadline counts from the request's arrival, before it was read (the server sets
+    `solve_by_monotonic_s` to the moment it had read it plus the capped limit), and covers the whole
+    answer: the planner returns early enough for the wire form, its JSON and the store
+    (`planner.deadline`). A limit below the least this request's answer takes (`least_time_limit_s`)
+    is raised to it, and the answer says so in `solver.notes`, as it does when the request waited so
+    long for a solver process that less than the least is left.
+    """
+    started_s = time.monotonic()
+    problem = to_problem(request)
+    limit_s = min(problem.time_limit_s, max_time_limit_s) if max_time_limit_s is not None else problem.time_limit_s
+    read_s = reading_s(problem)
+    arrived_s = (solve_by_monotonic_s if solve_by_monotonic_s is not None else started_s + limit_s) - limit_s - read_s
+    least_s = least_time_limit_s(problem)
+    notes: tuple[str, ...] = ()
+    if limit_s < least_s:
+        notes += (raised_limit_note(problem, limit_s, least_s),)
+    deadline_s = arrived_s + max(limit_s, least_s)
+    # What the planner needs from now on at the least: it was read and handed over already.
+    least_from_now_s = least_s - read_s - transfer_s(problem)
+    if deadline_s - started_s < least_from_now_s:
+        notes += (late_start_note(deadline_s - started_s, least_from_now_s),)
+        deadline_s = started_s + least_from_now_s
+    applied = replace(problem, time_limit_s=deadline_s - started_s)
+    result = plan(applied, Budget(deadline_s).less(wire_reserve_s(problem)))
+    solver = replace(result.solver, time_limit_s=round(deadline_s - arrived_s, 3), notes=notes + result.solver.notes)
+    return to_wire(replace(result, solver=solver), new_plan_id())
 
 
 def budgeted(
@@ -49,28 +82,30 @@ def budgeted(
 
 @dataclass(frozen=True)
 class PlanAnswer:
-    """A plan as a solver worker hands it back: its JSON, ready to store and send. Unpickling a pydantic
-    Plan would cost the server's event loop ~70 ms for a 4,096-GPU plan; this costs ~2 ms."""
+    """A plan as a solver worker hands it back: its JSON text and its request's, serialized in the worker,
+    ready to store and send as they are. The server's event loop never parses or dumps a plan (a
+    65,536-GPU plan is tens of MB: a fraction of a second of a loop that also answers health checks)."""
 
-    plan: dict[str, Any]
+    plan_id: str
+    solver_status: str
+    plan_json: str
+    request_json: str
 
-    @property
-    def plan_id(self) -> str:
-        return self.plan["plan_id"]
-
-    @property
-    def solver_status(self) -> str:
-        return self.plan["solver"]["status"]
+    @classmethod
+    def of(cls, plan: Plan, request: PlanRequest) -> PlanAnswer:
+        # `stored` is left out: the route adds it only when the store could not keep the plan.
+        return cls(plan.plan_id, plan.solver.status, plan.model_dump_json(exclude={"stored"}),
+                   request.model_dump_json())
 
 
 def plan_answer(request: PlanRequest, max_time_limit_s: float | None, solve_by_monotonic_s: float | None) -> PlanAnswer:
     """plan_for, for a solver worker."""
-    return PlanAnswer(plan_for(request, max_time_limit_s, solve_by_monotonic_s).model_dump(mode="json"))
+    return PlanAnswer.of(plan_for(request, max_time_limit_s, solve_by_monotonic_s), request)
 
 
 def estimate_answer(request: EstimateRequest) -> PlanAnswer:
     """estimate_for, for a solver worker."""
-    return PlanAnswer(estimate_for(request).model_dump(mode="json"))
+    return PlanAnswer.of(estimate_for(request), request)
 
 
 def estimate_for(request: EstimateRequest) -> Plan:
@@ -98,30 +133,25 @@ class PlanNeeded:
     plan_id: str
 
 
-class BodyValidationError(Exception):
-    """A request body failed validation; `errors` are in the form FastAPI answers 422 with."""
+def detect_json(body: bytes, stored_plan_json: str | None) -> DetectResponse | PlanNeeded:
+    """Parse, validate and run a /v1/detect body against `stored_plan_json` (the stored Plan's JSON text).
 
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__(errors)
-        self.errors = errors
-
-
-def detect_json(body: bytes, stored_plan: dict[str, Any] | None) -> DetectResponse | PlanNeeded:
-    """Parse, validate and run a /v1/detect body against `stored_plan` (the stored Plan JSON).
-
-    Runs in a solver worker: 4,096 devices x 8 iterations of telemetry is ~24 MB of JSON, seconds of
-    parsing that must not hold the server's event loop.
+    Runs in a solver worker: 4,096 devices x 8 iterations of telemetry is 25-60 MB of JSON, seconds of
+    parsing that must not hold the server's event loop. The body is reduced item by item
+    (api.telemetry_body), so the worker's memory stays a small multiple of the body. BodyValidationError
+    when the body is not a valid DetectRequest.
     """
-    try:
-        request = DetectRequest.model_validate_json(body)
-    except ValidationError as error:
-        raise BodyValidationError(body_errors(error)) from None
-    if stored_plan is None or stored_plan.get("plan_id") != request.plan_id:
-        return PlanNeeded(request.plan_id)
-    return detect_for(Plan.model_validate(stored_plan), request)
+    parsed = parse_detect_body(body)
+    if stored_plan_json is None:
+        return PlanNeeded(parsed.plan_id)
+    plan = Plan.model_validate_json(stored_plan_json)
+    if plan.plan_id != parsed.plan_id:
+        return PlanNeeded(parsed.plan_id)
+    return detect_for(plan, parsed.telemetry)
 
 
-def detect_for(plan: Plan, request: DetectRequest) -> DetectResponse:
+def detect_for(plan: Plan, telemetry: Iterable[ItemTotals]) -> DetectResponse:
+    """Fail-slow and fail-stop devices of `plan` in `telemetry` (TelemetryItems or their totals)."""
     if plan.architecture is not None:
         model = resolve_model(plan.architecture)
     elif plan.model:
@@ -129,42 +159,11 @@ def detect_for(plan: Plan, request: DetectRequest) -> DetectResponse:
     else:
         raise PlanningError(f"plan {plan.plan_id} records no model architecture to normalize compute times with")
     layout = layout_from_plan(plan, model)
-    items = [
-        TelemetryItem(
-            device=item.device,
-            iteration=item.iteration,
-            microbatches=tuple(Microbatch(tuple(mb.seq_lengths), mb.compute_ms) for mb in item.microbatches),
-            last_heartbeat_s_ago=item.last_heartbeat_s_ago,
-        )
-        for item in request.telemetry
-    ]
     try:
-        result = detect(items, layout)
+        result = detect(telemetry, layout)
     except TelemetryError as error:
         raise PlanningError(f"plan {plan.plan_id}: {error}") from None
     return DetectResponse(
         fail_slow=[FailSlowDevice(device=f.device, speed=f.speed, confidence=f.confidence) for f in result.fail_slow],
         fail_stop=list(result.fail_stop),
     )
-
-
-_ECHOED_INPUT_CHARS = 200
-
-
-def body_errors(error: ValidationError) -> list[dict[str, Any]]:
-    """Validation errors as FastAPI reports a body's (`loc` from "body"), plain JSON, and without
-    echoing large inputs: a 24 MB body must not come back in its own 422."""
-    errors = []
-    for item in error.errors(include_url=False):
-        entry: dict[str, Any] = {"type": item["type"], "loc": ["body", *item["loc"]], "msg": item["msg"]}
-        value = item.get("input")
-        if "input" in item and (
-            value is None
-            or isinstance(value, bool | int | float)
-            or (isinstance(value, str) and len(value) <= _ECHOED_INPUT_CHARS)
-        ):
-            entry["input"] = value
-        if item.get("ctx"):
-            entry["ctx"] = {key: v if isinstance(v, bool | int | float | str) else str(v) for key, v in item["ctx"].items()}
-        errors.append(entry)
-    return errors

@@ -12,29 +12,45 @@ can read that plan after any crash of the service.
 - PostgreSQL (`postgresql://...`, several service instances sharing one store): psycopg 3
   (`pip install 'resiplan[postgres]'`); the server's default `synchronous_commit=on` makes a commit
   durable before it returns.
+
+A store that cannot be reached (PostgreSQL stopped, a disk full, a locked file) raises `StoreUnavailable`
+from every method, which the API answers with 503 and `Retry-After`; the schema is created on first use,
+so the service also starts while its database is down and becomes ready when it comes back.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
     Column,
     DateTime,
+    LargeBinary,
     MetaData,
     String,
     Table,
     Text,
+    cast,
     create_engine,
     event,
+    func,
     insert,
     select,
     text,
 )
 from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.schema import CreateTable
+
+log = logging.getLogger("resiplan.store")
 
 _metadata = MetaData()
 
@@ -47,6 +63,9 @@ plans_table = Table(
     Column("plan_json", Text, nullable=False),
 )
 
+# Seconds to reach a PostgreSQL server before the store counts as unavailable (an unreachable host would
+# otherwise hold a request for the TCP timeout, minutes).
+POSTGRES_CONNECT_TIMEOUT_S = 5
 # Seconds a SQLite writer waits for another's lock (threads of one server, or several servers on one file).
 SQLITE_BUSY_TIMEOUT_S = 30.0
 # Any fixed 64-bit number: the key of the PostgreSQL advisory lock taken while creating the schema.
@@ -77,7 +96,8 @@ def make_engine(database_url: str) -> Engine:
     try:
         engine = create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S} if is_sqlite else {},
+            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S} if is_sqlite
+            else {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S},
             # A shared server restarts or drops idle connections; test each one before handing it out.
             pool_pre_ping=not is_sqlite,
         )
@@ -104,46 +124,153 @@ def create_schema(connection: Connection) -> None:
         connection.execute(CreateTable(table, if_not_exists=True))
 
 
+# What a stopped server, a dropped connection, an exhausted pool, a full disk or a locked file raise.
+_OUTAGES = (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError)
+
+
+class StoreUnavailable(Exception):
+    """The plan store could not be reached or did not answer; the message names the store, never a password."""
+
+
 def _could_be_stored(plan_id: str) -> bool:
     # Saved ids are hex. Anything else a client sends is answered "not found" without a query: a lone
     # surrogate cannot be encoded for either database, and PostgreSQL rejects NUL in any text (a 500 otherwise).
     return len(plan_id) <= plans_table.c.plan_id.type.length and plan_id.isascii() and "\x00" not in plan_id
 
 
+class _RecentPlans:
+    """The plan JSON bytes served last, up to `max_bytes` in all. Plans are never changed once stored, so
+    a copy cannot go stale, whichever instance of the service stored it; after a replan every node of a
+    job asks for the same plan at once, and each read of a 30 MB row costs the interpreter milliseconds."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes = max_bytes
+        self._plans: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, plan_id: str) -> bytes | None:
+        with self._lock:
+            found = self._plans.get(plan_id)
+            if found is not None:
+                self._plans.move_to_end(plan_id)
+            return found
+
+    def put(self, plan_id: str, body: bytes) -> None:
+        if len(body) > self._max_bytes:
+            return
+        with self._lock:
+            if plan_id in self._plans:
+                return
+            self._plans[plan_id] = body
+            self._bytes += len(body)
+            while self._bytes > self._max_bytes:
+                _, evicted = self._plans.popitem(last=False)
+                self._bytes -= len(evicted)
+
+
 class PlanStore:
-    def __init__(self, engine: Engine) -> None:
+    """Thread-safe (SQLAlchemy's connection pool); the API calls it from worker threads. `cache_bytes`:
+    how much recently served plan JSON to keep in memory (0: none)."""
+
+    def __init__(self, engine: Engine, cache_bytes: int = 0) -> None:
         self._engine = engine
-        with engine.begin() as connection:
-            create_schema(connection)
+        self._recent = _RecentPlans(cache_bytes)
+        self._schema_ready = False
+        self._schema_lock = threading.Lock()
+        try:
+            self._ensure_schema()
+        except StoreUnavailable as error:
+            log.warning("plan store unavailable at start; it is created on first use: %s", error)
+
+    def _describe(self) -> str:
+        return self._engine.url.render_as_string(hide_password=True)
+
+    def _ensure_schema(self) -> None:
+        if self._schema_ready:
+            return
+        with self._schema_lock:
+            if self._schema_ready:
+                return
+            with self._guard("create the plan table"), self._engine.begin() as connection:
+                create_schema(connection)
+            self._schema_ready = True
+
+    @contextmanager
+    def _guard(self, action: str) -> Iterator[None]:
+        """A database that cannot be reached or cannot work now as StoreUnavailable. Integrity errors (one id
+        saved twice) are bugs, not outages, and pass through."""
+        try:
+            yield
+        except _OUTAGES as error:
+            reason = type(getattr(error, "orig", None) or error).__name__
+            raise StoreUnavailable(f"the plan store ({self._describe()}) could not {action}: {reason}") from error
 
     def save(self, plan_id: str, request: dict[str, Any], plan: dict[str, Any]) -> None:
         """Insert and commit (returns only once the plan is durable); a second save of one id raises."""
-        with self._engine.begin() as connection:
+        self.save_json(plan_id, json.dumps(request), json.dumps(plan))
+
+    def save_json(self, plan_id: str, request_json: str, plan_json: str) -> None:
+        """`save` of texts already serialized (the solver worker serializes plans, off the event loop)."""
+        self._ensure_schema()
+        with self._guard("save a plan"), self._engine.begin() as connection:
             connection.execute(
                 insert(plans_table).values(
                     plan_id=plan_id,
                     created_at=datetime.now(UTC),
-                    request_json=json.dumps(request),
-                    plan_json=json.dumps(plan),
+                    request_json=request_json,
+                    plan_json=plan_json,
                 )
             )
 
     def get(self, plan_id: str) -> dict[str, Any] | None:
+        text = self.get_json(plan_id)
+        return None if text is None else json.loads(text)
+
+    def get_json(self, plan_id: str) -> str | None:
+        """The stored plan as the JSON text it was saved as: served as is, never parsed."""
+        return self._column(plans_table.c.plan_json, plan_id)
+
+    def get_json_bytes(self, plan_id: str) -> bytes | None:
+        """`get_json` as the UTF-8 bytes sent on the wire, converted by the database: a plan of tens of MB
+        is served without decoding and re-encoding it in Python, which holds the interpreter for
+        milliseconds per MB."""
         if not _could_be_stored(plan_id):
             return None
-        with self._engine.connect() as connection:
-            row = connection.execute(select(plans_table.c.plan_json).where(plans_table.c.plan_id == plan_id)).first()
-        return None if row is None else json.loads(row[0])
+        cached = self._recent.get(plan_id)
+        if cached is not None:
+            return cached
+        self._ensure_schema()
+        with self._guard("read a plan"), self._engine.connect() as connection:
+            column = plans_table.c.plan_json
+            # PostgreSQL's text-to-bytea cast reads backslashes as escapes; convert_to encodes instead.
+            as_bytes = (func.convert_to(column, "UTF8") if connection.dialect.name == "postgresql"
+                        else cast(column, LargeBinary))
+            row = connection.execute(select(as_bytes).where(plans_table.c.plan_id == plan_id)).first()
+        if row is None:
+            return None
+        body = bytes(row[0])
+        self._recent.put(plan_id, body)
+        return body
 
     def get_request(self, plan_id: str) -> dict[str, Any] | None:
         """The request a stored plan answered (a replan starts from it)."""
+        text = self._column(plans_table.c.request_json, plan_id)
+        return None if text is None else json.loads(text)
+
+    def _column(self, column: Column, plan_id: str) -> str | None:
         if not _could_be_stored(plan_id):
             return None
-        with self._engine.connect() as connection:
-            row = connection.execute(
-                select(plans_table.c.request_json).where(plans_table.c.plan_id == plan_id)
-            ).first()
-        return None if row is None else json.loads(row[0])
+        self._ensure_schema()
+        with self._guard("read a plan"), self._engine.connect() as connection:
+            row = connection.execute(select(column).where(plans_table.c.plan_id == plan_id)).first()
+        return None if row is None else row[0]
+
+    def check(self) -> None:
+        """Raise StoreUnavailable unless the store answers a query now (readiness)."""
+        self._ensure_schema()
+        with self._guard("answer a query"), self._engine.connect() as connection:
+            connection.execute(select(plans_table.c.plan_id).limit(1)).first()
 
     def close(self) -> None:
         self._engine.dispose()

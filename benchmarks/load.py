@@ -17,6 +17,12 @@ again after the `Retry-After` the server named, as `adapters.client` does; each 
 
 "Saturated" health probes are those sent while at least as many plan requests were inside the server
 as it has solver workers (so every worker was busy solving).
+
+Then (unless `--fetch-seconds 0`) the same server estimates the largest plan the limits allow (`LARGEST_PLAN`:
+65,536 sequences through an 8-stage pipeline on one node, tens of MB of timelines; an estimate is a stored
+plan like any other) and `--fetch-clients` clients GET it over and over
+for `--fetch-seconds`, while /healthz is probed again: a stored plan is served as the text the store holds,
+so the event loop never parses or serializes it.
 """
 
 from __future__ import annotations
@@ -88,6 +94,27 @@ class Probe:
     plans_in_server: int
 
 
+# The largest answer the limits admit: every microbatch is an op of every stage's timeline, so 65,536
+# sequences (the most a request may ask for) of one microbatch each through an 8-stage pipeline.
+LARGEST_PLAN = {
+    "cluster": {"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-80GB"}, "model": "llama2-7b",
+    "training": {"global_batch_size": 65_536, "seq_length": 2048}, "options": {"time_limit_s": 30},
+    "layout": {"tp": 1, "pp": 8, "micro_batch_size": 1, "schedule": "1f1b", "recompute": "none"},
+}
+
+
+@dataclass
+class Fetches:
+    """Phase two: clients fetching one large stored plan over and over, and the health probes meanwhile."""
+
+    plan_bytes: int
+    clients: int
+    latencies_s: list[float]
+    failures: int
+    probes: list[Probe]
+    wall_s: float
+
+
 @dataclass
 class Run:
     workers: int
@@ -98,6 +125,7 @@ class Run:
     metrics_text: str
     log_lines: list[dict]
     stored_plans: int
+    fetches: Fetches | None = None
 
 
 def _free_port() -> int:
@@ -216,33 +244,83 @@ async def drive(base_url: str, bodies: list[tuple[str, dict]], max_attempts: int
     return outcomes, wall_s
 
 
-def drive_with_probes(base_url: str, bodies: list[tuple[str, dict]], max_attempts: int, probe_interval_s: float,
-                      timeout_s: float) -> tuple[list[Outcome], list[Probe], float]:
+def with_probes(base_url: str, probe_interval_s: float, load, in_server_start: int = 0):
+    """Run `load(in_server)` (a coroutine function) while a prober process hits /healthz; (its result,
+    the probes). `in_server` is the shared count of requests inside the server the probes are labelled with."""
     context = multiprocessing.get_context("spawn")
-    in_server = context.Value("i", 0)  # plan requests sent and not yet answered, shared with the prober
+    in_server = context.Value("i", in_server_start)
     stop = context.Event()
     receiver, sender = context.Pipe(duplex=False)
     prober = context.Process(target=_probe_loop, args=(base_url, probe_interval_s, stop, in_server, sender),
                              name="resiplan-load-prober", daemon=True)
     prober.start()
     try:
-        outcomes, wall_s = asyncio.run(drive(base_url, bodies, max_attempts, in_server, timeout_s))
+        result = asyncio.run(load(in_server))
     finally:
         stop.set()
         probes = receiver.recv() if receiver.poll(30) else []
         prober.join(timeout=30)
+    return result, probes
+
+
+def drive_with_probes(base_url: str, bodies: list[tuple[str, dict]], max_attempts: int, probe_interval_s: float,
+                      timeout_s: float) -> tuple[list[Outcome], list[Probe], float]:
+    # in_server: plan requests sent and not yet answered.
+    (outcomes, wall_s), probes = with_probes(
+        base_url, probe_interval_s, lambda in_server: drive(base_url, bodies, max_attempts, in_server, timeout_s))
     return outcomes, probes, wall_s
 
 
+async def _fetch_client(http: httpx.AsyncClient, url: str, until: float, latencies: list[float],
+                        failures: list[int], expected_bytes: int) -> None:
+    while time.monotonic() < until:
+        sent = time.monotonic()
+        try:
+            response = await http.get(url)
+            ok = response.status_code == 200 and len(response.content) == expected_bytes
+        except httpx.HTTPError:
+            ok = False
+        if ok:
+            latencies.append(time.monotonic() - sent)
+        else:
+            failures.append(1)
+
+
+async def _fetch_for(url: str, clients: int, seconds: float, expected_bytes: int) -> tuple[list[float], int, float]:
+    latencies: list[float] = []
+    failures: list[int] = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as http:
+        started = time.monotonic()
+        await asyncio.gather(*(_fetch_client(http, url, started + seconds, latencies, failures, expected_bytes)
+                               for _ in range(clients)))
+        return latencies, len(failures), time.monotonic() - started
+
+
+def fetch_largest_plan(base_url: str, clients: int, seconds: float, probe_interval_s: float) -> Fetches:
+    """Plan LARGEST_PLAN, then `clients` concurrent GETs of it for `seconds`, health probes alongside."""
+    created = httpx.post(f"{base_url}/v1/estimate", json=LARGEST_PLAN, timeout=600)
+    if created.status_code != 200:
+        raise RuntimeError(f"the largest plan was not planned: {created.status_code} {created.text[:300]}")
+    url = f"{base_url}/v1/plans/{created.json()['plan_id']}"
+    expected_bytes = len(httpx.get(url, timeout=120).content)
+    # Every probe is labelled as sent under the fetch load (`clients` requests inside the server).
+    (latencies, failures, wall_s), probes = with_probes(
+        base_url, probe_interval_s, lambda _in_server: _fetch_for(url, clients, seconds, expected_bytes), clients)
+    return Fetches(expected_bytes, clients, latencies, failures, probes, wall_s)
+
+
 def run(requests: int, workers: int, queue_size: int | None, time_limit_s: float, max_attempts: int,
-        probe_interval_s: float, timeout_s: float) -> Run:
+        probe_interval_s: float, timeout_s: float, fetch_clients: int = 0, fetch_seconds: float = 0.0) -> Run:
     mix = request_mix(time_limit_s)
     bodies = [mix[index % len(mix)] for index in range(requests)]
     with tempfile.TemporaryDirectory(prefix="resiplan-load-") as tmp:
         workdir = Path(tmp)
         process, base_url, log_path = start_server(workdir, workers, queue_size)
+        fetches = None
         try:
             outcomes, probes, wall_s = drive_with_probes(base_url, bodies, max_attempts, probe_interval_s, timeout_s)
+            if fetch_clients and fetch_seconds > 0:
+                fetches = fetch_largest_plan(base_url, fetch_clients, fetch_seconds, probe_interval_s)
             metrics_text = httpx.get(f"{base_url}/metrics", timeout=10).text
         finally:
             stop_server(process)
@@ -252,8 +330,9 @@ def run(requests: int, workers: int, queue_size: int | None, time_limit_s: float
                 log_lines.append(json.loads(line))
         with sqlite3.connect(workdir / "load.db") as db:
             stored_plans = db.execute("select count(*) from plans").fetchone()[0]
+    stored_plans -= 1 if fetches is not None else 0  # the largest plan is not one of the requests
     return Run(workers, workers if queue_size is None else queue_size, outcomes, probes, wall_s, metrics_text,
-               log_lines, stored_plans)
+               log_lines, stored_plans, fetches)
 
 
 def check(result: Run) -> list[str]:
@@ -283,6 +362,11 @@ def check(result: Run) -> list[str]:
             problems.append(f"the solver pool reported {outcome_name} tasks")
     if any(probe.latency_s is None for probe in result.probes):
         problems.append("a health probe failed")
+    if result.fetches is not None:
+        if result.fetches.failures:
+            problems.append(f"{result.fetches.failures} fetches of the largest plan failed or came back short")
+        if any(probe.latency_s is None for probe in result.fetches.probes):
+            problems.append("a health probe failed while the largest plan was fetched")
     return problems
 
 
@@ -354,9 +438,32 @@ def report(result: Run, requests: int, time_limit_s: float) -> str:
     p99 = _percentile(saturated_ms, 0.99)
     lines += ["", f"Health-check p99 while saturated: {p99:.1f} ms (target < {HEALTH_TARGET_MS:.0f} ms: "
               f"{'met' if p99 < HEALTH_TARGET_MS else 'MISSED'})."]
+    if result.fetches is not None:
+        lines += ["", *_fetch_report(result.fetches)]
     if problems:
         lines += ["", "Problems:", *[f"- {problem}" for problem in problems]]
     return "\n".join(lines)
+
+
+def _fetch_report(fetches: Fetches) -> list[str]:
+    health_ms = [p.latency_s * 1e3 for p in fetches.probes if p.latency_s is not None]
+    fetch_s = fetches.latencies_s
+    p99 = _percentile(health_ms, 0.99)
+    return [
+        f"Then {fetches.clients} clients fetched the largest plan the limits allow (`GET /v1/plans/{{id}}` of "
+        f"`LARGEST_PLAN`: {fetches.plan_bytes / 2**20:.1f} MiB of JSON) over and over for {fetches.wall_s:.0f} s:",
+        "",
+        "| measure | value |",
+        "|---|---:|",
+        f"| fetches completed / failed | {len(fetch_s)} / {fetches.failures} |",
+        f"| fetch latency p50 / p99, s | {_percentile(fetch_s, 0.5):.2f} / {_percentile(fetch_s, 0.99):.2f} |",
+        f"| served, MiB/s | {len(fetch_s) * fetches.plan_bytes / 2**20 / fetches.wall_s:.0f} |",
+        f"| /healthz p50 / p99 / max, ms ({len(health_ms)} probes) | {_percentile(health_ms, 0.5):.1f} / "
+        f"{p99:.1f} / {max(health_ms, default=float('nan')):.1f} |",
+        "",
+        f"Health-check p99 while the largest plan was fetched: {p99:.1f} ms (target < {HEALTH_TARGET_MS:.0f} ms: "
+        f"{'met' if p99 < HEALTH_TARGET_MS else 'MISSED'}).",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,12 +475,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-attempts", type=int, default=200, help="per request, 503s included")
     parser.add_argument("--probe-interval-ms", type=float, default=50.0)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole run")
+    parser.add_argument("--fetch-clients", type=int, default=4, help="clients fetching the largest plan (phase two)")
+    parser.add_argument("--fetch-seconds", type=float, default=20.0, help="length of phase two; 0 skips it")
     parser.add_argument("--quick", action="store_true", help="time limit 1 s (for a smoke run)")
     parser.add_argument("--write", action="store_true", help="write the section into BENCHMARKS.md")
     args = parser.parse_args(argv)
     time_limit_s = 1.0 if args.quick else args.time_limit_s
     result = run(args.requests, args.workers, args.queue_size, time_limit_s, args.max_attempts,
-                 args.probe_interval_ms / 1e3, args.timeout)
+                 args.probe_interval_ms / 1e3, args.timeout, args.fetch_clients, args.fetch_seconds)
     text = report(result, args.requests, time_limit_s)
     print(text)
     errors = [line for line in result.log_lines if line.get("level") in ("error", "critical")]

@@ -7,6 +7,36 @@ from typing import Any
 
 from cost_models.preset_files import preset_table
 
+RMSNORM, LAYERNORM = "rmsnorm", "layernorm"
+ROPE, LEARNED = "rope", "learned"
+
+# The one set of architecture limits: the wire's ModelArchitecture and the Hugging Face config
+# parser both check these, so every way of naming a model is refused alike before any solve.
+ARCHITECTURE_LIMITS: dict[str, int] = {
+    "num_layers": 1024,
+    "hidden_size": 262_144,
+    "ffn_hidden_size": 1_048_576,
+    "num_attention_heads": 4096,
+    "num_kv_heads": 4096,
+    "vocab_size": 4_194_304,
+    "max_position_embeddings": 1_048_576,
+}
+MAX_MODEL_NAME_CHARS = 128
+MAX_ROPE_THETA = 1e9
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1-style RoPE frequency scaling (Hugging Face `"rope_type": "llama3"`): wavelengths longer
+    than original_max_position_embeddings / low_freq_factor are divided by `factor`, shorter than
+    .../high_freq_factor kept, the ones between interpolated."""
+
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+    rope_type: str = "llama3"
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -16,6 +46,16 @@ class ModelSpec:
     num_kv_heads: key/value heads (== num_attention_heads without GQA).
     swiglu: gated MLP with three weight matrices instead of two.
     tied_embeddings: the output head shares the input embedding's weights.
+    normalization: "rmsnorm" (a weight) or "layernorm" (a weight and a bias), before attention, before
+        the MLP, and once after the last layer.
+    norm_epsilon: the normalization's epsilon.
+    position_embedding: "rope" (rotary, no weights) or "learned" (a max_position_embeddings x hidden table).
+    rope_theta: RoPE base; rotary_percent: share of each head's dimensions rotated (1.0: all).
+    rope_scaling: Llama 3.1-style frequency scaling, or None.
+    max_position_embeddings: rows of the learned position table (None with RoPE).
+    qkv_bias: biases on the Q, K and V projections only (Qwen2).
+    linear_bias: biases on every linear layer of a transformer layer (GPT-2/3): QKV, attention output,
+        MLP. Implies the QKV biases.
     """
 
     name: str
@@ -27,6 +67,15 @@ class ModelSpec:
     vocab_size: int
     swiglu: bool
     tied_embeddings: bool
+    normalization: str = RMSNORM
+    norm_epsilon: float = 1e-5
+    position_embedding: str = ROPE
+    rope_theta: float = 10_000.0
+    rotary_percent: float = 1.0
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int | None = None
+    qkv_bias: bool = False
+    linear_bias: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -38,17 +87,31 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def norm_params(self) -> int:
+        """Weights of one normalization: RMSNorm a scale, LayerNorm a scale and a shift."""
+        return (2 if self.normalization == LAYERNORM else 1) * self.hidden_size
+
+    @property
     def params_per_layer(self) -> int:
-        """Weights of one transformer layer (matrices plus two norms; biases ignored)."""
-        h = self.hidden_size
-        attention = h * (h + 2 * self.kv_width) + h * h
+        """Weights of one transformer layer: the matrices, their biases where the model has them, two norms."""
+        h, f = self.hidden_size, self.ffn_hidden_size
+        qkv_width = h + 2 * self.kv_width
+        attention = h * qkv_width + h * h
         mlp_matrices = 3 if self.swiglu else 2
-        mlp = mlp_matrices * h * self.ffn_hidden_size
-        return attention + mlp + 2 * h
+        mlp = mlp_matrices * h * f
+        biases = 0
+        if self.qkv_bias or self.linear_bias:
+            biases += qkv_width
+        if self.linear_bias:
+            # attention output, the MLP's input projection(s) (gate and up for SwiGLU) and its output
+            biases += h + (mlp_matrices - 1) * f + h
+        return attention + mlp + biases + 2 * self.norm_params
 
     @property
     def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
+        """Weights on the first stage: the token embedding, and the learned position table if there is one."""
+        positions = (self.max_position_embeddings or 0) if self.position_embedding == LEARNED else 0
+        return (self.vocab_size + positions) * self.hidden_size
 
     @property
     def head_params(self) -> int:
@@ -58,7 +121,7 @@ class ModelSpec:
     @property
     def total_params(self) -> int:
         head = 0 if self.tied_embeddings else self.head_params
-        return self.num_layers * self.params_per_layer + self.embedding_params + head + self.hidden_size
+        return self.num_layers * self.params_per_layer + self.embedding_params + head + self.norm_params
 
 
 def model_preset_names() -> list[str]:
@@ -67,11 +130,13 @@ def model_preset_names() -> list[str]:
 
 def model_preset(name: str) -> ModelSpec:
     """The preset model called `name`; KeyError if there is none."""
-    return ModelSpec(name=name, **preset_table("models.json")[name])
+    fields = dict(preset_table("models.json")[name])
+    scaling = fields.pop("rope_scaling", None)
+    return ModelSpec(name=name, rope_scaling=RopeScaling(**scaling) if scaling else None, **fields)
 
 
 class HfConfigError(ValueError):
-    """A Hugging Face config.json lacks a field resiplan needs."""
+    """A Hugging Face config.json lacks a field resiplan needs, or describes a model it cannot plan."""
 
 
 _HF_ALIASES: dict[str, tuple[str, ...]] = {
@@ -80,42 +145,182 @@ _HF_ALIASES: dict[str, tuple[str, ...]] = {
     "num_attention_heads": ("num_attention_heads", "n_head"),
 }
 
+# Mixture-of-experts configs name their expert counts in one of these (Mixtral, DeepSeek, Qwen-MoE,
+# OLMoE, DBRX, Jamba, ...). A model with experts planned as dense gets memory and time far off.
+_EXPERT_COUNT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts", "expert_count",
+                      "num_experts_per_tok")
+_EXPERT_KEYS = (*_EXPERT_COUNT_KEYS, "n_shared_experts", "num_shared_experts", "moe_intermediate_size")
+# Families whose every linear layer has a bias, and whose configs do not say so.
+_BIASED_FAMILIES = frozenset({"gpt2", "gpt_bigcode", "gpt_neox", "gpt_neo", "opt", "bloom", "falcon", "phi",
+                              "starcoder2", "codegen"})
+# Families with a learned absolute position table.
+_LEARNED_POSITION_FAMILIES = frozenset({"gpt2", "gpt_bigcode", "gpt_neo", "opt", "biogpt"})
+# Families with biases on Q, K and V only, hard-coded in their modeling code (Qwen2, Qwen2.5).
+_QKV_BIAS_FAMILIES = frozenset({"qwen2", "qwen2_vl", "qwen2_5_vl"})
 
-# Larger than any real architecture; keeps hostile numbers out of the arithmetic.
-_HF_INT_LIMIT = 1 << 24
 
-
-def _int_field(config: dict[str, Any], keys: tuple[str, ...], default: int | None = None) -> int:
-    """The first present key as a positive whole number, or HfConfigError naming it."""
+def _int_field(config: dict[str, Any], keys: tuple[str, ...], limit: int, default: int | None = None) -> int:
+    """The first present key as a whole number from 1 to `limit`, or HfConfigError naming it."""
     for key in keys:
         value = config.get(key)
         if value is None:
             continue
         is_whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-        if isinstance(value, bool) or not is_whole or not 1 <= value <= _HF_INT_LIMIT:
-            raise HfConfigError(f"hf_config {key} must be a whole number from 1 to {_HF_INT_LIMIT}, got {value!r}")
+        if isinstance(value, bool) or not is_whole or not 1 <= value <= limit:
+            raise HfConfigError(f"hf_config {key} must be a whole number from 1 to {limit:,}, got {_shown(value)}")
         return int(value)
     if default is not None:
         return default
     raise HfConfigError(f"hf_config has none of {', '.join(keys)}")
 
 
+def _float_field(config: dict[str, Any], key: str, default: float, low: float, high: float,
+                 where: str = "hf_config") -> float:
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
+        raise HfConfigError(f"{where} {key} must be a number above {low:g} and at most {high:g}, got {_shown(value)}")
+    return float(value)
+
+
+def _shown(value: Any) -> str:
+    """A hostile value, short enough for a message."""
+    if isinstance(value, int) and value.bit_length() > 128:  # repr of a 5,000-digit int raises
+        return f"a {value.bit_length()}-bit number"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_dense(config: dict[str, Any], where: str = "hf_config") -> None:
+    """HfConfigError naming the field when the config describes a mixture of experts (an expert count
+    named first, then per-token or MoE-only widths)."""
+    moe_keys = sorted(key for key in config if key.startswith("moe_") and key not in _EXPERT_KEYS)
+    for key in (*_EXPERT_KEYS, *moe_keys):
+        value = config.get(key)
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if (numeric and value > (1 if key in _EXPERT_COUNT_KEYS else 0)) or value is True:
+            raise HfConfigError(
+                f"{where} {key} is {_shown(value)}: a mixture-of-experts model; resiplan plans dense models only "
+                "(no expert parallelism yet), and planning it as dense would get its memory and time wrong"
+            )
+    if where != "hf_config":
+        return  # one level down is where real configs nest (DBRX's ffn_config, a multimodal text_config)
+    for key, value in config.items():
+        if isinstance(value, dict) and key.endswith("_config"):
+            _check_dense(value, f"{where} {key}")
+
+
+def _bool_field(config: dict[str, Any], key: str) -> bool | None:
+    value = config.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    raise HfConfigError(f"hf_config {key} must be true or false, got {_shown(value)}")
+
+
+def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling) from `rope_theta`/`rope_scaling`, or transformers 5's `rope_parameters`."""
+    parameters = config.get("rope_parameters")
+    if parameters is not None:
+        if not isinstance(parameters, dict):
+            raise HfConfigError(f"hf_config rope_parameters must be an object, got {_shown(parameters)}")
+        theta_source, theta_where, scaling, where = parameters, "hf_config rope_parameters", parameters, \
+            "hf_config rope_parameters"
+    else:
+        scaling = config.get("rope_scaling")
+        if scaling is not None and not isinstance(scaling, dict):
+            raise HfConfigError(f"hf_config rope_scaling must be an object or null, got {_shown(scaling)}")
+        theta_source, theta_where, where = config, "hf_config", "hf_config rope_scaling"
+    theta_key = "rope_theta" if "rope_theta" in theta_source else "rotary_emb_base"
+    theta = _float_field(theta_source, theta_key, 10_000.0, 1.0, MAX_ROPE_THETA, theta_where)
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise HfConfigError(
+            f"{where} type {_shown(kind)} is not supported: resiplan carries Llama 3.1-style (\"llama3\") "
+            "scaling to trainers; drop rope_scaling to plan the model with plain RoPE (its layout and costs "
+            "do not depend on it)"
+        )
+    low = _float_field(scaling, "low_freq_factor", 1.0, 0.0, 1024.0, where)
+    high = _float_field(scaling, "high_freq_factor", 4.0, 0.0, 1024.0, where)
+    if high <= low:
+        raise HfConfigError(f"{where} high_freq_factor {high:g} must exceed low_freq_factor {low:g}")
+    return theta, RopeScaling(
+        factor=_float_field(scaling, "factor", 8.0, 0.0, 1024.0, where),
+        low_freq_factor=low,
+        high_freq_factor=high,
+        original_max_position_embeddings=_int_field(
+            scaling, ("original_max_position_embeddings",), ARCHITECTURE_LIMITS["max_position_embeddings"], 8192),
+    )
+
+
+def _biases(config: dict[str, Any], family: str) -> tuple[bool, bool]:
+    """(qkv_bias, linear_bias): explicit `attention_bias`/`mlp_bias` (or a blanket `bias`/`use_bias`) win over
+    what the family's modeling code hard-codes."""
+    blanket = _bool_field(config, "bias")
+    blanket = _bool_field(config, "use_bias") if blanket is None else blanket
+    attention, mlp = _bool_field(config, "attention_bias"), _bool_field(config, "mlp_bias")
+    if family in _QKV_BIAS_FAMILIES and attention is None and blanket is None:
+        return True, False
+    default = family in _BIASED_FAMILIES if blanket is None else blanket
+    attention = default if attention is None else attention
+    mlp = default if mlp is None else mlp
+    if attention != mlp:
+        raise HfConfigError(
+            f"hf_config attention_bias {str(attention).lower()} with mlp_bias {str(mlp).lower()} is not supported: "
+            "resiplan describes biases on every linear layer, or on Q, K and V only, as Megatron-LM builds them"
+        )
+    return False, attention
+
+
 def model_from_hf_config(config: dict[str, Any]) -> ModelSpec:
-    """Read the architecture out of a Hugging Face config.json, as-is.
+    """Read the architecture out of a Hugging Face config.json, as-is, within ARCHITECTURE_LIMITS.
 
     Gated activations (silu/swiglu, as in Llama, Qwen, Mistral) are detected
     from `hidden_act` together with the presence of `intermediate_size`;
     GPT-2 style configs (`n_inner` or 4 * hidden) are non-gated.
+    Normalization: RMSNorm when `rms_norm_eps` is given, LayerNorm when
+    `layer_norm_eps`/`layer_norm_epsilon` is, else RMSNorm. Positions: a
+    learned table for GPT-2-like families (`n_positions` rows), else RoPE.
+    Mixture-of-experts configs are refused (HfConfigError naming the field).
     """
-    num_layers = _int_field(config, _HF_ALIASES["num_layers"])
-    hidden = _int_field(config, _HF_ALIASES["hidden_size"])
-    heads = _int_field(config, _HF_ALIASES["num_attention_heads"])
-    kv_heads = _int_field(config, ("num_key_value_heads",), default=heads)
-    vocab = _int_field(config, ("vocab_size",))
+    _check_dense(config)
+    limits = ARCHITECTURE_LIMITS
+    family = str(config.get("model_type") or "")
+    num_layers = _int_field(config, _HF_ALIASES["num_layers"], limits["num_layers"])
+    hidden = _int_field(config, _HF_ALIASES["hidden_size"], limits["hidden_size"])
+    heads = _int_field(config, _HF_ALIASES["num_attention_heads"], limits["num_attention_heads"])
+    kv_heads = _int_field(config, ("num_key_value_heads",), limits["num_kv_heads"], default=heads)
+    vocab = _int_field(config, ("vocab_size",), limits["vocab_size"])
     activation = str(config.get("hidden_act") or config.get("activation_function") or "gelu").lower()
     gated = "intermediate_size" in config and activation in {"silu", "swiglu", "swish"}
-    ffn = _int_field(config, ("intermediate_size", "n_inner"), default=4 * hidden)
+    ffn = _int_field(config, ("intermediate_size", "n_inner"), limits["ffn_hidden_size"], default=4 * hidden)
+    if ffn > limits["ffn_hidden_size"]:
+        raise HfConfigError(f"hf_config hidden_size {hidden:,} gives an MLP of 4 x {hidden:,} = {ffn:,}; "
+                            f"at most {limits['ffn_hidden_size']:,} is supported")
     name = str(config.get("_name_or_path") or config.get("model_type") or "hf-model")
+    if len(name) > MAX_MODEL_NAME_CHARS:
+        field = "_name_or_path" if config.get("_name_or_path") else "model_type"
+        raise HfConfigError(
+            f"hf_config {field} is {len(name):,} characters; at most {MAX_MODEL_NAME_CHARS} are supported")
+    if "rms_norm_eps" in config or not any(key in config for key in ("layer_norm_eps", "layer_norm_epsilon")):
+        normalization, epsilon_key = RMSNORM, "rms_norm_eps"
+    else:
+        normalization = LAYERNORM
+        epsilon_key = "layer_norm_eps" if "layer_norm_eps" in config else "layer_norm_epsilon"
+    epsilon = _float_field(config, epsilon_key, 1e-5, 0.0, 1.0)
+    qkv_bias, linear_bias = _biases(config, family)
+    fields: dict[str, Any] = {}
+    if family in _LEARNED_POSITION_FAMILIES:
+        fields["position_embedding"] = LEARNED
+        fields["max_position_embeddings"] = _int_field(
+            config, ("n_positions", "max_position_embeddings"), limits["max_position_embeddings"])
+    else:
+        fields["rope_theta"], fields["rope_scaling"] = _rope(config)
+        fields["rotary_percent"] = _float_field(config, "rotary_pct", 1.0, 0.0, 1.0)
+        if "partial_rotary_factor" in config:
+            fields["rotary_percent"] = _float_field(config, "partial_rotary_factor", 1.0, 0.0, 1.0)
     return ModelSpec(
         name=name,
         num_layers=num_layers,
@@ -125,5 +330,10 @@ def model_from_hf_config(config: dict[str, Any]) -> ModelSpec:
         num_kv_heads=kv_heads,
         vocab_size=vocab,
         swiglu=gated,
-        tied_embeddings=bool(config.get("tie_word_embeddings", True)),  # HF default
+        tied_embeddings=_bool_field(config, "tie_word_embeddings") is not False,  # HF default: tied
+        normalization=normalization,
+        norm_epsilon=epsilon,
+        qkv_bias=qkv_bias,
+        linear_bias=linear_bias,
+        **fields,
     )

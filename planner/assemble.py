@@ -11,7 +11,7 @@ from __future__ import annotations
 from cost_models.flops import iteration_model_flops
 from cost_models.hardware import GIB
 from cost_models.iteration import stage_time
-from planner.devices import Slot, damaged_node_slots, device_id
+from planner.devices import Slot, damaged_node_slots, device_id, slot_inventory
 from planner.problem import PlanningProblem
 from planner.result import (
     PlanResult,
@@ -38,12 +38,7 @@ def _full_speed_slots(problem: PlanningProblem, tp: int) -> list[Slot]:
 
 
 def _degraded_slots(problem: PlanningProblem, tp: int) -> list[Slot]:
-    slots = [
-        s for node in sorted(problem.cluster.damaged_nodes) for s in damaged_node_slots(problem.cluster, node, tp)
-        if s.speed < 1.0
-    ]
-    slots.sort(key=lambda s: (-s.speed, s.node, s.devices))
-    return slots
+    return list(slot_inventory(problem.cluster, tp).degraded)
 
 
 def place_slots(problem: PlanningProblem, tp: int, pp: int, dp: int) -> list[list[Slot]]:
@@ -80,21 +75,29 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
 
     used: set[tuple[int, int]] = set()
     replicas = []
+    # A stage's figures depend on its position and speed only: once each, not once per replica
+    # (two fifths of assembling a 131,072-GPU plan).
+    figures: dict[tuple[int, float], dict] = {}
     for replica_id, row in enumerate(grid):
         stages = []
         for stage_id, slot in enumerate(row):
-            timing = stage_time(terms, stage_id, found.layers_per_stage[stage_id], slot.speed)
+            key = (stage_id, slot.speed)
+            if key not in figures:
+                timing = stage_time(terms, stage_id, found.layers_per_stage[stage_id], slot.speed)
+                figures[key] = dict(
+                    memory_gib=round(timing.memory_bytes / GIB, 3),
+                    forward_ms=round(timing.forward_ms, 3),
+                    backward_ms=round(timing.backward_ms, 3),
+                    **stage_schedule_fields(timing),
+                )
             used.update((slot.node, g) for g in slot.devices)
             stages.append(StageResult(
                 id=stage_id,
                 layers=bounds[stage_id],
                 devices=tuple(device_id(slot.node, g) for g in slot.devices),
                 tp=shape.tp,
-                memory_gib=round(timing.memory_bytes / GIB, 3),
-                forward_ms=round(timing.forward_ms, 3),
-                backward_ms=round(timing.backward_ms, 3),
                 speed=slot.speed,
-                **stage_schedule_fields(timing),
+                **figures[key],
             ))
         replicas.append(ReplicaResult(id=replica_id, num_microbatches=terms.num_microbatches, stages=tuple(stages)))
 
@@ -179,4 +182,5 @@ def finish_plan(
         global_batch_size=problem.workload.global_batch_size,
         seq_length=problem.workload.seq_length,
         precision=problem.precision,
+        gpu_memory_gib=problem.hardware.gpu.memory_gib,
     )

@@ -36,8 +36,7 @@ def _group_pools(problem: PlanningProblem, layout: NonUniformLayout) -> dict[Sta
         for partition, count in zip(partitions, counts):
             for _ in range(count):
                 node = next(nodes)
-                healthy = [g for g in range(cluster.gpus_per_node) if (node, g) not in cluster.failed]
-                healthy.sort(key=lambda g: (-cluster.speed_of(node, g), g))
+                healthy = [g for g, _ in cluster.healthy_by_speed[node]]
                 offset = 0
                 for group in partition.groups:
                     members = tuple(sorted(healthy[offset : offset + group.tp]))

@@ -21,6 +21,7 @@ from cost_models.stage_costs import (
     part_costs,
     stage_cost_terms,
 )
+from planner.budget import Budget
 from planner.devices import SlotInventory, slot_inventory
 from planner.problem import MAX_VIRTUAL_STAGES, PlanningProblem
 
@@ -129,20 +130,21 @@ def _schedules(layers: int, pp: int, microbatches: int) -> Iterator[tuple[str, i
 
 
 def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, SlotInventory]]:
+    """Every shape of the uniform space. The largest TP size (which large models need), the most
+    replicas and the longest pipelines come first, so that a search whose deadline cuts this short
+    has looked at the shapes that use the cluster."""
     layers = problem.workload.model.num_layers
     batch = problem.workload.global_batch_size
-    for tp in tensor_parallel_sizes(problem):
+    for tp in reversed(tensor_parallel_sizes(problem)):
         inventory = slot_inventory(problem.cluster, tp)
         if inventory.total == 0:
             continue
         for mbs in problem.micro_batch_sizes:
             if batch % mbs:
                 continue
-            for dp in _divisors(batch // mbs):
-                if dp > inventory.total:
-                    break
+            for dp in reversed([d for d in _divisors(batch // mbs) if d <= inventory.total]):
                 microbatches = batch // (dp * mbs)
-                for pp in range(1, min(layers, inventory.total // dp) + 1):
+                for pp in range(min(layers, inventory.total // dp), 0, -1):
                     for schedule, v in _schedules(layers, pp, microbatches):
                         if not problem.allows_virtual_stages(v):
                             continue
@@ -150,8 +152,27 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
                             yield ParallelShape(tp, pp, dp, mbs, recompute, schedule, v), inventory
 
 
-def ranked_candidates(problem: PlanningProblem) -> list[Candidate]:
-    """Every shape of the search space with its lower bound, best bound first.
+def uniform_shape_count(problem: PlanningProblem) -> int:
+    """About how many shapes `enumerate_shapes` yields (interleaved variants left out), counted
+    without making them: what costing them will take."""
+    layers = problem.workload.model.num_layers
+    batch = problem.workload.global_batch_size
+    count = 0
+    for tp in tensor_parallel_sizes(problem):
+        groups = problem.cluster.gpus_per_node // tp * problem.cluster.num_nodes
+        for mbs in problem.micro_batch_sizes:
+            if batch % mbs == 0:
+                count += sum(min(layers, groups // dp) for dp in _divisors(batch // mbs) if dp <= groups)
+    return count * len(problem.recompute_modes)
+
+
+# Shapes costed between two looks at the clock (~10 us each).
+_SHAPES_PER_CLOCK_CHECK = 512
+
+
+def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) -> tuple[list[Candidate], bool]:
+    """Shapes of the search space with their lower bounds, best bound first, and whether that is
+    every shape: costing them stops at the budget's deadline (`uniform_floor_ms` bounds the rest).
 
     Layer, embedding and head costs depend only on (tp, micro-batch size,
     recompute), so they are computed once per triple for this search.
@@ -159,7 +180,11 @@ def ranked_candidates(problem: PlanningProblem) -> list[Candidate]:
     layers = problem.workload.model.num_layers
     parts: dict[tuple[int, int, str], PartSet] = {}
     out: list[Candidate] = []
-    for shape, inventory in enumerate_shapes(problem):
+    complete = True
+    for count, (shape, inventory) in enumerate(enumerate_shapes(problem)):
+        if budget is not None and count % _SHAPES_PER_CLOCK_CHECK == 0 and count and budget.expired():
+            complete = False
+            break
         key = (shape.tp, shape.micro_batch_size, shape.recompute)
         if key not in parts:
             parts[key] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
@@ -167,5 +192,33 @@ def ranked_candidates(problem: PlanningProblem) -> list[Candidate]:
             problem.workload, problem.hardware, shape, problem.efficiency, problem.software, parts[key]
         )
         out.append(Candidate(terms=terms, inventory=inventory, lower_bound_ms=_lower_bound_ms(terms, layers)))
-    out.sort(key=lambda c: c.lower_bound_ms)
-    return out
+    # Equal bounds in the ascending order of tp, micro-batch size, dp, pp, chunks and recompute mode.
+    modes = problem.recompute_modes
+    out.sort(key=lambda c: (c.lower_bound_ms, c.shape.tp, c.shape.micro_batch_size, c.shape.dp, c.shape.pp,
+                            c.shape.virtual_stages, modes.index(c.shape.recompute)))
+    return out, complete
+
+
+def uniform_floor_ms(problem: PlanningProblem) -> float:
+    """A lower bound on every uniform layout, cheap to compute: with tp, micro-batch size and
+    recompute fixed, m = N / dp microbatches on p stages take at least m W / p, W one
+    microbatch's forward and backward through every layer, the embedding and the head, and
+    dp p is at most the TP groups the nodes can form (as `_lower_bound_ms`, minus what
+    depends on the rest of the shape)."""
+    batch = problem.workload.global_batch_size
+    layers = problem.workload.model.num_layers
+    best = float("inf")
+    for tp in tensor_parallel_sizes(problem):
+        groups = slot_inventory(problem.cluster, tp).total
+        if groups == 0:
+            continue
+        for mbs in problem.micro_batch_sizes:
+            if batch % mbs:
+                continue
+            for recompute in problem.recompute_modes:
+                shape = ParallelShape(tp, 1, 1, mbs, recompute)
+                parts = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
+                work = sum(part.time.forward_ms + part.time.backward_ms for part in (parts.embedding, parts.head))
+                work += layers * (parts.layer.time.forward_ms + parts.layer.time.backward_ms)
+                best = min(best, (batch // mbs) * work / groups)
+    return best

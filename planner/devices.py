@@ -68,12 +68,14 @@ def damaged_node_slots(cluster: ClusterState, node: int, tp: int) -> list[Slot]:
     Grouping in speed order keeps slow GPUs together, so they drag down as
     few groups as possible; leftover GPUs (fewer than tp) stay unused.
     """
-    healthy = [g for g in range(cluster.gpus_per_node) if (node, g) not in cluster.failed]
-    healthy.sort(key=lambda g: (-cluster.speed_of(node, g), g))
+    healthy = cluster.healthy_by_speed.get(node)
+    if healthy is None:
+        healthy = tuple((g, 1.0) for g in range(cluster.gpus_per_node))
     slots = []
     for start in range(0, len(healthy) - tp + 1, tp):
-        members = tuple(sorted(healthy[start : start + tp]))
-        slots.append(Slot(node, members, min(cluster.speed_of(node, g) for g in members)))
+        block = healthy[start : start + tp]
+        # Fastest first, so the block's last GPU is its slowest.
+        slots.append(Slot(node, tuple(sorted(g for g, _ in block)), block[-1][1]))
     return slots
 
 
@@ -96,15 +98,31 @@ class SlotInventory:
 
 
 def slot_inventory(cluster: ClusterState, tp: int) -> SlotInventory:
+    """The cluster's slots for TP size `tp`; computed once per cluster state and size."""
+    key = ("slot_inventory", tp)
+    if key not in cluster.memo:
+        cluster.memo[key] = _slot_inventory(cluster, tp)
+    return cluster.memo[key]
+
+
+def _slot_inventory(cluster: ClusterState, tp: int) -> SlotInventory:
     per_healthy_node = cluster.gpus_per_node // tp
     damaged = cluster.damaged_nodes
     full_speed = (cluster.num_nodes - len(damaged)) * per_healthy_node
     degraded: list[Slot] = []
+    ranked = cluster.healthy_by_speed
     for node in sorted(damaged):
-        for slot in damaged_node_slots(cluster, node, tp):
-            if slot.speed >= 1.0:
+        healthy = ranked[node]
+        for start in range(0, len(healthy) - tp + 1, tp):
+            block = healthy[start : start + tp]
+            if block[-1][1] >= 1.0:
                 full_speed += 1
             else:
-                degraded.append(slot)
-    degraded.sort(key=lambda s: (-s.speed, s.node, s.devices))
+                degraded.append(Slot(node, tuple(sorted(g for g, _ in block)), block[-1][1]))
+    # Made in (node, devices) order, so a stable sort by speed alone orders by (-speed, node, devices).
+    degraded.sort(key=_speed, reverse=True)
     return SlotInventory(tp, full_speed, tuple(degraded))
+
+
+def _speed(slot: Slot) -> float:
+    return slot.speed

@@ -9,6 +9,7 @@ from cost_models.hardware import GIB
 from cost_models.layout import ParallelShape
 from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
 from planner.assemble import assemble_plan
+from planner.budget import Budget
 from planner.candidates import Candidate
 from planner.devices import slot_inventory
 from planner.errors import InfeasibleError, PlanningError
@@ -123,4 +124,5 @@ def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult
     )
     # The layout names its schedule: simulate exactly that one, no search.
     allowed = frozenset({"interleaved" if layout.virtual_stages > 1 else layout.schedule})
-    return with_schedules(replace(problem, schedules=allowed), assemble_plan(problem, found), budget_s=0.0)
+    return with_schedules(replace(problem, schedules=allowed), assemble_plan(problem, found), Budget.unlimited(),
+                          optional_s=0.0)

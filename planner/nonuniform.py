@@ -376,6 +376,15 @@ class NonUniformSearch:
     def best_ms(self) -> float:
         return self._best.iteration_ms if self._best is not None else float("inf")
 
+    def best_timeline_ops(self) -> int:
+        """Ops of the first-choice timelines the best layout so far needs: replicas of one template
+        with as many microbatches run one timeline."""
+        if self._best is None:
+            return 0
+        v = self._best.outer.virtual_stages
+        return sum(2 * len(template.stage_types) * v * m
+                   for template, counts in self._best.replica_plan() for m in set(counts))
+
     def next_bound_ms(self) -> float:
         """Lower bound of every layout still in the queue (inf when it is empty); `result` also
         counts allocations cut short by their time limit."""

@@ -53,15 +53,19 @@ class Partition:
 
 
 def node_profile(cluster: ClusterState, node: int) -> tuple[float, ...]:
-    speeds = [cluster.speed_of(node, g) for g in range(cluster.gpus_per_node) if (node, g) not in cluster.failed]
-    return tuple(sorted(speeds, reverse=True))
+    return tuple(speed for _, speed in cluster.healthy_by_speed[node])
 
 
 def damaged_classes(cluster: ClusterState) -> list[NodeClass]:
-    by_profile: dict[tuple[float, ...], list[int]] = {}
-    for node in sorted(cluster.damaged_nodes):
-        by_profile.setdefault(node_profile(cluster, node), []).append(node)
-    return [NodeClass(profile, tuple(nodes)) for profile, nodes in sorted(by_profile.items(), key=lambda kv: kv[1][0])]
+    """Damaged nodes grouped by speed profile, in order of their first node; once per cluster state."""
+    if "damaged_classes" not in cluster.memo:
+        by_profile: dict[tuple[float, ...], list[int]] = {}
+        for node in sorted(cluster.damaged_nodes):
+            by_profile.setdefault(node_profile(cluster, node), []).append(node)
+        cluster.memo["damaged_classes"] = tuple(
+            NodeClass(profile, tuple(nodes)) for profile, nodes in sorted(by_profile.items(), key=lambda kv: kv[1][0])
+        )
+    return list(cluster.memo["damaged_classes"])
 
 
 def _size_sequences(total: int, sizes: tuple[int, ...], largest: int) -> list[tuple[int, ...]]:

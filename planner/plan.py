@@ -15,6 +15,8 @@ from dataclasses import replace
 from cost_models.pipeline import pipeline_time_ms
 from planner.assemble import assemble_plan, finish_plan
 from planner.assemble_nonuniform import assemble_replicas
+from planner.budget import Budget
+from planner.deadline import finish_reserve_s, ops_cost_s
 from planner.errors import InfeasibleError
 from planner.gc_pause import gc_paused
 from planner.infeasibility import explain_infeasible, obvious_infeasibility
@@ -35,13 +37,6 @@ from planner.templates import stage_timings
 SCHEDULE_TIME_SHARE = 0.1
 
 
-# What finishing a plan costs per GPU after the layout search: assembling replicas and stages,
-# one simulated timeline per distinct replica, and the wire answer. Measured on the 2-core
-# benchmark machine (~0.45 s at 65,536 GPUs); the search stops this much early so the answer
-# arrives within `time_limit_s`.
-FINISH_S_PER_GPU = 7e-6
-
-
 def schedule_budget_s(problem: PlanningProblem) -> float:
     return min(MAX_OPTIMIZE_S_PER_REPLICA, SCHEDULE_TIME_SHARE * problem.time_limit_s)
 
@@ -53,45 +48,47 @@ def schedule_time_s(problem: PlanningProblem, left_s: float) -> float:
     return min(max(schedule_budget_s(problem), left_s), MAX_OPTIMIZE_S_PER_REPLICA, max(0.0, left_s))
 
 
-def finish_reserve_s(problem: PlanningProblem) -> float:
-    return FINISH_S_PER_GPU * problem.cluster.total_devices
-
-
-def plan_uniform(problem: PlanningProblem) -> PlanResult:
+def plan_uniform(problem: PlanningProblem, budget: Budget | None = None) -> PlanResult:
     """The best uniform layout on the healthy devices under the cost model, with its schedule."""
-    return _within_time_limit(problem, lambda layout_problem: assemble_plan(problem, search(layout_problem)))
+    budget = budget or Budget.starting_now(problem.time_limit_s)
+    return _within_time_limit(problem, budget, lambda layout_budget: assemble_plan(problem, search(problem, layout_budget)))
 
 
 @gc_paused()
-def plan(problem: PlanningProblem) -> PlanResult:
-    """The best layout for the cluster as it is now (uniform only when `stock_layouts_only`)."""
+def plan(problem: PlanningProblem, budget: Budget | None = None) -> PlanResult:
+    """The best layout for the cluster as it is now (uniform only when `stock_layouts_only`), by the
+    deadline of `budget` (default: `time_limit_s` from now)."""
+    budget = budget or Budget.starting_now(problem.time_limit_s)
     obvious = obvious_infeasibility(problem)
     if obvious is not None:
         raise InfeasibleError(obvious)
     if problem.stock_layouts_only:
-        return plan_uniform(problem)
-    return _within_time_limit(problem, _plan_layout)
+        return plan_uniform(problem, budget)
+    return _within_time_limit(problem, budget, lambda layout_budget: _plan_layout(problem, layout_budget))
 
 
-def _within_time_limit(problem: PlanningProblem, layout_search: Callable[[PlanningProblem], PlanResult]) -> PlanResult:
-    """The layout search, then schedules, both inside `time_limit_s`: the search gets the limit less
-    the schedule budget and the finishing reserve."""
-    started = time.monotonic()
-    layout_s = max(0.0, problem.time_limit_s - schedule_budget_s(problem) - finish_reserve_s(problem))
-    layout = layout_search(replace(problem, time_limit_s=layout_s))
-    return with_schedules(problem, layout, schedule_time_s(problem, started + problem.time_limit_s - time.monotonic()))
+def _within_time_limit(problem: PlanningProblem, budget: Budget,
+                       layout_search: Callable[[Budget], PlanResult]) -> PlanResult:
+    """The layout search, then schedules, both by the budget's deadline: the search gets the budget
+    less the schedule step's share and the finishing reserve."""
+    layout = layout_search(budget.less(schedule_budget_s(problem) + finish_reserve_s(problem)))
+    return with_schedules(problem, layout, budget, optional_s=schedule_time_s(problem, budget.remaining_s()))
 
 
-def _plan_layout(problem: PlanningProblem) -> PlanResult:
+def _plan_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:
     """Both searches interleaved best bound first, sharing one incumbent: neither spends time on
     layouts the other has already beaten, and together they stop as soon as no bound in either
-    beats the best layout found."""
+    beats the best layout found. Past the deadline they go on only until there is a first layout."""
     started = time.monotonic()
-    deadline = started + problem.time_limit_s
-    uniform = UniformSearch(problem)
+    uniform = UniformSearch(problem, budget)
     nonuniform = NonUniformSearch(problem)
-    while time.monotonic() < deadline:
+    deadline = budget.deadline_s
+    finishing = _FinishingCost(uniform, nonuniform)
+    while True:
         incumbent = min(uniform.best_ms, nonuniform.best_ms)
+        # The best layout's timelines must still be simulated and sent: stop in time for them.
+        if incumbent < float("inf") and budget.remaining_s() <= finishing.seconds(incumbent):
+            break
         next_uniform, next_nonuniform = uniform.next_bound_ms(), nonuniform.next_bound_ms()
         if min(next_uniform, next_nonuniform) >= incumbent * (1 - PRUNE_TOLERANCE):
             break
@@ -106,6 +103,20 @@ def _plan_layout(problem: PlanningProblem) -> PlanResult:
             raise InfeasibleError(explain_infeasible(problem))
         return _uniform_with_combined_status(problem, best_uniform, found, started)
     return _assemble_nonuniform(problem, found, best_uniform, started)
+
+
+class _FinishingCost:
+    """What the best layout's timelines cost to simulate and send, refreshed when the best changes."""
+
+    def __init__(self, uniform: UniformSearch, nonuniform: NonUniformSearch) -> None:
+        self._uniform, self._nonuniform = uniform, nonuniform
+        self._for_ms, self._seconds = None, 0.0
+
+    def seconds(self, incumbent_ms: float) -> float:
+        if incumbent_ms != self._for_ms:
+            best = self._uniform if self._uniform.best_ms <= self._nonuniform.best_ms else self._nonuniform
+            self._for_ms, self._seconds = incumbent_ms, ops_cost_s(best.best_timeline_ops())
+        return self._seconds
 
 
 def _combined_bound(uniform: SearchResult | None, found: NonUniformResult, value: float) -> tuple[float, bool]:

@@ -49,6 +49,9 @@ class SolverResult:
     bound_ms: float
     candidates_total: int
     candidates_solved: int
+    # The limit the answer was computed under, when it differs from the request's, and why.
+    time_limit_s: float | None = None
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class PlanResult:
     global_batch_size: int | None = None
     seq_length: int | None = None
     precision: str | None = None
+    gpu_memory_gib: float | None = None  # one GPU's capacity: what every stage's memory_gib is measured against
 
 
 def stage_schedule_fields(timing: StageTime) -> dict[str, float]:

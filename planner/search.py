@@ -14,7 +14,9 @@ import time
 from dataclasses import dataclass
 
 from cost_models.iteration import IterationEstimate, estimate_iteration
-from planner.candidates import Candidate, ranked_candidates, split_fits
+from planner.budget import Budget
+from planner.candidates import Candidate, ranked_candidates, split_fits, uniform_floor_ms
+from planner.deadline import ops_cost_s
 from planner.errors import InfeasibleError
 from planner.infeasibility import explain_infeasible
 from planner.layer_split import solve_split
@@ -77,20 +79,30 @@ class UniformSearch:
     """The branch and bound of `search`, one candidate at a time, so that another search can
     share its incumbent (`plan` interleaves it with the non-uniform one by bound)."""
 
-    def __init__(self, problem: PlanningProblem) -> None:
+    def __init__(self, problem: PlanningProblem, budget: Budget | None = None) -> None:
         self._problem = problem
         self._started = time.monotonic()
-        self._candidates = ranked_candidates(problem)
+        budget = budget or Budget.unlimited()
+        self._candidates, complete = ranked_candidates(problem, budget)
+        # Shapes the deadline left uncosted are bounded all together.
+        self._bound = float("inf") if complete else uniform_floor_ms(problem)  # and by CP-SAT splits cut short
         self._caps: dict[int, tuple[int, ...] | None] = {}
         self._best: tuple[float, int, tuple[int, ...]] | None = None
         self._next = 0
         self._solved = 0
-        self._bound = float("inf")  # from CP-SAT splits cut short
-        self._seed()
+        self._seed(budget)
 
     @property
     def best_ms(self) -> float:
         return self._best[0] if self._best is not None else float("inf")
+
+    def best_timeline_ops(self) -> int:
+        """Ops of the first-choice timelines the best layout so far needs, one per distinct replica."""
+        if self._best is None:
+            return 0
+        candidate = self._candidates[self._best[1]]
+        shape = candidate.shape
+        return 2 * shape.pp * shape.virtual_stages * candidate.terms.num_microbatches * len(candidate.replica_speeds)
 
     def next_bound_ms(self) -> float:
         """Lower bound of every candidate not yet solved (inf when none is left)."""
@@ -107,10 +119,13 @@ class UniformSearch:
             self._caps[index] = limits if fits else None
         return self._caps[index]
 
-    def _seed(self) -> None:
-        """The even split of the best-bounded candidates: a cheap first incumbent."""
+    def _seed(self, budget: Budget) -> None:
+        """The even split of the best-bounded candidates: a cheap first incumbent (past the
+        deadline, only until there is one)."""
         num_layers = self._problem.workload.model.num_layers
         for index in range(min(len(self._candidates), SEED_CANDIDATES)):
+            if self._best is not None and budget.expired():
+                return
             limits = self._memory_caps(index)
             split = even_split(self._candidates[index].shape.pp, num_layers)
             if limits is None or not _fits(split, limits, self._problem.stock_layouts_only):
@@ -160,11 +175,17 @@ class UniformSearch:
         )
 
 
-def search(problem: PlanningProblem) -> SearchResult:
-    deadline = time.monotonic() + problem.time_limit_s
-    uniform = UniformSearch(problem)
-    while uniform.next_bound_ms() < uniform.best_ms * (1 - PRUNE_TOLERANCE) and time.monotonic() < deadline:
-        uniform.step(deadline)
+def search(problem: PlanningProblem, budget: Budget | None = None) -> SearchResult:
+    """The best uniform layout found by the budget's deadline (default: `time_limit_s` from now);
+    past it, the search goes on only until it has a first layout."""
+    budget = budget or Budget.starting_now(problem.time_limit_s)
+    uniform = UniformSearch(problem, budget)
+    # Past the deadline, less what the best layout's timelines take to simulate and send, only until
+    # there is a first layout.
+    while uniform.next_bound_ms() < uniform.best_ms * (1 - PRUNE_TOLERANCE) and not (
+        uniform.best_ms < float("inf") and budget.remaining_s() <= ops_cost_s(uniform.best_timeline_ops())
+    ):
+        uniform.step(budget.deadline_s)
     result = uniform.result()
     if result is None:
         raise InfeasibleError(explain_infeasible(problem))

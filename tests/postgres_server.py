@@ -49,6 +49,22 @@ def server_bindir() -> Path:
 @dataclass(frozen=True)
 class PostgresServer:
     socket_dir: Path
+    data_dir: Path
+    bindir: Path
+    command_prefix: tuple[str, ...]  # runs the server binaries as the `postgres` user when we are root
+    log: Path
+
+    def start(self) -> None:
+        """Start the server (again, after `stop`): it keeps its databases."""
+        # Only the socket in our own directory; fsync off: the cluster is deleted after the tests.
+        options = f"-c listen_addresses='' -k {self.socket_dir} -c fsync=off"
+        _run([*self.command_prefix, str(self.bindir / "pg_ctl"), "start", "-D", str(self.data_dir), "-l",
+              str(self.log), "-w", "-t", str(START_TIMEOUT_S), "-o", options], "pg_ctl start")
+
+    def stop(self) -> None:
+        """Stop the server at once, as a crash or an outage would: clients lose their connections."""
+        subprocess.run([*self.command_prefix, str(self.bindir / "pg_ctl"), "stop", "-D", str(self.data_dir),
+                        "-m", "immediate", "-w"], capture_output=True, timeout=START_TIMEOUT_S, check=False)
 
     def url(self, database: str) -> str:
         return f"postgresql://{SUPERUSER}@/{database}?host={self.socket_dir}"
@@ -97,17 +113,14 @@ def postgres_server() -> Iterator[PostgresServer]:
             os.chown(root, uid, gid)
         _run([*prefix, str(bindir / "initdb"), "-D", str(data), "-U", SUPERUSER, "--auth=trust",
               "--encoding=UTF8", "--locale=C", "--no-sync"], "initdb")
-        # Only the socket in our own directory; fsync off: the cluster is deleted after the tests.
-        options = f"-c listen_addresses='' -k {root} -c fsync=off"
-        _run([*prefix, str(bindir / "pg_ctl"), "start", "-D", str(data), "-l", str(log), "-w",
-              "-t", str(START_TIMEOUT_S), "-o", options], "pg_ctl start")
+        server = PostgresServer(socket_dir=root, data_dir=data, bindir=bindir, command_prefix=tuple(prefix), log=log)
+        server.start()
         started = True
-        yield PostgresServer(socket_dir=root)
+        yield server
     except PostgresUnavailable as error:
         server_log = log.read_text(errors="replace") if log.exists() else ""
         raise PostgresUnavailable(f"{error}\n{server_log}") from None
     finally:
         if started:
-            subprocess.run([*prefix, str(bindir / "pg_ctl"), "stop", "-D", str(data), "-m", "immediate", "-w"],
-                           capture_output=True, timeout=START_TIMEOUT_S, check=False)
+            server.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -36,12 +36,16 @@ class Server:
     process: subprocess.Popen
 
 
-def _start(env: dict[str, str], log_path: Path) -> Server:
+# This checkout's `resiplan` command; tests of an installed wheel run that install's instead.
+SOURCE_COMMAND = (sys.executable, "-m", "api.cli")
+
+
+def _start(env: dict[str, str], log_path: Path, command: tuple[str, ...], cwd: Path) -> Server:
     port = closed_port()
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [*command, "serve", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     return Server(f"http://127.0.0.1:{port}", process)
 
@@ -70,13 +74,14 @@ def kill_group(process: subprocess.Popen) -> None:
 
 @contextmanager
 def served(
-    database_url: str, log_path: Path, *, count: int = 1, env: dict[str, str] | None = None
+    database_url: str, log_path: Path, *, count: int = 1, env: dict[str, str] | None = None,
+    command: tuple[str, ...] = SOURCE_COMMAND, cwd: Path = ROOT,
 ) -> Iterator[list[Server]]:
     environment = {**os.environ, "RESIPLAN_DATABASE_URL": database_url, **(env or {})}
     started: list[Server] = []  # every process, healthy or not: all are killed on the way out
 
     def start() -> Server:
-        started.append(_start(environment, log_path))
+        started.append(_start(environment, log_path, command, cwd))
         return started[-1]
 
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
-from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
 
+from api.body import body_openapi, document_bodies
 from api.deps import PoolDep, SettingsDep, StoreDep
 from api.routes.plans import SOLVE_RESPONSES, V1_RESPONSES
 from api.schemas import DetectRequest, DetectResponse, ErrorDetail
@@ -42,17 +42,7 @@ _PLAN_ID = re.compile(rb'"plan_id"\s*:\s*"([^"\\]{1,64})"')
         422: {"model": ErrorDetail, "description": "Malformed telemetry, or a device in none of the plan's stages."},
         **SOLVE_RESPONSES,
     },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {"$ref": "#/components/schemas/DetectRequest"},
-                    "examples": {"one item": {"value": _EXAMPLE}},
-                }
-            },
-        }
-    },
+    openapi_extra=body_openapi(DetectRequest, {"one item": {"value": _EXAMPLE}}),
 )
 async def detect_failures(request: Request, settings: SettingsDep, store: StoreDep, pool: PoolDep) -> DetectResponse:
     """Fail-slow devices (with estimated speed) and fail-stop devices (stale heartbeat) of a stored plan.
@@ -60,34 +50,34 @@ async def detect_failures(request: Request, settings: SettingsDep, store: StoreD
     Send the last 8 iterations of every device; the detector keeps no state between calls.
     Compute times are normalized by each microbatch's work (tokens, and each packed sequence's
     length squared for attention) and compared with the devices doing the same work.
-    The body (a `DetectRequest`) is parsed and validated in a solver worker, not in the event loop:
-    a large cluster's telemetry is tens of MB.
+    The body (a `DetectRequest`) is parsed and validated in a solver worker, not in the event loop,
+    one telemetry item at a time: a large cluster's telemetry is tens of MB.
     """
     body = await request.body()
-    peeked = _PLAN_ID.search(body)
-    stored = await run_in_threadpool(store.get, peeked.group(1).decode()) if peeked else None
+    peeked = _peeked_plan_id(body)
+    # The plan's JSON text goes to the worker as stored: the event loop never parses a plan.
+    stored = await run_in_threadpool(store.get_json, peeked) if peeked else None
     answer = await pool.run(detect_json, body, stored, deadline_s=settings.max_time_limit_s)
     if isinstance(answer, PlanNeeded):
-        stored = await run_in_threadpool(store.get, answer.plan_id)
+        stored = await run_in_threadpool(store.get_json, answer.plan_id)
         if stored is None:
             raise HTTPException(status_code=404, detail=f"no plan with id {answer.plan_id!r}")
         answer = await pool.run(detect_json, body, stored, deadline_s=settings.max_time_limit_s)
     return answer
 
 
+def _peeked_plan_id(body: bytes) -> str | None:
+    """The plan id the body seems to name, or None (the worker then parses it and says which it is)."""
+    peeked = _PLAN_ID.search(body)
+    if peeked is None:
+        return None
+    try:
+        return peeked.group(1).decode("utf-8")
+    except UnicodeDecodeError:  # not UTF-8: the worker answers 422 saying so
+        return None
+
+
 def document_request_body(app: FastAPI) -> None:
     """Put DetectRequest and the models it uses into the OpenAPI components the route's body refers to
     (FastAPI adds only models it parses itself)."""
-    generate = app.openapi
-
-    def openapi() -> dict:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = generate()
-        _, definitions = models_json_schema([(DetectRequest, "validation")], ref_template="#/components/schemas/{model}")
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for name, definition in definitions.get("$defs", {}).items():
-            components.setdefault(name, definition)
-        return schema
-
-    app.openapi = openapi
+    document_bodies(app, (DetectRequest,))

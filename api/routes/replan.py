@@ -5,14 +5,15 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Body, HTTPException
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from api.body import body_openapi, json_body
 from api.deps import PoolDep, SettingsDep, StoreDep
-from api.replanning import replan_answer, replan_request
-from api.routes.plans import SOLVE_RESPONSES, V1_RESPONSES
-from api.schemas import ErrorDetail, Plan, ReplanRequest
+from api.replanning import replan_answer
+from api.routes.plans import SOLVE_RESPONSES, V1_RESPONSES, answer_with_plan, stored_plan_json
+from api.schemas import ErrorDetail, Options, Plan, ReplanRequest
 
 router = APIRouter(prefix="/v1", tags=["plans"], responses=V1_RESPONSES)
 
@@ -26,24 +27,29 @@ _EXAMPLE = {
     "/plans/{plan_id}/replan",
     response_model=Plan,
     responses={404: {"model": ErrorDetail}, 422: {"model": ErrorDetail}, **SOLVE_RESPONSES},
+    openapi_extra=body_openapi(ReplanRequest, {"new failures": {"value": _EXAMPLE}}),
 )
 async def replan_stored_plan(
     plan_id: str,
-    body: Annotated[ReplanRequest, Body(openapi_examples={"new failures": {"value": _EXAMPLE}})],
+    body: Annotated[ReplanRequest, json_body(ReplanRequest)],
     settings: SettingsDep,
     store: StoreDep,
     pool: PoolDep,
-) -> JSONResponse:
+) -> Response:
     """A new plan for the complete failure state now, with `parent_plan_id` and `migration`: the state
     that moves from the running plan, chosen to minimize iteration time + migration time /
     `options.amortize_iterations` (default 500). Options not given are the parent request's."""
+    parent_plan = await stored_plan_json(plan_id, store)
     parent_request = await run_in_threadpool(store.get_request, plan_id)
-    parent_plan = await run_in_threadpool(store.get, plan_id)
-    if parent_request is None or parent_plan is None:
+    if parent_request is None:
         raise HTTPException(status_code=404, detail=f"no plan with id {plan_id!r}")
-    request = replan_request(parent_request, body)
-    limit_s = settings.time_limit_s(request.options.time_limit_s)
-    answer = await pool.run(replan_answer, request, parent_plan, settings.max_time_limit_s,
+    # The budget: the caller's time limit, else the parent request's (the merge is validated in the worker).
+    if body.options is not None and "time_limit_s" in body.options.model_fields_set:
+        requested_s = body.options.time_limit_s
+    else:
+        requested_s = parent_request.get("options", {}).get("time_limit_s", Options().time_limit_s)
+    limit_s = settings.time_limit_s(requested_s)
+    answer = await pool.run(replan_answer, parent_request, body, parent_plan, settings.max_time_limit_s,
                             time.monotonic() + limit_s, deadline_s=limit_s)
-    await run_in_threadpool(store.save, answer.plan_id, request.model_dump(mode="json"), answer.plan)
-    return JSONResponse(answer.plan)
+    return await answer_with_plan(store, answer)
+

@@ -20,7 +20,7 @@ from planner.detection.detector import (
     detect,
     summarize,
 )
-from planner.detection.telemetry import Microbatch, TelemetryError, TelemetryItem
+from planner.detection.telemetry import ItemTotals, Microbatch, TelemetryError, TelemetryItem, TelemetryTotals
 from planner.detection.work import (
     DetectionLayout,
     Role,
@@ -43,10 +43,12 @@ __all__ = [
     "DetectorOptions",
     "DeviceIteration",
     "FailSlow",
+    "ItemTotals",
     "Microbatch",
     "Role",
     "TelemetryError",
     "TelemetryItem",
+    "TelemetryTotals",
     "WorkModel",
     "decide",
     "detect",

@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from statistics import median
 
-from planner.detection.telemetry import TelemetryError, TelemetryItem
+from planner.detection.telemetry import ItemTotals, TelemetryError
 from planner.detection.work import DetectionLayout
 
 HEARTBEAT_TIMEOUT_S = 30.0
@@ -114,8 +114,9 @@ def device_sort_key(device: str) -> tuple[int, int, str]:
     return (int(node), int(gpu), device) if node.isdigit() and gpu.isdigit() else (1 << 62, 0, device)
 
 
-def summarize(items: Iterable[TelemetryItem], layout: DetectionLayout) -> list[DeviceIteration]:
-    """Check every item against the layout and reduce it; TelemetryError on unknown devices or duplicates."""
+def summarize(items: Iterable[ItemTotals], layout: DetectionLayout) -> list[DeviceIteration]:
+    """Check every item (a TelemetryItem or its TelemetryTotals) against the layout and reduce it;
+    TelemetryError on unknown devices or duplicates."""
     summaries: list[DeviceIteration] = []
     unknown: list[str] = []
     seen: set[tuple[str, int]] = set()
@@ -135,7 +136,7 @@ def summarize(items: Iterable[TelemetryItem], layout: DetectionLayout) -> list[D
                 device=item.device,
                 iteration=item.iteration,
                 observed_ms=item.compute_ms,
-                expected=sum(work.expected(microbatch) for microbatch in item.microbatches),
+                expected=work.expected_for(item.tokens, item.squared_lengths),
                 last_heartbeat_s_ago=item.last_heartbeat_s_ago,
             )
         )
@@ -246,7 +247,7 @@ def decide(
 
 
 def detect(
-    items: Iterable[TelemetryItem], layout: DetectionLayout, options: DetectorOptions | None = None
+    items: Iterable[ItemTotals], layout: DetectionLayout, options: DetectorOptions | None = None
 ) -> Detection:
     """Fail-slow and fail-stop devices in one telemetry window."""
     return decide(summarize(items, layout), layout, options)

@@ -9,7 +9,10 @@ must not make its tensor-parallel peers look slow too.
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from planner.errors import PlanningError
 
@@ -40,7 +43,12 @@ class Microbatch:
     @property
     def sum_squared_lengths(self) -> int:
         """Attention work grows with each packed sequence's length squared (document masking)."""
-        return sum(length * length for length in self.seq_lengths)
+        return squared_lengths(self.seq_lengths)
+
+
+def squared_lengths(seq_lengths: Sequence[int]) -> int:
+    """sum(length ** 2), exact (Python ints), without a Python-level loop."""
+    return sum(map(operator.mul, seq_lengths, seq_lengths))
 
 
 @dataclass(frozen=True)
@@ -67,3 +75,54 @@ class TelemetryItem:
     @property
     def compute_ms(self) -> float:
         return sum(microbatch.compute_ms for microbatch in self.microbatches)
+
+    @property
+    def tokens(self) -> int:
+        return sum(microbatch.tokens for microbatch in self.microbatches)
+
+    @property
+    def squared_lengths(self) -> int:
+        return sum(microbatch.sum_squared_lengths for microbatch in self.microbatches)
+
+    def totals(self) -> TelemetryTotals:
+        return TelemetryTotals(
+            device=self.device,
+            iteration=self.iteration,
+            microbatches=len(self.microbatches),
+            compute_ms=self.compute_ms,
+            tokens=self.tokens,
+            squared_lengths=self.squared_lengths,
+            last_heartbeat_s_ago=self.last_heartbeat_s_ago,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryTotals:
+    """One telemetry item reduced to the sums the detector uses; a role's expected work is linear in
+    `tokens` and `squared_lengths`, so the per-microbatch detail need not be kept. About 200 bytes
+    whatever the item's size: 4,096 devices x 8 iterations of 60 MB of JSON keep 7 MB of these."""
+
+    device: str
+    iteration: int
+    microbatches: int
+    compute_ms: float  # summed over the microbatches
+    tokens: int  # summed sequence lengths
+    squared_lengths: int  # summed squared sequence lengths
+    last_heartbeat_s_ago: float
+
+
+class ItemTotals(Protocol):
+    """What the detector reads of an item: a TelemetryItem or its TelemetryTotals."""
+
+    @property
+    def device(self) -> str: ...
+    @property
+    def iteration(self) -> int: ...
+    @property
+    def compute_ms(self) -> float: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def squared_lengths(self) -> int: ...
+    @property
+    def last_heartbeat_s_ago(self) -> float: ...

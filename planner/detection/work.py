@@ -45,7 +45,12 @@ class WorkModel:
     quadratic: float  # per squared sequence length
 
     def expected(self, microbatch: Microbatch) -> float:
-        return self.linear * microbatch.tokens + self.quadratic * microbatch.sum_squared_lengths
+        return self.expected_for(microbatch.tokens, microbatch.sum_squared_lengths)
+
+    def expected_for(self, tokens: int, squared_lengths: int) -> float:
+        """Of any number of microbatches, from their summed sequence lengths and squared lengths: the
+        model is linear in both."""
+        return self.linear * tokens + self.quadratic * squared_lengths
 
     @property
     def attention_ratio(self) -> float:

@@ -7,6 +7,18 @@ plan's iteration time then moves by exactly what the slowest replica's
 simulated makespan differs from the bubble model, so `predicted` and the
 returned timelines are the same numbers, and each stage's `memory_gib`
 becomes its static memory plus the chosen schedule's activation peak.
+
+The step keeps the budget's deadline and degrades rather than overruns:
+with little time left only each replica's first-choice handcrafted schedule
+(the order the layout search priced) is simulated, with no list or CP-SAT
+schedules; and when even one exact timeline per distinct replica would not
+fit (`planner.deadline.ops_cost_s`),
+replicas alike in everything but their stages' speeds share one timeline:
+their envelope's, each op as long as in the slowest of them. Its order is
+theirs, so are its activation peaks (which depend on the order alone), and
+its times bound theirs from above (in a fixed order no op ends earlier
+because another took longer), so the plan's iteration time is then an upper
+bound, and the plan says so.
 """
 
 from __future__ import annotations
@@ -17,16 +29,18 @@ from dataclasses import replace
 
 from cost_models.pipeline import pipeline_time_ms
 from planner.assemble import predicted_figures
+from planner.budget import Budget
+from planner.deadline import TIMELINE_WIRE_SHARE, ops_cost_s
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
 from planner.schedules.bounds import lower_bound_ms
 from planner.schedules.build import replica_spec, timeline_signature
 from planner.schedules.choose import ChosenSchedule, choose_schedule, preference
-from planner.schedules.handcrafted import handcrafted_schedules
+from planner.schedules.handcrafted import handcrafted_names, handcrafted_schedule
 from planner.schedules.ops import PipelineSpec, Schedule
 from planner.schedules.optimal import OPTIMIZED
 from planner.schedules.result import ReplicaTimeline, ScheduleChoice
-from planner.schedules.simulator import SimulationResult, simulate
+from planner.schedules.simulator import SimulationResult, simulate, validate
 
 # A single replica's CP-SAT schedule gets at most this long, whatever the plan's budget.
 MAX_OPTIMIZE_S_PER_REPLICA = 1.0
@@ -34,27 +48,47 @@ MAX_OPTIMIZE_S_PER_REPLICA = 1.0
 MIN_OPTIMIZE_S = 0.25
 # CP-SAT is worth its seconds only if it can shorten the iteration by more than this share.
 MIN_ITERATION_GAIN = 5e-3
+SHARED_TIMELINES_NOTE = (
+    "replicas alike but for their stages' speeds share one timeline, their envelope's (each op as long as in "
+    "the slowest of them), to answer in time: predicted.iteration_time_s is an upper bound"
+)
+
+Key = tuple
 
 
-def with_schedules(problem: PlanningProblem, result: PlanResult, budget_s: float) -> PlanResult:
+def with_schedules(
+    problem: PlanningProblem, result: PlanResult, budget: Budget, optional_s: float = float("inf")
+) -> PlanResult:
+    """`result` with a simulated timeline per distinct replica, by the budget's deadline when that
+    is possible at all (the first-choice timelines are simulated whatever the budget); better
+    schedules than the first choices are looked for during at most `optional_s` of it."""
     started = time.monotonic()
-    deadline = started + max(0.0, budget_s)
     allowed = problem.allowed_schedules
     gpu_memory_gib = problem.hardware.gpu.memory_gib
-    groups: dict[tuple, list[ReplicaResult]] = {}
-    for replica in result.replicas:
-        groups.setdefault(timeline_signature(replica), []).append(replica)
+    groups = _exact_groups(result.replicas)
     specs = {key: replica_spec(members[0], result.virtual_stages, gpu_memory_gib) for key, members in groups.items()}
-    handcrafted = _handcrafted_within(specs, allowed, deadline)
+    notes: tuple[str, ...] = ()
+    if timeline_cost_s(specs.values()) > budget.remaining_s():
+        envelopes = _envelope_groups(result.replicas)
+        if len(envelopes) < len(groups):
+            groups, notes = envelopes, (SHARED_TIMELINES_NOTE,)
+            specs = {key: replica_spec(_envelope(members), result.virtual_stages, gpu_memory_gib)
+                     for key, members in groups.items()}
+    if (cost_s := timeline_cost_s(specs.values())) > budget.remaining_s():
+        # Nothing left to give up: a plan carries one timeline per distinct replica.
+        notes += (_overrun_note(specs.values(), cost_s, budget.remaining_s()),)
+    # What the timelines cost to carry to the client comes off the time for better schedules.
+    budget = budget.less(TIMELINE_WIRE_SHARE * timeline_cost_s(specs.values())).capped(optional_s)
+    handcrafted = _handcrafted_within(specs, allowed, budget)
     min_gain_ms = MIN_ITERATION_GAIN * result.predicted.iteration_time_s * 1e3
     chosen = {key: choose_schedule(spec, allowed=allowed, simulated=handcrafted[key]) for key, spec in specs.items()}
     # Greedy list schedules first, for the slowest replica again and again (the plan waits only for
     # it): milliseconds each, and often at the lower bound already, so CP-SAT has less left to gain.
     # On long pipelines (p = 32, m = 128) they take tenths of a second: only while the budget lasts.
-    listed: set[tuple] = set()
+    listed: set[Key] = set()
     while (
         (slowest := max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)) not in listed
-        and time.monotonic() < deadline
+        and not budget.expired()
     ):
         listed.add(slowest)
         chosen[slowest] = choose_schedule(
@@ -65,8 +99,8 @@ def with_schedules(problem: PlanningProblem, result: PlanResult, budget_s: float
 
     # CP-SAT only pays where it lowers the iteration: on the slowest replica, again and again, while
     # the plan's pipeline is more than the gain threshold above what every replica's bound allows.
-    optimized: set[tuple] = set()
-    while (remaining := deadline - time.monotonic()) > MIN_OPTIMIZE_S:
+    optimized: set[Key] = set()
+    while (remaining := budget.remaining_s()) > MIN_OPTIMIZE_S:
         slowest = max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)
         if slowest in optimized or chosen[slowest].simulation.makespan_ms - max(bounds.values()) <= min_gain_ms:
             break
@@ -79,8 +113,58 @@ def with_schedules(problem: PlanningProblem, result: PlanResult, budget_s: float
         )
     scheduled = _apply(problem, result, groups, chosen)
     # The solver's wall time covers the whole answer: layout search and schedules.
-    wall_time_s = round(result.solver.wall_time_s + time.monotonic() - started, 3)
-    return replace(scheduled, solver=replace(scheduled.solver, wall_time_s=wall_time_s))
+    solver = replace(scheduled.solver, wall_time_s=round(result.solver.wall_time_s + time.monotonic() - started, 3))
+    if SHARED_TIMELINES_NOTE in notes:
+        solver = replace(solver, status="FEASIBLE")
+        scheduled = replace(scheduled, status="feasible")
+    return replace(scheduled, solver=replace(solver, notes=(*solver.notes, *notes)))
+
+
+def _overrun_note(specs: Collection[PipelineSpec], cost_s: float, left_s: float) -> str:
+    ops = sum(timeline_ops(spec) for spec in specs)
+    return (f"the plan's {len(specs)} distinct timeline(s), {ops:,} ops in all, take about {cost_s:.2g} s to "
+            f"simulate and send and {max(0.0, left_s):.2g} s were left: the answer arrives up to the difference past "
+            "its time limit; fewer microbatches (a larger training.micro_batch_size) make the timelines shorter")
+
+
+def timeline_ops(spec: PipelineSpec) -> int:
+    """Ops in one first-choice timeline of `spec`: a forward and a backward per microbatch and chunk."""
+    return 2 * spec.num_stages * spec.virtual_stages * spec.num_microbatches
+
+
+def timeline_cost_s(specs: Collection[PipelineSpec]) -> float:
+    """What simulating one timeline per spec and sending them costs, about."""
+    return ops_cost_s(sum(timeline_ops(spec) for spec in specs))
+
+
+def _exact_groups(replicas: Sequence[ReplicaResult]) -> dict[Key, list[ReplicaResult]]:
+    groups: dict[Key, list[ReplicaResult]] = {}
+    for replica in replicas:
+        groups.setdefault(timeline_signature(replica), []).append(replica)
+    return groups
+
+
+def _envelope_groups(replicas: Sequence[ReplicaResult]) -> dict[Key, list[ReplicaResult]]:
+    """Replicas alike in microbatches and in every stage's memory (so in tp, layers and position):
+    they differ at most in their stages' speeds."""
+    groups: dict[Key, list[ReplicaResult]] = {}
+    for replica in replicas:
+        key = ("envelope", replica.num_microbatches,
+               tuple((s.activation_gib, s.static_memory_gib) for s in replica.stages))
+        groups.setdefault(key, []).append(replica)
+    return groups
+
+
+def _envelope(members: Sequence[ReplicaResult]) -> ReplicaResult:
+    """A replica each of whose ops takes as long as in the slowest of `members` (see the module docstring)."""
+    stages = []
+    for position, stage in enumerate(members[0].stages):
+        alike = [member.stages[position] for member in members]
+        weight_ms = max(s.weight_grad_ms for s in alike)
+        input_ms = max(max(0.0, s.backward_ms - s.weight_grad_ms) for s in alike)
+        stages.append(replace(stage, forward_ms=max(s.forward_ms for s in alike), backward_ms=input_ms + weight_ms,
+                              weight_grad_ms=weight_ms))
+    return replace(members[0], stages=tuple(stages))
 
 
 def first_choice(allowed: Collection[str] | None, names: Sequence[str]) -> str:
@@ -92,35 +176,43 @@ def first_choice(allowed: Collection[str] | None, names: Sequence[str]) -> str:
 
 
 def _handcrafted_within(
-    specs: dict[tuple, PipelineSpec], allowed: Collection[str] | None, deadline: float
-) -> dict[tuple, list[tuple[Schedule, SimulationResult]]]:
+    specs: dict[Key, PipelineSpec], allowed: Collection[str] | None, budget: Budget
+) -> dict[Key, list[tuple[Schedule, SimulationResult]]]:
     """Every replica's first-choice handcrafted schedule, simulated; then, slowest replica first, the
     others while time remains. A plan needs one timeline per replica, so that much is spent whatever
-    the budget; simulating the rest of them takes tenths of a second on long pipelines."""
-    schedules = {key: handcrafted_schedules(spec) for key, spec in specs.items()}
-    runs = {}
-    for key, spec in specs.items():
-        first = first_choice(allowed, [schedule.name for schedule in schedules[key]])
-        runs[key] = [(schedule, simulate(schedule, spec)) for schedule in schedules[key] if schedule.name == first]
+    the budget; simulating the rest of them takes tenths of a second on long pipelines. An order
+    depends only on stages, microbatches and chunks: it is built and validated once per shape."""
+    orders: dict[tuple, Schedule] = {}
+
+    def run(name: str, spec: PipelineSpec) -> tuple[Schedule, SimulationResult]:
+        shape = (name, spec.num_stages, spec.num_microbatches, spec.virtual_stages)
+        if shape not in orders:
+            orders[shape] = handcrafted_schedule(name, *shape[1:])
+            validate(orders[shape], spec)
+        return orders[shape], simulate(orders[shape], spec, validated=True)
+
+    names = {key: handcrafted_names(spec.virtual_stages) for key, spec in specs.items()}
+    runs = {key: [run(first_choice(allowed, names[key]), spec)] for key, spec in specs.items()}
     for key in sorted(specs, key=lambda key: -runs[key][0][1].makespan_ms):
-        for schedule in schedules[key]:
-            if time.monotonic() >= deadline:
+        for name in names[key]:
+            if budget.expired():
                 return runs
-            if schedule.name != runs[key][0][0].name and (allowed is None or schedule.name in allowed):
-                runs[key].append((schedule, simulate(schedule, specs[key])))
+            if name != runs[key][0][0].name and (allowed is None or name in allowed):
+                runs[key].append(run(name, specs[key]))
     return runs
 
 
 def _apply(
     problem: PlanningProblem,
     result: PlanResult,
-    groups: dict[tuple, list[ReplicaResult]],
-    chosen: dict[tuple, ChosenSchedule],
+    groups: dict[Key, list[ReplicaResult]],
+    chosen: dict[Key, ChosenSchedule],
 ) -> PlanResult:
     v = result.virtual_stages
+    key_of = {replica.id: key for key, members in groups.items() for replica in members}
     replicas = []
     for replica in result.replicas:
-        simulation = chosen[timeline_signature(replica)].simulation
+        simulation = chosen[key_of[replica.id]].simulation
         stages = tuple(
             replace(stage, memory_gib=round(stage.static_memory_gib + simulation.peak_activation_gib[i], 3))
             for i, stage in enumerate(replica.stages)

@@ -175,6 +175,24 @@ def interleaved_1f1b(stages: int, microbatches: int, virtual_stages: int) -> Sch
     return Schedule("interleaved", tuple(orders))
 
 
+SINGLE_CHUNK_NAMES = ("gpipe", "1f1b", "zb-h1", "zb-h2")
+
+
+def handcrafted_names(virtual_stages: int) -> tuple[str, ...]:
+    """Names of the handcrafted schedules for stages of `virtual_stages` chunks, in `handcrafted_schedules` order."""
+    return ("interleaved",) if virtual_stages > 1 else SINGLE_CHUNK_NAMES
+
+
+def handcrafted_schedule(name: str, stages: int, microbatches: int, virtual_stages: int) -> Schedule:
+    """One handcrafted schedule by name (see `handcrafted_names`)."""
+    if name == "interleaved":
+        return interleaved_1f1b(stages, microbatches, virtual_stages)
+    builders = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2}
+    if name not in builders or virtual_stages > 1:
+        raise ScheduleError(f"no handcrafted schedule {name!r} for {virtual_stages} chunks per stage")
+    return builders[name](stages, microbatches)
+
+
 def handcrafted_schedules(spec: PipelineSpec) -> tuple[Schedule, ...]:
     """Every handcrafted schedule that fits the spec's shape.
 
@@ -182,6 +200,4 @@ def handcrafted_schedules(spec: PipelineSpec) -> tuple[Schedule, ...]:
     a single chunk per stage runs all the others.
     """
     p, m, v = spec.num_stages, spec.num_microbatches, spec.virtual_stages
-    if v > 1:
-        return (interleaved_1f1b(p, m, v),)
-    return gpipe(p, m), one_f_one_b(p, m), zb_h1(p, m), zb_h2(p, m)
+    return tuple(handcrafted_schedule(name, p, m, v) for name in handcrafted_names(v))

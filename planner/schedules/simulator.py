@@ -114,9 +114,12 @@ def _check_complete(stage: int, seen: Collection[tuple[str, int, int]], mb: int,
         raise ScheduleError(f"stage {stage}: microbatch {label} has no {missing}{label}")
 
 
-def simulate(schedule: Schedule, spec: PipelineSpec) -> SimulationResult:
-    """Run the schedule; raise ScheduleError if it is incomplete or deadlocks."""
-    validate(schedule, spec)
+def simulate(schedule: Schedule, spec: PipelineSpec, validated: bool = False) -> SimulationResult:
+    """Run the schedule; raise ScheduleError if it is incomplete or deadlocks. `validated`: the
+    caller already validated this schedule for a spec of the same stages, microbatches and chunks
+    (one order serves every replica of a shape; validating it costs a fifth of a simulation)."""
+    if not validated:
+        validate(schedule, spec)
     orders = schedule.orders
     p = spec.num_stages
     last = p * spec.virtual_stages - 1

@@ -36,6 +36,7 @@ import json
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import types
 from collections.abc import Callable
@@ -504,6 +505,25 @@ def _run_launch_py(world_info: str, node_rank: int, args: Any) -> list[tuple[lis
     return spawned
 
 
+TRAIN_SCRIPT = "my train.py"  # what $TRAIN_SCRIPT holds when the launch line runs
+
+
+def bash_words(command: str, env: dict[str, str]) -> list[str]:
+    """The words bash hands the program of one command line (quotes removed, variables expanded)."""
+    shown = subprocess.run(["bash", "-c", 'words() { printf "%s\\0" "$@"; }; words ' + command],
+                           env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, check=True)
+    return shown.stdout.split("\0")[:-1]
+
+
+def test_launch_stops_until_the_training_script_is_set():
+    plan = plan_of(CASE_IDS[0])
+    (command,) = [line for line in ds_export.launch_command(plan).splitlines() if line.startswith("deepspeed ")]
+    refused = subprocess.run(["bash", "-c", "deepspeed() { touch ran; }; " + command], capture_output=True,
+                             text=True, env={"PATH": "/usr/bin:/bin"})
+    assert refused.returncode != 0
+    assert "TRAIN_SCRIPT: set TRAIN_SCRIPT to your training script" in refused.stderr
+
+
 def deepspeed_launcher_placement(lines: list[str], tmp_path: Path, local_gpus: int, local_node: int) -> dict[int, str]:
     """rank -> "node:gpu" where DeepSpeed's launcher starts the `deepspeed` line of `lines`.
 
@@ -515,7 +535,7 @@ def deepspeed_launcher_placement(lines: list[str], tmp_path: Path, local_gpus: i
     if f"cat > {ds_export.HOSTFILE} <<'RESIPLAN_HOSTS'" in lines:
         start = lines.index(f"cat > {ds_export.HOSTFILE} <<'RESIPLAN_HOSTS'") + 1
         (tmp_path / ds_export.HOSTFILE).write_text("\n".join(lines[start:lines.index("RESIPLAN_HOSTS")]) + "\n")
-    argv = shlex.split(command)[1:]
+    argv = bash_words(command, {ds_export.TRAIN_SCRIPT_VARIABLE: TRAIN_SCRIPT})[1:]
     args = ds_runner.parse_args(argv)
     pool = ds_runner.fetch_hostfile(str(tmp_path / args.hostfile)) if args.hostfile == ds_export.HOSTFILE else None
     if not pool:
@@ -527,7 +547,7 @@ def deepspeed_launcher_placement(lines: list[str], tmp_path: Path, local_gpus: i
     for node_rank, host in enumerate(active):
         node = local_node if host == "localhost" else int(host.removeprefix("node"))
         for cmd, env in _run_launch_py(world_info, node_rank, args):
-            assert cmd[2:] == [ds_export.TRAIN_SCRIPT, f"--local_rank={env['LOCAL_RANK']}",
+            assert cmd[2:] == [TRAIN_SCRIPT, f"--local_rank={env['LOCAL_RANK']}",
                                *shlex.split(ds_export.TRAIN)[1:]]
             gpu = env["CUDA_VISIBLE_DEVICES"].split(",")[int(env["LOCAL_RANK"])]
             placement[int(env["RANK"])] = f"{node}:{gpu}"

@@ -154,6 +154,17 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--num-query-groups", type=int, default=1)
     add("--swiglu", action="store_true")
     add("--untie-embeddings-and-output-weights", action="store_true")
+    # these four come from TransformerConfig's fields through Megatron-LM's ArgumentGroupFactory
+    add("--normalization", type=str, default="LayerNorm", choices=("LayerNorm", "RMSNorm"))
+    add("--norm-epsilon", type=float, default=1e-5, dest="layernorm_epsilon")
+    add("--disable-bias-linear", action="store_false", dest="add_bias_linear")
+    add("--add-qkv-bias", action="store_true")
+    add("--position-embedding-type", type=str, default="learned_absolute",
+        choices=["learned_absolute", "rope", "mrope", "relative", "none"])
+    add("--rotary-base", type=int, default=10000)
+    add("--rotary-percent", type=float, default=1.0)
+    add("--use-rope-scaling", action="store_true")
+    add("--rope-scaling-factor", type=float, default=8.0)
     add("--seq-length", type=int, default=None)
     add("--max-position-embeddings", type=int, default=None)
     add("--micro-batch-size", type=int, default=None)
@@ -165,6 +176,15 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--overlap-grad-reduce", action="store_true", default=False)
     add("--bf16", action="store_true")
     add("--fp16", action="store_true")
+    # what launch_command leaves to placeholders
+    add("--data-path", nargs="*", default=None)
+    add("--tokenizer-type", type=str, default=None, choices=[
+        "BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer", "SentencePieceTokenizer",
+        "GPTSentencePieceTokenizer", "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer", "MultimodalTokenizer",
+        "NullTokenizer", "NullMultimodalTokenizer", "SFTTokenizer"])
+    add("--tokenizer-model", type=str, default=None)
+    add("--train-iters", type=int, default=None)
+    add("--lr", type=float, default=None)
     return parser
 
 
@@ -201,11 +221,15 @@ def validate_like_megatron_lm(ns: argparse.Namespace) -> None:
             assert ns.pipeline_model_parallel_size > 1
         else:
             assert ns.pipeline_model_parallel_size > 2
+    else:
+        ns.overlap_p2p_comm = False  # not overlapped without the interleaved schedule
     assert not (ns.bf16 and ns.fp16)
     assert ns.max_position_embeddings >= ns.seq_length
     if ns.recompute_granularity == "selective":
         assert ns.recompute_method is None
     assert ns.tensor_model_parallel_size > 1 or not ns.sequence_parallel
+    if ns.add_bias_linear:  # validate_args keeps the two in sync
+        ns.add_qkv_bias = True
 
 
 def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
@@ -255,7 +279,12 @@ def launched(command: str) -> tuple[list[str], list[str]]:
         gpu_list = visible.get(k, list(range(local)))
         assert local == count == len(gpu_list) and gpu_list == gpus
         devices += [f"{node}:{gpu}" for gpu in gpu_list]
-    return words[words.index(megatron.ENTRY_SCRIPT) + 1:], devices
+    script_args = words[words.index(megatron.ENTRY_SCRIPT) + 1:]
+    # the still-required settings close the command, each read from its variable or stopping bash
+    placeholders = script_args[len(script_args) - 2 * len(megatron.REQUIRED):]
+    assert placeholders[0::2] == [setting.flag for setting in megatron.REQUIRED]
+    assert all(word.startswith(f"${{{setting.variable}:?") for word, setting in zip(placeholders[1::2], megatron.REQUIRED))
+    return script_args[:len(script_args) - len(placeholders)], devices
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -395,6 +424,12 @@ def test_megatron_core_runs_the_plan(name):
     assert config.recompute_granularity == {"none": None}.get(plan.recompute, plan.recompute)
     assert config.gated_linear_unit == arch.swiglu
     assert ns.untie_embeddings_and_output_weights == (not arch.tied_embeddings)
+    # the architecture Megatron builds is the plan's: norms, RoPE, biases (not Megatron's GPT defaults)
+    assert (config.normalization, config.layernorm_epsilon) == (
+        {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}[arch.normalization], arch.norm_epsilon)
+    assert (ns.position_embedding_type, ns.rotary_base) == ("rope", arch.rope_theta)
+    assert ns.use_rope_scaling == (arch.rope_scaling is not None)
+    assert (config.add_bias_linear, config.add_qkv_bias) == (arch.linear_bias, arch.qkv_bias or arch.linear_bias)
     assert ns.use_distributed_optimizer == (plan.zero_stage == 1)
     assert (ns.seq_length, ns.micro_batch_size, ns.global_batch_size) == (
         plan.seq_length, plan.micro_batch_size, plan.global_batch_size)
@@ -410,6 +445,8 @@ def test_cases_cover_the_flag_variants():
     assert "--pipeline-model-parallel-layout" in flags["recompute-full-layout"]
     assert "--use-tp-pp-dp-mapping" in flags["replica-major"]
     assert "--group-query-attention" in flags["gqa-llama3-8b"]
+    assert "--add-qkv-bias" in flags["uneven-first-last"]  # qwen2.5-32b
+    assert flags["gqa-llama3-8b"][flags["gqa-llama3-8b"].index("--rotary-base") + 1] == "500000"
     recompute = {name: real_plan(name).recompute for name in PLANS if name.startswith("recompute-")}
     assert sorted(recompute.values()) == ["full", "none", "selective"]
     assert "NPROC_PER_NODE=6" in megatron.launch_command(real_plan("failed-gpu"))

@@ -48,6 +48,7 @@ from adapters.registry import ExportError, export_format
 from adapters.stock import stock_layout
 from adapters.torchtitan import (
     BUILTIN_CONFIGS,
+    REQUIRED,
     SCHEDULE_CSV,
     launch_command,
     model_selection,
@@ -59,6 +60,7 @@ from adapters.torchtitan import (
 )
 from api.schemas import Plan, PlanRequest
 from api.service import plan_for
+from cost_models.model_spec import model_preset
 from tests.adapters.support import _MockStage
 from tests.api.support import small_request
 
@@ -80,7 +82,7 @@ REQUESTS = {
     # pp 4 x tp 2 x dp 2, 10 layers a stage: --pipeline_parallel_layers_per_stage
     "1f1b-even": _request("llama2-13b", 64, 4096, {"schedules": ["1f1b"]}, cluster=A100_40),
     # a slow GPU: stage 0 holds 11 layers, stage 1 21; torchtitan's own llama3_8b config
-    "1f1b-uneven-first": _request("llama3-8b", 32, 4096, {"schedules": ["1f1b"]}, cluster=ONE_NODE_40, failures=SLOW),
+    "1f1b-uneven-first": _request("llama3.1-8b", 32, 4096, {"schedules": ["1f1b"]}, cluster=ONE_NODE_40, failures=SLOW),
     # a failed GPU: 7 stages of tp 2 on 8 + 6 GPUs, the last stage 2 layers; selective recompute, no ZeRO
     "1f1b-uneven-last": _request("llama3-8b", 32, 4096, {}, failures=FAILED,
                                  training={"recompute": "selective", "zero_stage": 0}),
@@ -416,14 +418,18 @@ def test_launch_command_runs_every_rank_on_its_device(plan, tmp_path):
         base += nproc
         if len(calls) > 1:
             assert call["args"]["--master_addr"] == "10.0.0.1"
-        # the words torchtitan gets after bash: the model, then the overrides the other tests parse
-        assert call["train"] == base_args(plan) + override_argv(plan)
+        # the words torchtitan gets after bash: the model, the overrides the other tests parse, and the
+        # required settings from the environment, before the activation-checkpoint subcommand
+        overrides = override_argv(plan)
+        assert call["train"] == base_args(plan) + overrides[:-1] + REQUIRED_ARGV + overrides[-1:]
     assert base == layout.world_size
     text = schedule_csv(plan)
     if text is not None:
         assert (tmp_path / SCHEDULE_CSV).read_text() == text  # the here-document wrote what torchtitan reads
 
 
+REQUIRED_VALUES = {"HF_ASSETS_PATH": "/data/tokenizer dir", "DATASET": "c4_test", "TRAIN_STEPS": "7", "LR": "0.0003"}
+REQUIRED_ARGV = [word for setting in REQUIRED for word in (setting.flag, REQUIRED_VALUES[setting.variable])]
 STUB = 'torchrun() { { echo "VISIBLE=${CUDA_VISIBLE_DEVICES-}"; printf "%s\\n" "$@"; echo "--END--"; } >> calls.txt; }\n'
 
 
@@ -435,7 +441,7 @@ def run_launch(plan: Plan, cwd: Path) -> list[dict]:
     def run(node_rank: int) -> list[dict]:
         (cwd / "calls.txt").unlink(missing_ok=True)
         env = {"PATH": "/usr/bin:/bin", "MASTER_ADDR": "10.0.0.1", "NODE_RANK": str(node_rank),
-               "TORCHTITAN_MODULE": "llama3", "TORCHTITAN_CONFIG": "llama3_debugmodel"}
+               "TORCHTITAN_MODULE": "llama3", "TORCHTITAN_CONFIG": "llama3_debugmodel", **REQUIRED_VALUES}
         subprocess.run(["bash", "-euc", STUB + launch_command(plan)], cwd=cwd, env=env, check=True)
         calls = []
         for block in (cwd / "calls.txt").read_text().split("--END--\n")[:-1]:
@@ -466,14 +472,36 @@ def test_launch_uses_torchtitans_own_llama3_config():
     assert '"${TORCHTITAN_MODULE:?' in launch_command(other)
 
 
-@pytest.mark.parametrize(("shape", "selection"), sorted(BUILTIN_CONFIGS.items()))
-def test_builtin_configs_build_the_shape_they_are_chosen_for(shape, selection):
+@pytest.mark.parametrize(("selection", "preset"), sorted(BUILTIN_CONFIGS.items()))
+def test_builtin_configs_build_the_preset_they_are_chosen_for(selection, preset):
+    """torchtitan's own config function builds the preset's model: its parameters, RoPE, norms, biases, tying."""
     parsed = ConfigManager().parse_args(["--module", selection[0], "--config", selection[1]])
     model = parsed.model_spec.model
+    spec = model_preset(preset)
     attention, ffn = model.layers[0].attention, model.layers[0].feed_forward
+    rope = attention.rope
     built = (len(model.layers), model.dim, ffn.w1.out_features, attention.n_heads, attention.n_kv_heads,
              model.vocab_size, model.enable_weight_tying)
-    assert built == shape
+    assert built == (spec.num_layers, spec.hidden_size, spec.ffn_hidden_size, spec.num_attention_heads,
+                     spec.num_kv_heads, spec.vocab_size, spec.tied_embeddings)
+    assert (rope.theta, rope.scaling, rope.scaling_factor, rope.low_freq_factor, rope.high_freq_factor,
+            rope.original_max_position_embeddings) == (spec.rope_theta, "llama", spec.rope_scaling.factor,
+                                                       spec.rope_scaling.low_freq_factor,
+                                                       spec.rope_scaling.high_freq_factor,
+                                                       spec.rope_scaling.original_max_position_embeddings)
+    assert {model.layers[0].attention_norm.eps, model.norm.eps} == {spec.norm_epsilon}
+    with torch.device("meta"):
+        built_model = model.build()
+    assert sum(p.numel() for p in built_model.parameters()) == spec.total_params
+    assert not any(name.endswith(".bias") for name, _ in built_model.named_parameters())
+
+
+def test_llama3_without_scaling_is_not_torchtitans_llama3_1():
+    """Meta-Llama-3-8B has the shape of torchtitan's llama3_8b but no RoPE scaling: a config of the user's."""
+    plan = real_plan("1f1b-uneven-first")
+    llama3 = plan.model_copy(update={"architecture": plan.architecture.model_copy(update={"rope_scaling": None})})
+    assert model_selection(plan) == ("llama3", "llama3_8b")
+    assert model_selection(llama3) is None
 
 
 def test_launch_lines_quote_plan_supplied_text(tmp_path):

@@ -49,3 +49,16 @@ def raise_unpicklable() -> None:
 
 def return_unpicklable():
     return lambda: None
+
+
+# Memory a task leaves behind, as Python's allocator keeps freed memory of a big parse: the worker's state
+# outlives the task, which is what recycling is for.
+_KEPT: list[bytes] = []
+
+
+def keep_memory(mib: int, then_raise: bool = False) -> int:
+    """Allocate `mib` MiB (written, so resident) and keep it; return the worker's pid (or raise)."""
+    _KEPT.append(b"\x01" * (mib * 1024 * 1024))
+    if then_raise:
+        raise PlanningError(f"kept {mib} MiB, then failed")
+    return os.getpid()

@@ -59,27 +59,42 @@ def stage_devices(plan: Plan) -> list[str]:
     return [device for replica in plan.replicas for stage in replica.stages for device in stage.devices]
 
 
-def detail_422(response) -> Any:
+def detail_422(response) -> str:
+    """The `detail` of a 422, after checking the one error shape: a sentence, and `errors` when fields failed."""
     assert response.status_code == 422, f"expected 422, got {response.status_code}: {response.text}"
-    return response.json()["detail"]
+    body = response.json()
+    assert isinstance(body["detail"], str) and body["detail"], f"detail must be a sentence: {body!r}"
+    assert set(body) <= {"detail", "errors"}, body
+    return body["detail"]
 
 
 def assert_detail(response, *fragments: str) -> str:
-    """422 with a string `detail` (a domain error) containing every fragment."""
+    """422 whose `detail` contains every fragment."""
     detail = detail_422(response)
-    assert isinstance(detail, str), f"expected a message, got {detail!r}"
     for fragment in fragments:
         assert fragment in detail, f"{fragment!r} not in detail {detail!r}"
     return detail
 
 
+def _path_of(loc_part: tuple) -> str:
+    """("slow", 0, "device") -> "slow[0].device", the form `errors[].field` takes."""
+    path = ""
+    for part in loc_part:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
+    return path
+
+
 def assert_validation(response, loc_part: tuple, *fragments: str) -> dict[str, Any]:
-    """422 from request validation: some error's loc contains loc_part (contiguously) and its msg holds every fragment."""
+    """422 from request validation: some entry of `errors` names a field whose path contains loc_part and its
+    message holds every fragment; `detail` names that field too."""
     detail = detail_422(response)
-    assert isinstance(detail, list), f"expected validation errors, got {detail!r}"
-    for error in detail:
-        loc = tuple(error["loc"])
-        within = any(loc[i : i + len(loc_part)] == loc_part for i in range(len(loc) - len(loc_part) + 1))
-        if within and all(f in error["msg"] for f in fragments):
+    errors = response.json().get("errors")
+    assert isinstance(errors, list) and errors, f"expected field errors, got {response.json()!r}"
+    wanted = _path_of(loc_part)
+    for error in errors:
+        assert set(error) == {"field", "message"}, error
+        if wanted in error["field"] and all(f in error["message"] for f in fragments):
+            if error is errors[0]:
+                assert error["field"] in detail, (error, detail)
             return error
-    raise AssertionError(f"no error at {loc_part} with {fragments} in {json.dumps(detail)}")
+    raise AssertionError(f"no error at {wanted} with {fragments} in {json.dumps(errors)}")

@@ -87,7 +87,7 @@ def test_slow_device_listed_twice_with_different_speeds(client):
 
 def test_unknown_top_level_field(client):
     response = plan(client, small_request(clusters={"num_nodes": 1}))
-    assert_validation(response, ("body", "clusters"), "Extra inputs are not permitted")
+    assert_validation(response, ("clusters",), "Extra inputs are not permitted")
 
 
 def test_unknown_nested_field(client):
@@ -98,13 +98,12 @@ def test_unknown_nested_field(client):
 def test_missing_required_field(client):
     body = small_request()
     del body["training"]
-    assert_validation(plan(client, body), ("body", "training"), "Field required")
+    assert_validation(plan(client, body), ("training",), "Field required")
 
 
 def test_body_that_is_not_json(client):
     response = client.post("/v1/plan", content=b'{"cluster": ', headers={"content-type": "application/json"})
-    assert response.status_code == 422
-    assert any(error["type"] == "json_invalid" for error in response.json()["detail"])
+    assert_detail(response, "not valid JSON", "line 1 column 12")
 
 
 def test_model_that_cannot_fit(client):
@@ -174,7 +173,7 @@ def test_architecture_kv_heads_not_dividing_heads(client):
 
 def test_gpu_object_missing_memory(client):
     body = small_request(cluster={"num_nodes": 1, "gpus_per_node": 8, "gpu": {"name": "x", "peak_tflops": 100}})
-    assert_validation(plan(client, body), ("gpu", "GpuObject", "memory_gib"), "Field required")
+    assert_validation(plan(client, body), ("cluster", "gpu", "memory_gib"), "Field required")
 
 
 def test_gpu_too_small_for_the_model(client):

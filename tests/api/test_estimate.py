@@ -152,7 +152,7 @@ def test_all_failed_estimate(client):
 def test_estimate_needs_a_layout(client):
     body = estimate_request({"tp": 2, "pp": 2})
     del body["layout"]
-    assert_validation(client.post("/v1/estimate", json=body), ("body", "layout"), "Field required")
+    assert_validation(client.post("/v1/estimate", json=body), ("layout",), "Field required")
 
 
 def test_layout_recompute_auto_is_rejected(client):

@@ -1,8 +1,9 @@
 """Solving never blocks the event loop: /healthz answers while plans are being solved, against a real
 uvicorn server on loopback.
 
-Ordering, not only timing: the health check is sent once a solve is known to be running (the pool's
-busy gauge on /metrics) and must be answered while that solve is still running.
+Ordering, not timing: the health check is sent once a solve is known to be running (the pool's busy gauge
+on /metrics) and must be answered while that solve is still running. How fast it answers under load is
+measured by benchmarks/load.py, not asserted here.
 """
 
 from __future__ import annotations
@@ -45,12 +46,10 @@ def test_health_check_answers_while_a_plan_is_solving(tmp_path):
         poster.start()
         try:
             _wait_for_gauge(base_url, "resiplan_solver_workers_busy", 1)
-            started = time.monotonic()
             health = httpx.get(f"{base_url}/healthz", timeout=10)
-            health_s = time.monotonic() - started
             assert health.status_code == 200 and health.json() == {"status": "ok"}
             assert "plan" not in result, "plan finished before the health check; the test proves nothing"
-            assert health_s < 0.5, f"/healthz took {health_s:.2f} s while a plan was solving"
+            assert _gauge(base_url, "resiplan_solver_workers_busy") == 1, "the solve ended before the check"
         finally:
             poster.join(timeout=60)
         assert result["plan"].status_code == 200, result["plan"].text
@@ -65,14 +64,12 @@ def test_a_full_pool_answers_503_over_http_while_health_stays_quick(tmp_path):
         poster.start()
         try:
             _wait_for_gauge(base_url, "resiplan_solver_workers_busy", 1)
-            started = time.monotonic()
             rejected = httpx.post(f"{base_url}/v1/plan", json=small_request(), timeout=10)
-            rejected_s = time.monotonic() - started
             assert rejected.status_code == 503, rejected.text
             assert int(rejected.headers["retry-after"]) >= 1
-            assert rejected_s < 0.5, "a full pool must refuse at once"
             assert httpx.get(f"{base_url}/healthz", timeout=10).status_code == 200
-            assert "plan" not in result
+            # Refused while the first solve still runs: the refusal did not wait for a worker.
+            assert "plan" not in result and _gauge(base_url, "resiplan_solver_workers_busy") == 1
         finally:
             poster.join(timeout=60)
         assert result["plan"].status_code == 200, result["plan"].text

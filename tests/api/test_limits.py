@@ -103,17 +103,17 @@ def test_nesting_counter():
 
 def test_cluster_size_is_capped(client):
     too_big = small_request(cluster={"num_nodes": 16_384, "gpus_per_node": 72, "gpu": "A100-80GB"})
-    error = assert_validation(client.post("/v1/plan", json=too_big), ("body", "cluster"), "1,179,648 GPUs")
-    assert f"at most {MAX_CLUSTER_GPUS:,}" in error["msg"]
+    error = assert_validation(client.post("/v1/plan", json=too_big), ("cluster",), "1,179,648 GPUs")
+    assert f"at most {MAX_CLUSTER_GPUS:,}" in error["message"]
     largest = small_request(cluster={"num_nodes": 16_384, "gpus_per_node": 8, "gpu": "A100-80GB"})
     PlanRequest.model_validate(largest)  # exactly the cap is accepted
 
 
 def test_list_lengths_are_capped(client):
     too_many = small_request(failures={"failed": ["0:0"] * 131_073})
-    assert_validation(client.post("/v1/plan", json=too_many), ("body", "failures", "failed"), "at most 131072 items")
+    assert_validation(client.post("/v1/plan", json=too_many), ("failures", "failed"), "at most 131072 items")
     schedules = small_request(options={"schedules": ["1f1b"] * 17})
-    assert_validation(client.post("/v1/plan", json=schedules), ("body", "options", "schedules"), "at most 16 items")
+    assert_validation(client.post("/v1/plan", json=schedules), ("options", "schedules"), "at most 16 items")
 
 
 def test_device_ids_are_length_capped(client):
@@ -121,18 +121,18 @@ def test_device_ids_are_length_capped(client):
     huge = "1" * 5000 + ":0"
     for failures, loc in (({"failed": [huge]}, ("failures", "failed")), ({"slow": [{"device": huge, "speed": 0.5}]},
                                                                          ("failures", "slow"))):
-        assert_validation(client.post("/v1/plan", json=small_request(failures=failures)), ("body", *loc),
+        assert_validation(client.post("/v1/plan", json=small_request(failures=failures)), (*loc,),
                           "at most 24 characters")
 
 
 def test_sequence_length_and_batch_size_are_capped(client):
     assert_validation(client.post("/v1/plan", json=small_request(training={"global_batch_size": 32, "seq_length": 2**21})),
-                      ("body", "training", "seq_length"), "less than or equal to 1048576")
+                      ("training", "seq_length"), "less than or equal to 1048576")
     assert_validation(client.post("/v1/plan", json=small_request(training={"global_batch_size": 65_537, "seq_length": 8})),
-                      ("body", "training", "global_batch_size"), "less than or equal to 65536")
+                      ("training", "global_batch_size"), "less than or equal to 65536")
     # Each within its own cap, together 68 billion tokens per iteration: the planner would run for minutes.
     both = small_request(training={"global_batch_size": 65_536, "seq_length": 1_048_576})
-    assert_validation(client.post("/v1/plan", json=both), ("body", "training"), "68,719,476,736 tokens",
+    assert_validation(client.post("/v1/plan", json=both), ("training",), "68,719,476,736 tokens",
                       "at most 2,147,483,648")
 
 
@@ -166,16 +166,23 @@ def test_detect_takes_4096_devices_x_8_iterations_and_parses_them_off_the_event_
         outcome: dict = {}
         poster = threading.Thread(target=lambda: outcome.setdefault("detect", client.post("/v1/detect", content=body)))
         poster.start()
-        health_s: list[float] = []
+        answered_while_detecting = 0
         while poster.is_alive():
-            started = time.monotonic()
+            busy_before = _busy_workers(client)
             assert client.get("/healthz").status_code == 200
-            health_s.append(time.monotonic() - started)
+            answered_while_detecting += busy_before == 1 and _busy_workers(client) == 1
             time.sleep(0.02)
         poster.join()
-        # Parsing and detecting take seconds here; had they run in the event loop, one probe would have waited.
-        assert len(health_s) >= 20, f"the detect call was too quick ({len(health_s)} probes) to show anything"
-        assert max(health_s) < 0.5, f"/healthz took up to {max(health_s):.2f} s during the detect call"
+        # Parsing and detecting take seconds, in a worker process: health checks are answered meanwhile
+        # (ordering, not a duration: the worker was busy before and after the answer).
+        assert answered_while_detecting >= 1, "no health check was answered while the worker ran the detect"
         response = outcome["detect"]
         assert response.status_code == 200, response.text[:500]
         assert [slow["device"] for slow in response.json()["fail_slow"]] == [slow_device]
+
+
+def _busy_workers(client) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("resiplan_solver_workers_busy "):
+            return float(line.split()[1])
+    raise AssertionError("resiplan_solver_workers_busy not on /metrics")

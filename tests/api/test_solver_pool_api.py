@@ -55,6 +55,19 @@ def test_a_saturated_service_answers_503_with_retry_after_then_recovers(tmp_path
         verify_plan(response.json(), body)
 
 
+def test_retry_after_is_the_backlog_at_recent_solve_times(tmp_path):
+    """Two 7 s tasks ahead on one worker: come back in 14 s, not 1 s."""
+    with TestClient(_app(tmp_path, solver_workers=1, solver_queue_size=1)) as client:
+        client.app.state.pool.run_times.record("sleep_then", 7.0)  # as if recent ones had taken 7 s
+        held = [_occupy(client, 1.0), _occupy(client, 1.0)]
+        _wait_busy(client, 2)
+        response = client.post("/v1/plan", json=small_request())
+        assert response.status_code == 503, response.text
+        assert response.headers["Retry-After"] == "14"
+        assert "retry in 14 s" in response.json()["detail"]
+        assert [future.result(timeout=30) for future in held] == ["held", "held"]
+
+
 def test_a_worker_crash_fails_only_its_request_and_the_next_one_succeeds(tmp_path):
     app = _app(tmp_path, solver_workers=2, solver_queue_size=0)
 

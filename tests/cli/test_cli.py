@@ -196,3 +196,31 @@ def test_console_script_error_exit_code(tmp_path):
     assert result.returncode == 2
     assert result.stdout == ""
     assert "resiplan: cannot read" in result.stderr and "absent.json" in result.stderr
+
+
+def test_the_table_is_not_wrapped_at_80_columns_when_piped(tmp_path):
+    """Piped into a file there is no terminal width to fit: each line of the summary stays one line."""
+    result = subprocess.run([_console_script(), "plan", "--request", write(tmp_path, small_request()),
+                             "--format", "table"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("llama2-7b") and "recompute=" in first and len(first) > 80, first
+    assert "iteration" in result.stdout.splitlines()[1]
+
+
+def test_the_table_prints_a_plans_text_as_text(tmp_path, capsys):
+    """A plan file is data: rich markup and terminal control sequences in its model name are printed inert."""
+    planned = run_ok(capsys, ["plan", "--request", write(tmp_path, small_request())])
+    hostile = json.loads(planned) | {"model": "[bold red]x[/bold red]\x1b]0;owned\x07[link=file:///etc]y"}
+    out = run_ok(capsys, ["export", "--format", "json", write(tmp_path, hostile, "plan.json")])
+    assert json.loads(out)["model"] == hostile["model"]
+    from rich.console import Console
+
+    from api.schemas import Plan as WirePlan
+    from api.summary import render_table
+
+    console = Console(file=io.StringIO(), width=200, force_terminal=True, color_system=None)
+    render_table(WirePlan.model_validate(hostile), console)
+    text = console.file.getvalue()
+    assert "[bold red]x[/bold red]" in text and "[link=file:///etc]y" in text
+    assert "\x1b]" not in text and "\x07" not in text

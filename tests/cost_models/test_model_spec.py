@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cost_models.model_spec import (
+    ARCHITECTURE_LIMITS,
+    MAX_MODEL_NAME_CHARS,
     HfConfigError,
     ModelSpec,
+    RopeScaling,
     model_from_hf_config,
     model_preset,
     model_preset_names,
@@ -79,8 +87,10 @@ def test_llama2_7b_total_params_exact():
 
 
 def test_tied_embeddings_count_once():
-    h, V, L = 12288, 50257, 96
-    expected = L * (12 * h**2 + 2 * h) + V * h + h  # GPT-3: 4h^2 attention + 8h^2 MLP
+    h, V, L, positions = 12288, 50257, 96, 2048
+    # GPT-3 (Brown et al. 2020): 4h^2 attention + 8h^2 MLP, biases on QKV (3h), output (h), MLP (4h + h),
+    # two LayerNorms (weight and bias, 4h); token and learned position tables; a final LayerNorm (2h)
+    expected = L * (12 * h**2 + 9 * h + 4 * h) + V * h + positions * h + 2 * h
     assert model_preset("gpt3-175b").total_params == expected
 
 
@@ -157,8 +167,11 @@ def test_hf_gpt2_config():
     assert m.swiglu is False
     assert m.vocab_size == 50257
     assert m.tied_embeddings is True  # GPT-2 ties wte and lm_head (HF default)
-    # 12 * (12 h^2 + 2 h) + V h + h, biases and position embeddings ignored
-    assert m.total_params == 12 * (12 * 768**2 + 2 * 768) + 50257 * 768 + 768
+    assert (m.normalization, m.norm_epsilon) == ("layernorm", 1e-5)
+    assert (m.position_embedding, m.max_position_embeddings) == ("learned", 1024)
+    assert m.linear_bias is True
+    # GPT-2 small as published: GPT2LMHeadModel("gpt2").num_parameters() == 124,439,808
+    assert m.total_params == 124_439_808
 
 
 def test_hf_gpt2_with_explicit_n_inner():
@@ -195,9 +208,10 @@ def test_hf_gelu_with_intermediate_size_is_not_gated():
     assert (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads) == (16, 2048, 8192, 8)
     assert m.swiglu is False  # GPT-NeoX MLP: dense_h_to_4h, GELU, dense_4h_to_h
     assert m.tied_embeddings is False
-    # 16 (12 h^2 + 2 h) + 2 V h + h = 1.01B (Pythia "1B"; 1,011,781,632 with biases)
-    assert m.total_params == 16 * (12 * 2048**2 + 2 * 2048) + 2 * 50304 * 2048 + 2048
-    assert m.total_params == pytest.approx(1.0118e9, rel=0.01)
+    assert (m.normalization, m.linear_bias, m.position_embedding) == ("layernorm", True, "rope")
+    assert m.rotary_percent == 0.25
+    # EleutherAI/pythia-1b as published (GPTNeoXForCausalLM.num_parameters(), biases included)
+    assert m.total_params == 1_011_781_632
 
 
 def test_hf_config_missing_hidden_size_raises():
@@ -214,3 +228,167 @@ def test_hf_config_missing_vocab_raises():
 
 def test_hf_config_error_is_value_error():
     assert issubclass(HfConfigError, ValueError)
+
+
+def test_qwen2_5_7b_counts_its_qkv_biases():
+    m = model_preset("qwen2.5-7b")
+    assert m.qkv_bias and not m.linear_bias
+    # Qwen/Qwen2.5-7B: 7,615,616,512 parameters (the checkpoint's tensors); Q, K and V carry biases
+    assert m.total_params == 7_615_616_512
+    without = dataclasses.replace(m, qkv_bias=False)
+    assert m.total_params - without.total_params == 28 * (3584 + 2 * 4 * 128)
+
+
+@pytest.mark.parametrize(
+    "name,theta,epsilon,scaling",
+    [
+        ("llama2-7b", 10_000.0, 1e-5, None),  # Llama-2-7b-hf: rope_theta default, rms_norm_eps 1e-05
+        ("llama3-8b", 500_000.0, 1e-5, None),  # Meta-Llama-3-8B: rope_scaling null
+        ("llama3.1-8b", 500_000.0, 1e-5, 8.0),  # Llama-3.1-8B: rope_type llama3, factor 8
+        ("llama3-405b", 500_000.0, 1e-5, 8.0),  # published only as Llama 3.1
+        ("qwen2.5-7b", 1_000_000.0, 1e-6, None),
+        ("qwen2.5-72b", 1_000_000.0, 1e-5, None),
+    ],
+)
+def test_presets_carry_their_published_rope_and_norm(name, theta, epsilon, scaling):
+    m = model_preset(name)
+    assert (m.normalization, m.position_embedding) == ("rmsnorm", "rope")
+    assert (m.rope_theta, m.norm_epsilon) == (theta, epsilon)
+    assert (m.rope_scaling.factor if m.rope_scaling else None) == scaling
+    if scaling:
+        assert (m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor) == (1.0, 4.0)
+        assert m.rope_scaling.original_max_position_embeddings == 8192
+
+
+def test_gpt3_is_layernorm_learned_positions_and_biases():
+    m = model_preset("gpt3-175b")
+    assert (m.normalization, m.position_embedding, m.max_position_embeddings, m.linear_bias) == (
+        "layernorm", "learned", 2048, True)
+
+
+def test_hf_llama_reads_rope_and_norm():
+    m = model_from_hf_config(LLAMA3_8B_CONFIG)
+    assert (m.rope_theta, m.rope_scaling, m.norm_epsilon, m.normalization) == (500_000.0, None, 1e-5, "rmsnorm")
+    assert not m.qkv_bias and not m.linear_bias
+
+
+# Verbatim rope fields of meta-llama/Llama-3.1-8B/config.json
+LLAMA31_ROPE = {"rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+                "rope_theta": 500000.0, "max_position_embeddings": 131072}
+
+
+def test_hf_llama31_rope_scaling():
+    m = model_from_hf_config({**LLAMA3_8B_CONFIG, **LLAMA31_ROPE})
+    assert m.rope_scaling == RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                         original_max_position_embeddings=8192)
+    assert m == dataclasses.replace(model_preset("llama3.1-8b"), name="llama")
+
+
+def test_hf_transformers5_rope_parameters():
+    config = {k: v for k, v in LLAMA3_8B_CONFIG.items() if k not in ("rope_theta", "rope_scaling")}
+    config["rope_parameters"] = {**LLAMA31_ROPE["rope_scaling"], "rope_theta": 500000.0}
+    m = model_from_hf_config(config)
+    assert m.rope_theta == 500000.0 and m.rope_scaling.factor == 8.0
+
+
+@pytest.mark.parametrize("kind", ["yarn", "linear", "dynamic"])
+def test_hf_rope_scaling_other_than_llama3_is_refused_by_name(kind):
+    config = {**LLAMA3_8B_CONFIG, "rope_scaling": {"rope_type": kind, "factor": 4.0}}
+    with pytest.raises(HfConfigError, match=rf"rope_scaling type '{kind}' is not supported"):
+        model_from_hf_config(config)
+
+
+# Verbatim architecture fields of Qwen/Qwen2.5-7B/config.json (its modeling code hard-codes Q, K, V biases)
+QWEN25_7B_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": 3584, "intermediate_size": 18944,
+    "max_position_embeddings": 131072, "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28,
+    "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    "vocab_size": 152064,
+}
+
+
+def test_hf_qwen2_has_qkv_bias():
+    m = model_from_hf_config(QWEN25_7B_CONFIG)
+    assert m.qkv_bias and not m.linear_bias
+    assert dataclasses.replace(m, name="qwen2.5-7b") == model_preset("qwen2.5-7b")
+
+
+def test_hf_llama_with_attention_and_mlp_bias_has_linear_bias():
+    m = model_from_hf_config({**LLAMA3_8B_CONFIG, "attention_bias": True, "mlp_bias": True})
+    assert m.linear_bias and not m.qkv_bias
+
+
+def test_hf_attention_bias_without_mlp_bias_is_refused():
+    with pytest.raises(HfConfigError, match="attention_bias true with mlp_bias false is not supported"):
+        model_from_hf_config({**LLAMA3_8B_CONFIG, "attention_bias": True})
+
+
+def test_hf_bias_flags_must_be_booleans():
+    with pytest.raises(HfConfigError, match="attention_bias must be true or false"):
+        model_from_hf_config({**LLAMA3_8B_CONFIG, "attention_bias": "no"})
+
+
+# Verbatim MoE fields of mistralai/Mixtral-8x7B-v0.1, deepseek-ai/DeepSeek-V3, Qwen/Qwen1.5-MoE-A2.7B and
+# databricks/dbrx-base
+@pytest.mark.parametrize(
+    "fields,named",
+    [
+        ({"num_local_experts": 8, "num_experts_per_tok": 2}, "num_local_experts is 8"),
+        ({"n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8}, "n_routed_experts is 256"),
+        ({"num_experts": 60, "moe_intermediate_size": 1408, "num_experts_per_tok": 4}, "num_experts is 60"),
+        ({"ffn_config": {"moe_num_experts": 16, "moe_top_k": 4}}, "hf_config ffn_config moe_num_experts is 16"),
+    ],
+)
+def test_hf_mixture_of_experts_is_refused_naming_the_field(fields, named):
+    with pytest.raises(HfConfigError, match=named) as refused:
+        model_from_hf_config({**LLAMA3_8B_CONFIG, **fields})
+    assert "mixture-of-experts" in str(refused.value)
+
+
+def test_hf_dense_config_with_empty_expert_fields_is_planned():
+    m = model_from_hf_config({**LLAMA3_8B_CONFIG, "num_experts": None, "num_local_experts": 1, "moe_layer_freq": 0})
+    assert m.total_params == 8_030_261_248
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"num_hidden_layers": 1025}, "num_hidden_layers must be a whole number from 1 to 1,024, got 1025"),
+        ({"num_hidden_layers": 100_000}, "num_hidden_layers must be a whole number from 1 to 1,024"),
+        ({"_name_or_path": "x" * 129}, "_name_or_path is 129 characters; at most 128"),
+        ({"vocab_size": 2**23}, "vocab_size must be a whole number from 1 to 4,194,304"),
+        ({"rope_theta": float("nan")}, "rope_theta must be a number"),
+        ({"rms_norm_eps": -1}, "rms_norm_eps must be a number above 0"),
+    ],
+)
+def test_hf_config_limits_are_the_architecture_limits(fields, message):
+    with pytest.raises(HfConfigError, match=re.escape(message)):
+        model_from_hf_config({**LLAMA3_8B_CONFIG, **fields})
+
+
+_HOSTILE_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8), st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+_KEYS = sorted({*LLAMA3_8B_CONFIG, *GPT2_CONFIG, *PYTHIA_1B_CONFIG, "rope_parameters", "partial_rotary_factor",
+                "attention_bias", "mlp_bias", "bias", "num_local_experts", "moe_intermediate_size", "ffn_config"})
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(base=st.sampled_from([LLAMA3_8B_CONFIG, GPT2_CONFIG, PYTHIA_1B_CONFIG, QWEN25_7B_CONFIG]),
+       changes=st.dictionaries(st.sampled_from(_KEYS), _HOSTILE_VALUES, max_size=4))
+def test_hf_configs_give_a_plannable_spec_or_a_named_error(base, changes):
+    """Whatever a config holds, the parser answers a spec within the architecture limits or an HfConfigError,
+    never another exception and never a model outside the limits (which used to solve, then answer 500)."""
+    config = {**base, **changes}
+    try:
+        spec = model_from_hf_config(config)
+    except HfConfigError as error:
+        assert str(error).startswith("hf_config")
+        return
+    for field, limit in ARCHITECTURE_LIMITS.items():
+        value = getattr(spec, field)
+        assert value is None or 1 <= value <= limit, (field, value)
+    assert len(spec.name) <= MAX_MODEL_NAME_CHARS

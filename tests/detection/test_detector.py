@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -37,7 +38,7 @@ from planner.detection import (
     layout_from_plan,
     layout_from_stages,
 )
-from tests.api.support import small_request
+from tests.api.support import assert_detail, assert_validation, small_request
 
 
 @pytest.fixture(scope="module")
@@ -263,31 +264,88 @@ def test_detect_unknown_plan_is_404(client):
     assert "nope" in response.json()["detail"]
 
 
+def item_json(**overrides):
+    body = {"device": "0:0", "iteration": 1, "microbatches": [{"seq_lengths": [1024, 1024], "compute_ms": 30.0}],
+            "last_heartbeat_s_ago": 0.2}
+    body.update(overrides)
+    return body
+
+
 def test_detect_rejects_bad_telemetry_with_422(client, stored_plan):
-    def item(**overrides):
-        body = {"device": "0:0", "iteration": 1, "microbatches": [{"seq_lengths": [1024, 1024], "compute_ms": 30.0}],
-                "last_heartbeat_s_ago": 0.2}
-        body.update(overrides)
-        return body
+    item = item_json
 
     def post(telemetry):
         return client.post("/v1/detect", json={"plan_id": stored_plan.plan_id, "telemetry": telemetry})
 
-    unknown = post([item(), item(device="7:3")])
-    assert unknown.status_code == 422
-    assert "7:3" in unknown.json()["detail"] and "stages" in unknown.json()["detail"]
-    duplicate = post([item(), item()])
-    assert duplicate.status_code == 422 and "two items" in duplicate.json()["detail"]
-    empty = post([])
-    assert empty.status_code == 422 and empty.json()["detail"][0]["loc"][-1] == "telemetry"
-    negative_compute = post([item(microbatches=[{"seq_lengths": [10], "compute_ms": -3.0}])])
-    assert negative_compute.status_code == 422
-    assert negative_compute.json()["detail"][0]["loc"][-1] == "compute_ms"
-    negative_heartbeat = post([item(last_heartbeat_s_ago=-1)])
-    assert negative_heartbeat.status_code == 422
-    assert negative_heartbeat.json()["detail"][0]["loc"][-1] == "last_heartbeat_s_ago"
-    assert post([item(device="0:*")]).status_code == 422
-    assert post([item(microbatches=[{"seq_lengths": [], "compute_ms": 1.0}])]).status_code == 422
+    assert_detail(post([item(), item(device="7:3")]), "7:3", "stages")
+    assert_detail(post([item(), item()]), "two items")
+    assert_validation(post([]), ("telemetry",), "at least 1 item")
+    assert_validation(post([item(microbatches=[{"seq_lengths": [10], "compute_ms": -3.0}])]),
+                      ("telemetry", 0, "microbatches", 0, "compute_ms"), "greater than or equal to 0")
+    assert_validation(post([item(), item(last_heartbeat_s_ago=-1)]), ("telemetry", 1, "last_heartbeat_s_ago"),
+                      "greater than or equal to 0")
+    assert_validation(post([item(device="0:*")]), ("telemetry", 0, "device"), "<node>:<gpu>")
+    assert_validation(post([item(microbatches=[{"seq_lengths": [], "compute_ms": 1.0}])]),
+                      ("telemetry", 0, "microbatches", 0, "seq_lengths"), "at least 1 item")
+
+
+def test_detect_refuses_what_json_cannot_carry_with_422_not_500(client, stored_plan):
+    def post(text: str | bytes):
+        raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+        return client.post("/v1/detect", content=raw, headers={"content-type": "application/json"})
+
+    good = json.dumps(item_json())
+    plan_id = stored_plan.plan_id
+    nan = post(f'{{"plan_id": "{plan_id}", "telemetry": [{good[:-1]}, "last_heartbeat_s_ago": NaN}}]}}')
+    assert_validation(nan, ("telemetry", 0, "last_heartbeat_s_ago"), "finite number")
+    surrogate = post(f'{{"plan_id": "{plan_id}", "telemetry": [{good}, {good.replace("0:0", "0:1")[:-1]}, '
+                     '"\\ud800": 1}]}')
+    assert surrogate.status_code == 422 and surrogate.json()["errors"][0]["field"].startswith("telemetry[1]")
+    # Bytes that are not UTF-8 where the route peeks for the plan id, and a plan id that is no text.
+    assert_detail(post(b'{"plan_id": "\xff\xfe", "telemetry": []}'), "not UTF-8")
+    assert_validation(post('{"plan_id": "\\udc00", "telemetry": [' + good + "]}"), ("plan_id",), "valid string")
+    deep = post(f'{{"plan_id": "{plan_id}", "telemetry": [' + "[" * 50_000 + "]" * 50_000 + "]}")
+    assert_validation(deep, ("telemetry", 0), "nest too deeply")
+    assert len(deep.content) < 2000
+
+
+def test_detect_answers_equal_the_library_detector_on_the_same_telemetry(plan64):
+    """The service reduces each item to its totals while parsing; the detector's findings are the same as
+    on the full items (the benchmark's path)."""
+    from api.service import detect_json
+
+    plan, model, layout = plan64
+    slowdowns = (Slowdown(layout.roles[0].devices[2], 0.5, 3), Slowdown(layout.roles[3].devices[9], 0.7, 2))
+    stopped = layout.roles[1].devices[4]
+    windows = generate_telemetry(plan, model, TelemetryConfig(iterations=8, seed=31, slowdowns=slowdowns))
+    wire = [item for items in windows for item in to_wire(items)]
+    for item in wire:
+        if item["device"] == stopped and item["iteration"] == 7:
+            item["microbatches"], item["last_heartbeat_s_ago"] = [], 45.0
+    items = [
+        TelemetryItem(w["device"], w["iteration"],
+                      tuple(Microbatch(tuple(mb["seq_lengths"]), mb["compute_ms"]) for mb in w["microbatches"]),
+                      w["last_heartbeat_s_ago"])
+        for w in wire
+    ]
+    library = detect(items, layout)
+    assert {f.device for f in library.fail_slow} == {s.device for s in slowdowns}
+    assert library.fail_stop == (stopped,)
+    answer = detect_json(json.dumps({"plan_id": plan.plan_id, "telemetry": wire}).encode(), plan.model_dump_json())
+    assert [(f.device, f.speed, f.confidence) for f in answer.fail_slow] == [
+        (f.device, f.speed, f.confidence) for f in library.fail_slow
+    ]
+    assert answer.fail_stop == list(library.fail_stop)
+    assert detect([item.totals() for item in items], layout) == library
+
+
+def test_detect_documents_its_body_as_a_detect_request(client):
+    schema = client.get("/openapi.json").json()
+    body = schema["paths"]["/v1/detect"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/DetectRequest"}
+    components = schema["components"]["schemas"]
+    assert set(components["DetectRequest"]["properties"]) == {"plan_id", "telemetry"}
+    assert "compute_ms" in components["TelemetryMicrobatch"]["properties"]
 
 
 def test_request_accepts_4096_devices_x_8_iterations():

@@ -166,3 +166,33 @@ def test_postgres_url_as_users_write_it_reaches_the_server(postgres):
         assert store.get("a1") == plan_body("a1")
     finally:
         store.close()
+
+
+def test_the_plan_bytes_are_exactly_the_saved_text_encoded(store_url):
+    """Served without decoding: backslash escapes (PostgreSQL's text-to-bytea cast would read them as
+    escapes), non-ASCII text and quotes come back byte for byte."""
+    store = PlanStore(make_engine(store_url))
+    text_json = '{"plan_id": "c3", "model": "a\\\\x41\\\\\\\\b \\\\u00e9 é ✓ \\"q\\""}'
+    store.save_json("c3", "{}", text_json)
+    assert store.get_json_bytes("c3") == text_json.encode("utf-8")
+    assert store.get_json("c3") == text_json
+    assert store.get_json_bytes("unknown") is None and store.get_json_bytes("\ud800") is None
+    store.close()
+
+
+def test_recently_served_plans_are_kept_within_the_cache_size(tmp_path):
+    url = f"sqlite:///{tmp_path}/cache.db"
+    store = PlanStore(make_engine(url), cache_bytes=2_500)
+    for plan_id in ("p1", "p2", "p3"):
+        store.save_json(plan_id, "{}", '{"x": "' + plan_id * 500 + '"}')  # ~1 KB each
+    first = store.get_json_bytes("p1")
+    with sqlite3.connect(tmp_path / "cache.db") as raw:  # change the row behind the store's back
+        raw.execute("update plans set plan_json = '{}' where plan_id in ('p1', 'p2', 'p3')")
+    assert store.get_json_bytes("p1") == first, "a served plan is answered from memory"
+    assert store.get_json_bytes("p2") == b"{}" and store.get_json_bytes("p3") == b"{}"  # read now: {}
+    store.save_json("big", "{}", '{"x": "' + "y" * 3_000 + '"}')
+    assert store.get_json_bytes("big").startswith(b'{"x": "yyy')  # too big to keep: read, not cached
+    with sqlite3.connect(tmp_path / "cache.db") as raw:
+        raw.execute("update plans set plan_json = '{}' where plan_id = 'big'")
+    assert store.get_json_bytes("big") == b"{}"
+    store.close()

@@ -76,7 +76,7 @@ def plan_body(replicas: list[dict], unused: list[str], excluded: list[str], choi
         "predicted": {"iteration_time_s": 1.234, "tokens_per_s": 56789.0, "mfu": 0.4321,
                       "breakdown": {"compute_s": 1.0, "pipeline_bubble_s": 0.2, "tp_comm_s": 0.02, "dp_comm_s": 0.014}},
         "solver": {"status": "OPTIMAL", "wall_time_s": 0.1, "gap": 0.0},
-        "model": "llama2-7b <test & \"quotes\">",
+        "model": "llama2-7b <test & \"quotes\">", "gpu_memory_gib": 80.0,
         "pipeline_schedule": schedule_to_wire(choice).model_dump() if choice is not None else None,
     }
     body.update(extra)
@@ -143,3 +143,29 @@ def huge_cluster_plan(num_nodes: int = 2048, gpus_per_node: int = 8) -> Plan:
     leftover = [f"{n}:{g}" for n in range(node, num_nodes - 1) for g in range(gpus_per_node)]
     failed = [f"{num_nodes - 1}:{g}" for g in range(gpus_per_node)]
     return plan_body(replicas, leftover, failed, None)
+
+
+def featured_plan() -> Plan:
+    """Two 2-stage replicas: replica 0 healthy but with three times the microbatches (the slowest timeline),
+    replica 1 holding the slow GPU 1:0 (0.9) in its first stage."""
+    healthy = [stage(0, (0, 16), ["0:0"]), stage(1, (16, 32), ["0:1"])]
+    damaged = [stage(0, (0, 16), ["1:0"], speed=0.9), stage(1, (16, 32), ["1:1"])]
+    replicas = [
+        {"id": 0, "num_microbatches": 12, "stages": healthy},
+        {"id": 1, "num_microbatches": 4, "stages": damaged},
+    ]
+    choice = ScheduleChoice("1f1b", (), (
+        timeline((0,), one_f_one_b(2, 12), healthy, 12),
+        timeline((1,), one_f_one_b(2, 4), damaged, 4),
+    ))
+    return plan_body(replicas, [], [], choice, slow_devices=[{"device": "1:0", "speed": 0.9}])
+
+
+def uneven_microbatches_plan(counts: tuple[int, ...] = (21, 22, 21)) -> Plan:
+    """One single-stage replica per count, each on its own GPU of node 0: microbatch counts differ."""
+    replicas, timelines = [], []
+    for index, count in enumerate(counts):
+        stages = [stage(0, (0, 32), [f"0:{index}"])]
+        replicas.append({"id": index, "num_microbatches": count, "stages": stages})
+        timelines.append(timeline((index,), one_f_one_b(1, count), stages, count))
+    return plan_body(replicas, [], [], ScheduleChoice("1f1b", (), tuple(timelines)))

@@ -1,0 +1,145 @@
+"""The model's architecture as Megatron command-line flags: Megatron-LM's and Megatron-DeepSpeed's.
+
+Without these the trainer builds its defaults (Megatron-LM: LayerNorm, learned absolute positions,
+biases everywhere, GELU), a different model from the one the plan laid out. Both spellings come from
+the arguments.py of each project (Megatron-LM core_v0.16.1, which megatron-core 0.16 pairs with;
+microsoft/Megatron-DeepSpeed's main branch):
+
+    architecture                 Megatron-LM                                Megatron-DeepSpeed
+    shape                        --num-layers --hidden-size --ffn-hidden-size --num-attention-heads
+    GQA                          --group-query-attention --num-query-groups  --num-key-value-heads
+    SwiGLU / untied              --swiglu / --untie-embeddings-and-output-weights (both)
+    normalization                --normalization RMSNorm|LayerNorm           --normalization rmsnorm|layernorm
+    epsilon                      --norm-epsilon                              --layernorm-epsilon
+    RoPE                         --position-embedding-type rope              --use-rotary-position-embeddings
+                                 --rotary-base (a whole number)              --no-position-embedding
+                                 --rotary-percent                            --rotary-position-embeddings-theta
+                                                                             --rotary-percent
+    Llama 3.1 scaling            --use-rope-scaling                          (none: refused)
+    learned positions            --position-embedding-type learned_absolute  (the default)
+                                 --max-position-embeddings (the table)       --max-position-embeddings
+    no biases                    --disable-bias-linear (both)
+    Q, K, V biases only          --disable-bias-linear --add-qkv-bias        (none: refused)
+
+Megatron-LM 0.16.1's gpt_builder passes `rope_scaling` to GPTModel but not `--rope-scaling-factor`,
+so megatron-core's own factor 8 (and its low/high frequency factors 1 and 4 from a context of 8192)
+is what runs: other Llama 3.x scalings (Llama 3.2's factor 32) are refused rather than run as 8.
+The vocabulary is the tokenizer's, padded by Megatron to a multiple of --make-vocab-size-divisible-by
+(128) x tp; the plan counted `vocab_size` rows.
+"""
+
+from __future__ import annotations
+
+from adapters.registry import ExportError
+from api.schemas import ModelArchitecture
+
+# megatron-core's RotaryEmbedding._apply_scaling defaults, the only values Megatron-LM 0.16 runs
+MEGATRON_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192}
+
+
+# Fields a plan records since it carries the model's details; a stored plan without them would get
+# defaults (RoPE base 10000, RMSNorm) that are not necessarily its model's.
+RECORDED_DETAILS = frozenset({"normalization", "norm_epsilon", "position_embedding", "rope_theta", "qkv_bias",
+                              "linear_bias"})
+
+
+def check_recorded(arch: ModelArchitecture, target: str) -> None:
+    """ExportError when the plan predates architecture details: the flags would describe a guess."""
+    missing = sorted(RECORDED_DETAILS - arch.model_fields_set)
+    if missing:
+        raise ExportError(f"{target} cannot be told this plan's model: it was stored before plans recorded "
+                          f"{', '.join(missing)}; plan it again")
+
+
+def _number(value: float) -> str:
+    """A float as argparse's float() reads it back exactly."""
+    return repr(float(value))
+
+
+def _whole_theta(arch: ModelArchitecture, target: str) -> str:
+    if not float(arch.rope_theta).is_integer():
+        raise ExportError(f"{target} cannot build this model: its RoPE base {arch.rope_theta!r} is not a whole "
+                          "number, and the rotary base flag takes an integer")
+    return str(int(arch.rope_theta))
+
+
+def _shape_args(arch: ModelArchitecture) -> list[str]:
+    return [
+        "--num-layers", str(arch.num_layers),
+        "--hidden-size", str(arch.hidden_size),
+        "--ffn-hidden-size", str(arch.ffn_hidden_size),
+        "--num-attention-heads", str(arch.num_attention_heads),
+    ]
+
+
+def _positions(arch: ModelArchitecture, seq_length: int) -> str:
+    """--max-position-embeddings: the learned table's rows, else the sequence length (RoPE has no table)."""
+    return str(arch.max_position_embeddings if arch.position_embedding == "learned" else seq_length)
+
+
+def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str = "Megatron-LM") -> list[str]:
+    """Megatron-LM pretrain_gpt.py flags that build exactly `arch`; ExportError for what it cannot build."""
+    check_recorded(arch, target)
+    args = _shape_args(arch)
+    kv_heads = arch.num_kv_heads or arch.num_attention_heads
+    if kv_heads != arch.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(kv_heads)]
+    if arch.swiglu:
+        args.append("--swiglu")
+    if not arch.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    args += ["--normalization", "RMSNorm" if arch.normalization == "rmsnorm" else "LayerNorm",
+             "--norm-epsilon", _number(arch.norm_epsilon)]
+    if arch.position_embedding == "rope":
+        args += ["--position-embedding-type", "rope", "--rotary-base", _whole_theta(arch, target)]
+        if arch.rotary_percent != 1.0:
+            args += ["--rotary-percent", _number(arch.rotary_percent)]
+        if arch.rope_scaling is not None:
+            scaling = arch.rope_scaling.model_dump(exclude={"rope_type"})
+            if scaling != MEGATRON_ROPE_SCALING:
+                raise ExportError(
+                    f"{target} cannot build this model: pretrain_gpt.py runs Llama 3.1 RoPE scaling only as "
+                    f"megatron-core's {MEGATRON_ROPE_SCALING} (it does not pass --rope-scaling-factor on), "
+                    f"the model's is {scaling}"
+                )
+            args += ["--use-rope-scaling", "--rope-scaling-factor", _number(scaling["factor"])]
+    else:
+        args += ["--position-embedding-type", "learned_absolute"]
+    args += ["--max-position-embeddings", _positions(arch, seq_length)]
+    if not arch.linear_bias:
+        args.append("--disable-bias-linear")
+        if arch.qkv_bias:
+            args.append("--add-qkv-bias")
+    return args
+
+
+def megatron_deepspeed_model_args(arch: ModelArchitecture, seq_length: int) -> list[str]:
+    """Megatron-DeepSpeed pretrain_gpt.py flags that build exactly `arch`; ExportError for what it cannot."""
+    target = "Megatron-DeepSpeed"
+    check_recorded(arch, target)
+    problems = []
+    if arch.qkv_bias and not arch.linear_bias:
+        problems.append("it has no Q, K, V-only biases (only --disable-bias-linear for all or none)")
+    if arch.rope_scaling is not None:
+        problems.append("it has no Llama 3.1 RoPE scaling")
+    if problems:
+        raise ExportError(f"{target} cannot build this model: {'; '.join(problems)}")
+    args = _shape_args(arch)
+    kv_heads = arch.num_kv_heads or arch.num_attention_heads
+    if kv_heads != arch.num_attention_heads:
+        args += ["--num-key-value-heads", str(kv_heads)]
+    if arch.swiglu:
+        args.append("--swiglu")
+    if not arch.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    args += ["--normalization", arch.normalization, "--layernorm-epsilon", _number(arch.norm_epsilon)]
+    if arch.position_embedding == "rope":
+        args += ["--use-rotary-position-embeddings", "--no-position-embedding",
+                 "--rotary-position-embeddings-theta", _whole_theta(arch, target)]
+        if arch.rotary_percent != 1.0:
+            args += ["--rotary-percent", _number(arch.rotary_percent)]
+    args += ["--max-position-embeddings", _positions(arch, seq_length)]
+    if not arch.linear_bias:
+        args.append("--disable-bias-linear")
+    return args
