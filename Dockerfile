@@ -4,11 +4,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     RESIPLAN_DATABASE_URL=sqlite:////data/resiplan.db
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY planner ./planner
+COPY pyproject.toml README.md cli.py ./
+COPY wire ./wire
 COPY api ./api
+COPY planner ./planner
+COPY detector ./detector
 COPY cost_models ./cost_models
 COPY adapters ./adapters
+COPY render ./render
+COPY executor ./executor
 COPY benchmarks ./benchmarks
 RUN pip install --no-cache-dir ".[postgres]" \
     && useradd --create-home --uid 10001 resiplan \

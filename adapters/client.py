@@ -1,7 +1,7 @@
 """A typed client of the resiplan service (API.md v1) for trainer launchers and schedulers.
 
     with PlannerClient("http://planner:8000", token=os.environ.get("RESIPLAN_API_TOKEN")) as planner:
-        plan = planner.plan(request)             # POST /v1/plan -> validated api.schemas.Plan
+        plan = planner.plan(request)             # POST /v1/plan -> validated wire.schemas.Plan
         args = planner.export(plan.plan_id, "megatron")
 
 Retries, with exponential backoff (`backoff_s * 2**attempt`, capped at `max_backoff_s`, plus up to
@@ -37,7 +37,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import ValidationError
 
-from api.schemas import Failures, Options, Plan, PlanRequest
+from wire.schemas import Failures, Options, Plan, PlanRequest
 
 __all__ = ["RETRY_STATUSES", "SOLVE_MARGIN_S", "PlannerClient", "PlannerError"]
 

@@ -105,7 +105,7 @@ from adapters.megatron_model import megatron_deepspeed_model_args
 from adapters.registry import ExportError
 from adapters.shell_text import Required, inert
 from adapters.stock import StockLayout, check_replica, launch_blocks, stock_layout
-from api.schemas import Plan
+from wire.schemas import Plan
 
 TARGET = "DeepSpeed"
 RESIPLAN_KEY = "resiplan"

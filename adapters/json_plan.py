@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError
 
-from api.schemas import Plan
+from wire.schemas import Plan
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

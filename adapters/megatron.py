@@ -83,7 +83,7 @@ from adapters.megatron_model import megatron_lm_model_args
 from adapters.registry import ExportError
 from adapters.shell_text import Required, inert, required_lines
 from adapters.stock import StockLayout, check_replica, node_blocks, stock_layout
-from api.schemas import Plan
+from wire.schemas import Plan
 from cost_models.pipeline import interleaved_group_sizes
 
 TARGET = "Megatron-LM"

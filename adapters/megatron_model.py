@@ -31,7 +31,7 @@ The vocabulary is the tokenizer's, padded by Megatron to a multiple of --make-vo
 from __future__ import annotations
 
 from adapters.registry import ExportError
-from api.schemas import ModelArchitecture
+from wire.schemas import ModelArchitecture
 
 # megatron-core's RotaryEmbedding._apply_scaling defaults, the only values Megatron-LM 0.16 runs
 MEGATRON_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from api.schemas import Plan
+from wire.schemas import Plan
 from planner.errors import PlanningError
 
 
@@ -38,7 +38,7 @@ FORMATS: tuple[ExportFormat, ...] = (
         "torch-csv", "text/csv", ".csv", "adapters.torch_csv",
         "per-rank action CSV for torch.distributed.pipelining's _PipelineScheduleRuntime",
     ),
-    ExportFormat("svg", "image/svg+xml", ".svg", "adapters.gantt_svg", "Gantt chart of a replica's schedule"),
+    ExportFormat("svg", "image/svg+xml", ".svg", "render.gantt_svg", "Gantt chart of a replica's schedule"),
     ExportFormat(
         "megatron", "text/x-shellscript", ".sh", "adapters.megatron", "Megatron-LM pretrain_gpt.py arguments (bash)"
     ),

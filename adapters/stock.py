@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from adapters.registry import ExportError
 from adapters.shell_text import inert
-from api.schemas import MAX_DEVICE_ID_CHARS, ModelArchitecture, Plan
+from wire.schemas import MAX_DEVICE_ID_CHARS, ModelArchitecture, Plan
 
 # ASCII digits only: a plan read from a file is not validated like a request, and a device id is
 # written into launch lines, so "3:5\ntouch x" or other scripts' digits never get that far.

@@ -59,7 +59,7 @@ import csv
 import io
 
 from adapters.registry import ExportError, replica_schedule
-from api.schemas import Plan
+from wire.schemas import Plan
 from planner.schedules.ops import (
     BACKWARD,
     FORWARD,

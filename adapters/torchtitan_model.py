@@ -27,7 +27,7 @@ import dataclasses
 from typing import Any
 
 from adapters.registry import ExportError
-from api.schemas import ModelArchitecture
+from wire.schemas import ModelArchitecture
 
 TARGET = "torchtitan"
 # the context torchtitan's own llama3 configs precompute RoPE frequencies for

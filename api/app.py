@@ -10,18 +10,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import BearerTokenMiddleware
-from api.body import document_bodies
-from api.errors import RequestBodyInvalid, error_body, field_errors, validation_detail
-from api.execution import PoolConfig, PoolError, SolverPool
-from api.limits import BodyLimitMiddleware, BodyLimits
-from api.logs import configure_logging
-from api.metrics import CONTENT_TYPE, Metrics
-from api.observe import ObserveMiddleware
+from api.core.auth import BearerTokenMiddleware
+from api.core.body import document_bodies
+from wire.errors import RequestBodyInvalid, error_body, field_errors, validation_detail
+from api.core.execution import PoolConfig, PoolError, SolverPool
+from api.core.limits import BodyLimitMiddleware, BodyLimits
+from api.core.logs import configure_logging
+from api.core.metrics import CONTENT_TYPE, Metrics
+from api.core.observe import ObserveMiddleware
 from api.routes import detect, plans, replan, ui
-from api.schemas import ErrorDetail, EstimateRequest, PlanRequest, ReplanRequest
-from api.settings import Settings
-from api.store import PlanStore, StoreUnavailable, make_engine
+from wire.schemas import ErrorDetail, EstimateRequest, PlanRequest, ReplanRequest
+from api.core.settings import Settings
+from api.core.store import PlanStore, StoreUnavailable, make_engine
 from planner.errors import PlanningError
 
 # Seconds a client is told to wait when the plan store is down: a restart of a database server.
@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def parameter_error(_request: Request, error: RequestValidationError) -> JSONResponse:
-        # Query and path parameters (bodies go through api.body); never echoes the input.
+        # Query and path parameters (bodies go through api.core.body); never echoes the input.
         errors = field_errors(error.errors())
         return JSONResponse(status_code=422, content=error_body(validation_detail(errors), errors))
 

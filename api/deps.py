@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from api.execution import SolverPool
-from api.settings import Settings
-from api.store import PlanStore
+from api.core.execution import SolverPool
+from api.core.settings import Settings
+from api.core.store import PlanStore
 
 
 def get_settings(request: Request) -> Settings:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from api.convert import to_problem
-from api.schemas import PlanRequest
+from wire.convert import to_problem
+from wire.schemas import PlanRequest
 from benchmarks.failures import Setup, request_for, solve, surviving_fraction, tokens_per_s
 
 MODELS = ("llama2-7b", "llama2-13b")

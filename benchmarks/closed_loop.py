@@ -46,11 +46,11 @@ from pathlib import Path
 from benchmarks.telemetry import Slowdown, Stop, TelemetryConfig, generate_telemetry
 from cost_models.model_spec import model_preset
 from cost_models.pipeline import pipeline_time_ms
-from planner.detection import layout_from_plan
-from planner.detection.detector import RECOMMENDED_WINDOW, decide, summarize
+from detector import layout_from_plan
+from detector.detector import RECOMMENDED_WINDOW, decide, summarize
 from planner.plan import plan
 from planner.problem import PlanningProblem
-from planner.replan import ReplanResult, replan, running_plan
+from planner.replan.choice import ReplanResult, replan, running_plan
 from planner.result import PlanResult
 
 MODEL = "llama2-13b"
@@ -115,8 +115,8 @@ class Truth:
 
 
 def _problem(failed: set[str], slow: dict[str, float], uniform_only: bool) -> PlanningProblem:
-    from api.convert import to_problem
-    from api.schemas import PlanRequest
+    from wire.convert import to_problem
+    from wire.schemas import PlanRequest
 
     return to_problem(PlanRequest.model_validate({
         "cluster": {"num_nodes": NUM_NODES, "gpus_per_node": GPUS_PER_NODE, "gpu": "A100-80GB"},

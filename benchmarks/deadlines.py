@@ -2,10 +2,10 @@
 
     python -m benchmarks.deadlines                 # HTTP on loopback, print the table
     python -m benchmarks.deadlines --write         # also update BENCHMARKS.md ("Deadlines")
-    python -m benchmarks.deadlines --in-process    # api.service.plan_for in this process, no HTTP
+    python -m benchmarks.deadlines --in-process    # api.tasks.planning.plan_for in this process, no HTTP
     python -m benchmarks.deadlines --max-gpus 4096 --limits 1
 
-Starts the real service (`python -m api.cli serve`, one solver worker, its own database in a
+Starts the real service (`python -m cli serve`, one solver worker, its own database in a
 temporary directory; see `benchmarks.load`) and sends one plan request at a time, each case once,
 timing it from the first byte sent to the last byte of the answer received. An answer keeps its
 deadline when it is a 200 with a plan and arrives within `time_limit_s` + 10% (the `limit` column;
@@ -126,8 +126,8 @@ def ask_http(http: httpx.Client, base_url: str, gpus: int, kind: str, limit_s: f
 
 
 def ask_in_process(gpus: int, kind: str, limit_s: float) -> Answer:
-    from api.schemas import PlanRequest
-    from api.service import plan_for
+    from wire.schemas import PlanRequest
+    from api.tasks.planning import plan_for
     from planner.errors import PlanningError
 
     body = json.dumps(request_for(gpus, kind, limit_s)).encode()

@@ -6,11 +6,11 @@
 The body: a 4,096-GPU plan (512 x 8 H100, llama3-70b, tp 8 pp 4 dp 128, micro-batch size 5 at 8,192
 tokens, full recompute: 8 packed microbatches per replica and iteration) and 8 iterations of generated
 telemetry (`benchmarks/telemetry.py`) from every device, one of them slowed to 0.5: ~60 MiB of JSON,
-just under the 64 MiB /v1/detect limit. Each path runs once in a fresh solver worker (`api.execution`,
+just under the 64 MiB /v1/detect limit. Each path runs once in a fresh solver worker (`api.core.execution`,
 forked from the warm forkserver, no memory limit), which then reports its peak resident memory (VmHWM)
 and what it still holds (VmRSS):
 
-- item by item: what the service runs (`api.service.detect_json`: each telemetry item validated alone
+- item by item: what the service runs (`api.tasks.detection.detect_json`: each telemetry item validated alone
   and reduced to its totals);
 - whole body, for reference: the former path, the whole DetectRequest validated at once into pydantic
   objects, then one TelemetryItem per item, then the same detector.
@@ -27,12 +27,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from api.convert import resolve_model
-from api.execution import PoolConfig, SolverPool
-from api.schemas import DetectRequest, EstimateRequest, Plan
-from api.service import detect_for, detect_json, estimate_for
+from wire.convert import resolve_model
+from api.core.execution import PoolConfig, SolverPool
+from wire.schemas import DetectRequest, EstimateRequest, Plan
+from api.tasks.detection import detect_for, detect_json
+from api.tasks.planning import estimate_for
 from benchmarks.telemetry import Slowdown, TelemetryConfig, generate_telemetry, to_wire
-from planner.detection import Microbatch, TelemetryItem
+from detector import Microbatch, TelemetryItem
 
 MIB = 1024 * 1024
 

@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
 
-from api.convert import resolve_model
-from api.schemas import EstimateRequest, Plan
-from api.service import estimate_for
+from wire.convert import resolve_model
+from wire.schemas import EstimateRequest, Plan
+from api.tasks.planning import estimate_for
 from benchmarks.telemetry import Slowdown, Stop, TelemetryConfig, generate_telemetry
 from cost_models.model_spec import ModelSpec
-from planner.detection import (
+from detector import (
     RECOMMENDED_WINDOW,
     Detection,
     DetectionLayout,

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from adapters import deepspeed, json_plan, megatron, torchtitan
-from api.schemas import Plan
+from wire.schemas import Plan
 from cost_models.model_spec import model_preset
 
 NODES, GPUS_PER_NODE, TP, PP = 16_384, 8, 8, 16

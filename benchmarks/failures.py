@@ -23,8 +23,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from api.convert import to_problem
-from api.schemas import PlanRequest
+from wire.convert import to_problem
+from wire.schemas import PlanRequest
 from benchmarks.baselines import BASELINES, BaselineResult
 from benchmarks.baselines.common import healthy_plan
 from benchmarks.report import load_average
@@ -103,8 +103,8 @@ def request_for(setup: Setup, failed: tuple[str, ...] = (), slow: tuple[tuple[st
 
 _CHILD = r"""
 import json, sys, time
-from api.schemas import PlanRequest
-from api.service import plan_for
+from wire.schemas import PlanRequest
+from api.tasks.planning import plan_for
 request = PlanRequest.model_validate(json.loads(sys.argv[1]))
 started, cpu_started = time.perf_counter(), time.process_time()
 plan = plan_for(request)

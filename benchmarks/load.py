@@ -4,7 +4,7 @@
     python -m benchmarks.load --write              # also update BENCHMARKS.md
     python -m benchmarks.load --requests 12 --quick
 
-Starts the real service (`python -m api.cli serve`, its own database in a temporary directory) in a
+Starts the real service (`python -m cli serve`, its own database in a temporary directory) in a
 subprocess, then sends every plan request at once. A request refused with 503 (pool full) is sent
 again after the `Retry-After` the server named, as `adapters.client` does; each request gives up after
 `--max-attempts` and the whole run after `--timeout` seconds. Meanwhile /healthz is probed every
@@ -144,7 +144,7 @@ def start_server(workdir: Path, workers: int, queue_size: int | None) -> tuple[s
         env["RESIPLAN_SOLVER_QUEUE_SIZE"] = str(queue_size)
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     base_url = f"http://127.0.0.1:{port}"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from planner.plan import plan
 from planner.problem import PlanningProblem
-from planner.replan import plan_migration, replan, running_plan
+from planner.replan.choice import plan_migration, replan, running_plan
 
 GIB = 1024**3
 
@@ -60,8 +60,8 @@ def _request(model: str, failed: list[str], slow: dict[str, float]) -> dict:
 
 
 def _problem(model: str, failed: list[str], slow: dict[str, float]) -> PlanningProblem:
-    from api.convert import to_problem
-    from api.schemas import PlanRequest
+    from wire.convert import to_problem
+    from wire.schemas import PlanRequest
 
     return to_problem(PlanRequest.model_validate(_request(model, failed, slow)))
 

@@ -39,8 +39,8 @@ CASES = [
 
 _CHILD = r"""
 import json, resource, sys, time
-from api.schemas import PlanRequest
-from api.service import plan_for
+from wire.schemas import PlanRequest
+from api.tasks.planning import plan_for
 request = PlanRequest.model_validate(json.loads(sys.argv[1]))
 started, cpu_started = time.perf_counter(), time.process_time()
 plan = plan_for(request)

@@ -33,7 +33,7 @@ from cost_models.compute import embedding_time, head_time, layer_time
 from cost_models.efficiency import SoftwareConfig, fitted_efficiency
 from cost_models.hardware import gpu_preset
 from cost_models.model_spec import ModelSpec
-from planner.detection import Microbatch, TelemetryItem
+from detector import Microbatch, TelemetryItem
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def pack_sample(rng: random.Random, seq_length: int, mix: LengthMix) -> list[int
 def generate_telemetry(plan: Any, model: ModelSpec, config: TelemetryConfig) -> list[list[TelemetryItem]]:
     """Telemetry items per iteration (iteration numbers 0..iterations-1) for every stage device of `plan`.
 
-    `plan` is API.md's Plan (api.schemas.Plan or anything with the same fields).
+    `plan` is API.md's Plan (wire.schemas.Plan or anything with the same fields).
     """
     rng = random.Random(config.seed)
     seq_length = plan.seq_length

@@ -2,7 +2,7 @@
 
     .venv/bin/python docs/make_pictures.py [--request docs/slow-gpu-request.json] [--out-dir docs]
 
-Plans the request with `api.service.plan_for`, writes the Gantt chart of the
+Plans the request with `api.tasks.planning.plan_for`, writes the Gantt chart of the
 replica the plan page shows by default (the one holding the slowest GPU) as
 SVG, and screenshots the plan page (the same HTML that GET /ui/plans/{id}
 serves, script included) in headless Chromium. Needs Debian's chromium at
@@ -20,11 +20,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
-from adapters.gantt_svg import gantt_svg
-from adapters.plan_page import featured_replica_id, plan_page_html
-from api.convert import resolve_gpu
-from api.schemas import Plan, PlanRequest
-from api.service import plan_for
+from render.gantt_svg import gantt_svg
+from render.plan_page import featured_replica_id, plan_page_html
+from wire.convert import resolve_gpu
+from wire.schemas import Plan, PlanRequest
+from api.tasks.planning import plan_for
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -35,7 +35,7 @@ VIEWPORT = {"width": 1500, "height": 900}
 
 
 def request_slow_speeds(request: PlanRequest) -> dict[str, float]:
-    """The request knows which GPU is slow; the plan only knows which stage is (see adapters.cluster_map_svg)."""
+    """The request knows which GPU is slow; the plan only knows which stage is (see render.cluster_map_svg)."""
     return {slow.device: slow.speed for slow in request.failures.slow}
 
 

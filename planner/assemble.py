@@ -21,7 +21,7 @@ from planner.result import (
     StageResult,
     stage_schedule_fields,
 )
-from planner.search import SearchResult
+from planner.uniform.search import SearchResult
 
 
 def _full_speed_slots(problem: PlanningProblem, tp: int) -> list[Slot]:

@@ -10,12 +10,12 @@ the timeline ops. The figures below are that work measured on the 2-core
 benchmark machine (`python -m benchmarks.deadlines`), with room for its load.
 The layout search gets what is left; an answer keeps its limit when the limit
 is at least `least_time_limit_s`, and a smaller limit is raised to that, the
-answer saying so (`api.service.plan_for`).
+answer saying so (`api.tasks.planning.plan_for`).
 """
 
 from __future__ import annotations
 
-from planner.candidates import uniform_shape_count
+from planner.uniform.candidates import uniform_shape_count
 from planner.problem import PlanningProblem
 
 # Seconds, plus seconds per GPU of the cluster and per failed or slow device it holds, of what an

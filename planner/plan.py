@@ -14,13 +14,13 @@ from dataclasses import replace
 
 from cost_models.pipeline import pipeline_time_ms
 from planner.assemble import assemble_plan, finish_plan
-from planner.assemble_nonuniform import assemble_replicas
+from planner.nonuniform.assemble import assemble_replicas
 from planner.budget import Budget
 from planner.deadline import finish_reserve_s, ops_cost_s
 from planner.errors import InfeasibleError
 from planner.gc_pause import gc_paused
 from planner.infeasibility import explain_infeasible, obvious_infeasibility
-from planner.nonuniform import (
+from planner.nonuniform.search import (
     PRUNE_TOLERANCE,
     NonUniformLayout,
     NonUniformResult,
@@ -30,8 +30,8 @@ from planner.nonuniform import (
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
 from planner.schedules.for_plan import MAX_OPTIMIZE_S_PER_REPLICA, with_schedules
-from planner.search import SearchResult, UniformSearch, search
-from planner.templates import stage_timings
+from planner.uniform.search import SearchResult, UniformSearch, search
+from planner.nonuniform.templates import stage_timings
 
 # Share of the time limit kept for choosing schedules once the layout is known.
 SCHEDULE_TIME_SHARE = 0.1

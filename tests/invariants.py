@@ -6,7 +6,7 @@ formula's ingredients, not taken from cost_models.flops.
 
 from __future__ import annotations
 
-from api.schemas import Plan, PlanRequest
+from wire.schemas import Plan, PlanRequest
 from cost_models.hardware import GpuSpec
 from cost_models.model_spec import ModelSpec
 

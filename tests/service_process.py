@@ -37,7 +37,7 @@ class Server:
 
 
 # This checkout's `resiplan` command; tests of an installed wheel run that install's instead.
-SOURCE_COMMAND = (sys.executable, "-m", "api.cli")
+SOURCE_COMMAND = (sys.executable, "-m", "cli")
 
 
 def _start(env: dict[str, str], log_path: Path, command: tuple[str, ...], cwd: Path) -> Server:

@@ -7,11 +7,11 @@ import re
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from api.body import body_openapi, document_bodies
+from api.core.body import body_openapi, document_bodies
 from api.deps import PoolDep, SettingsDep, StoreDep
 from api.routes.plans import SOLVE_RESPONSES, V1_RESPONSES
-from api.schemas import DetectRequest, DetectResponse, ErrorDetail
-from api.service import PlanNeeded, detect_json
+from wire.schemas import DetectRequest, DetectResponse, ErrorDetail
+from api.tasks.detection import PlanNeeded, detect_json
 
 DETECT_PATH = "/v1/detect"
 

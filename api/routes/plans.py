@@ -1,7 +1,7 @@
 """/v1/plan (and its unversioned alias POST /plan), /v1/estimate, /v1/plans/{id}, its exports and view links.
 
-The event loop only moves bytes: bodies are validated in a thread (api.body), plans are solved,
-serialized and rendered in the solver pool (api.execution), and a stored plan is served as the JSON
+The event loop only moves bytes: bodies are validated in a thread (api.core.body), plans are solved,
+serialized and rendered in the solver pool (api.core.execution), and a stored plan is served as the JSON
 text the store holds.
 """
 
@@ -18,15 +18,15 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from adapters.registry import ExportError, export_format, format_names
-from api.auth import ViewLinks
-from api.body import body_openapi, json_body, parse_body
+from api.core.auth import ViewLinks
+from api.core.body import body_openapi, json_body, parse_body
 from api.deps import PoolDep, SettingsDep, StoreDep
 from api.examples import estimate_examples, scenario_examples
-from api.rendering import render_export
-from api.schemas import ErrorDetail, EstimateRequest, Plan, PlanRequest
-from api.service import PlanAnswer, estimate_answer, plan_answer
-from api.settings import MAX_VIEW_LINK_TTL_S
-from api.store import PlanStore, StoreUnavailable
+from api.tasks.rendering import render_export
+from wire.schemas import ErrorDetail, EstimateRequest, Plan, PlanRequest
+from api.tasks.planning import PlanAnswer, estimate_answer, plan_answer
+from api.core.settings import MAX_VIEW_LINK_TTL_S
+from api.core.store import PlanStore, StoreUnavailable
 
 log = logging.getLogger("resiplan.routes")
 

@@ -9,11 +9,11 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from api.body import body_openapi, json_body
+from api.core.body import body_openapi, json_body
 from api.deps import PoolDep, SettingsDep, StoreDep
-from api.replanning import replan_answer
+from api.tasks.replanning import replan_answer
 from api.routes.plans import SOLVE_RESPONSES, V1_RESPONSES, answer_with_plan, stored_plan_json
-from api.schemas import ErrorDetail, Options, Plan, ReplanRequest
+from wire.schemas import ErrorDetail, Options, Plan, ReplanRequest
 
 router = APIRouter(prefix="/v1", tags=["plans"], responses=V1_RESPONSES)
 

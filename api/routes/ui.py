@@ -1,7 +1,7 @@
 """Human-facing views of a stored plan: the schedule as SVG and a one-page HTML overview.
 
-Both are rendered in the solver pool (api.rendering). With auth on they need the token or a signed view
-link (api.auth); the page then signs its own links to the plan's other views.
+Both are rendered in the solver pool (api.tasks.rendering). With auth on they need the token or a signed view
+link (api.core.auth); the page then signs its own links to the plan's other views.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from adapters.gantt_zoom_script import SCRIPT_CSP_SOURCE
+from render.gantt_zoom_script import SCRIPT_CSP_SOURCE
 from adapters.registry import export_format
-from api.auth import ViewLinks, signed_view_query
+from api.core.auth import ViewLinks, signed_view_query
 from api.deps import PoolDep, SettingsDep, StoreDep
-from api.rendering import render_export, render_plan_page
+from api.tasks.rendering import render_export, render_plan_page
 from api.routes.plans import SOLVE_RESPONSES, V1_RESPONSES, stored_plan_json
-from api.schemas import ErrorDetail
+from wire.schemas import ErrorDetail
 
 router = APIRouter(tags=["ui"], responses=V1_RESPONSES)
 

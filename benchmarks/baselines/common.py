@@ -2,11 +2,11 @@
 allocation and the iteration time of a set of replicas under resiplan's cost model.
 
 Every baseline is evaluated with resiplan's own numbers: stage times from
-`cost_models.iteration.stage_time` (through `planner.templates` Templates),
+`cost_models.iteration.stage_time` (through `planner.nonuniform.templates` Templates),
 the pipeline formula `cost_models.pipeline.pipeline_time_ms`, exposed
 gradient sync (hierarchical when every replica is sharded alike, resharded
 once they differ) and the optimizer step, combined as
-`cost_models.nonuniform.nonuniform_iteration_ms` does.
+`cost_models.resharding.nonuniform_iteration_ms` does.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from cost_models.nonuniform import nonuniform_iteration_ms
+from cost_models.resharding import nonuniform_iteration_ms
 from cost_models.pipeline import pipeline_time_ms
 from cost_models.stage_costs import max_layers_fitting
 from planner.plan import plan_uniform
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
-from planner.templates import OuterChoice, Template, TermsCache
+from planner.nonuniform.templates import OuterChoice, Template, TermsCache
 
 Device = tuple[int, int]
 
@@ -128,7 +128,7 @@ def allocate_microbatches(stage_ms: Sequence[Sequence[float]], total: int, virtu
 
 def sharding_key(template: Template) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """What decides whether replicas' gradients line up: TP size per stage and stage boundaries
-    (`cost_models.nonuniform`); replicas differing only in speed are sharded alike."""
+    (`cost_models.resharding`); replicas differing only in speed are sharded alike."""
     return tuple(st.tp for st in template.stage_types), template.layers_per_stage
 
 

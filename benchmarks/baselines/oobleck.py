@@ -6,7 +6,7 @@
   the largest allowed size dividing the node, with several stages per node.
 - A template is k consecutive whole nodes (k = 1..K), each node one stage (or
   gpus_per_node / tp stages); its layers split speed-aware with
-  `planner.templates.build_template` (`best_split`: least bottleneck, then
+  `planner.nonuniform.templates.build_template` (`best_split`: least bottleneck, then
   least sum, under memory caps), 1F1B (Oobleck has no interleaving).
 - The available nodes are covered with a multiset of templates of at most two
   distinct sizes (x copies of size a, y of size b, as many as fit); nodes
@@ -36,12 +36,12 @@ from benchmarks.baselines.common import (
     iteration_ms,
     make_result,
 )
-from planner.candidates import tensor_parallel_sizes
+from planner.uniform.candidates import tensor_parallel_sizes
 from planner.errors import InfeasibleError
-from planner.partitions import StageType
+from planner.nonuniform.partitions import StageType
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
-from planner.templates import (
+from planner.nonuniform.templates import (
     OuterChoice,
     Template,
     TermsCache,

@@ -44,10 +44,10 @@ from benchmarks.baselines.common import (
 from cost_models.iteration import stage_time
 from cost_models.pipeline import pipeline_time_ms
 from planner.errors import InfeasibleError
-from planner.partitions import StageType
+from planner.nonuniform.partitions import StageType
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
-from planner.templates import TermsCache, template_costs
+from planner.nonuniform.templates import TermsCache, template_costs
 
 NAME = "recycle"
 

@@ -9,7 +9,7 @@ TP groups of every replica).
    ties to the larger k; k must also be a TP size the model's heads allow).
    With nothing usable left, its replica loses the stage and is dropped.
 2. PP: a replica with a degraded stage re-splits its layers speed-aware:
-   `planner.templates.build_template` (per-stage per-layer and fixed times
+   `planner.nonuniform.templates.build_template` (per-stage per-layer and fixed times
    and memory caps, `best_split`: least bottleneck, then least sum), stages
    keeping their positions, the degraded one at its own tp and speed. A
    replica whose split does not fit is dropped. Untouched replicas keep the
@@ -20,7 +20,7 @@ TP groups of every replica).
    optimal for the slowest replica's pipeline time).
 
 Iteration: slowest replica's pipeline + exposed gradient sync (resharded once
-replicas differ) + optimizer step, from `planner.templates.template_costs`.
+replicas differ) + optimizer step, from `planner.nonuniform.templates.template_costs`.
 Memory and ZeRO-1 optimizer shares use the number of surviving replicas.
 """
 
@@ -36,12 +36,12 @@ from benchmarks.baselines.common import (
     make_result,
     read_layout,
 )
-from planner.candidates import tensor_parallel_sizes
+from planner.uniform.candidates import tensor_parallel_sizes
 from planner.errors import InfeasibleError
-from planner.partitions import StageType
+from planner.nonuniform.partitions import StageType
 from planner.problem import ClusterState, PlanningProblem
 from planner.result import PlanResult
-from planner.templates import Template, TermsCache, build_template, template_costs
+from planner.nonuniform.templates import Template, TermsCache, build_template, template_costs
 
 NAME = "resihp"
 

@@ -16,9 +16,9 @@ from adapters import registry
 from adapters.client import SOLVE_MARGIN_S, PlannerClient, PlannerError
 from adapters.registry import ExportError, ExportFormat
 from api.app import create_app
-from api.cli import main
-from api.schemas import Failures, Options, Plan, PlanRequest
-from api.service import plan_for
+from cli import main
+from wire.schemas import Failures, Options, Plan, PlanRequest
+from api.tasks.planning import plan_for
 from tests.api.support import small_request, verify_plan
 from tests.live_server import closed_port, live_server
 
@@ -36,7 +36,7 @@ BASE = "http://planner.test"
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     """(base URL, Authorization headers seen): the app under uvicorn, recording each request's bearer header."""
-    from api.settings import Settings
+    from api.core.settings import Settings
 
     app = create_app(Settings(database_url=f"sqlite:///{tmp_path_factory.mktemp('client-db')}/plans.db"))
     authorizations: list[str | None] = []

@@ -65,8 +65,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from adapters import deepspeed as ds_export
 from adapters.registry import ExportError, export_format
 from adapters.stock import launch_blocks, stock_layout
-from api.schemas import EstimateRequest, Plan, PlanRequest
-from api.service import estimate_for, plan_for
+from wire.schemas import EstimateRequest, Plan, PlanRequest
+from api.tasks.planning import estimate_for, plan_for
 from tests.api.support import estimate_request, small_request
 
 STOCK = {"allow_non_uniform": False, "time_limit_s": 2}

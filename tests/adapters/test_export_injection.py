@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 from adapters import deepspeed, json_plan, megatron, torchtitan
 from adapters.registry import ExportError
 from adapters.stock import node_blocks
-from api.cli import main as cli_main
-from api.schemas import Plan, PlanRequest
-from api.service import plan_for
+from cli import main as cli_main
+from wire.schemas import Plan, PlanRequest
+from api.tasks.planning import plan_for
 from tests.api.support import small_request
 
 MARKER = "PWNED"

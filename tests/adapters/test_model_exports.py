@@ -38,9 +38,9 @@ from adapters import deepspeed as ds_export
 from adapters import megatron
 from adapters.registry import ExportError
 from adapters.torchtitan_model import llama3_model_config
-from api.convert import resolve_model
-from api.schemas import ModelArchitecture, Plan, PlanRequest
-from api.service import plan_for
+from wire.convert import resolve_model
+from wire.schemas import ModelArchitecture, Plan, PlanRequest
+from api.tasks.planning import plan_for
 from cost_models.model_spec import model_preset
 from tests.adapters.test_megatron import parse, transformer_config, validate_like_megatron_lm
 from tests.api.support import small_request

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from adapters.torch_csv import render
-from api.schemas import PlanRequest
-from api.service import plan_for
+from wire.schemas import PlanRequest
+from api.tasks.planning import plan_for
 from tests.adapters.support import torch_load
 from tests.api.support import small_request
 

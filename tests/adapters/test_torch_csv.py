@@ -13,7 +13,7 @@ from torch.distributed.pipelining.schedules import _Action
 
 from adapters.registry import ExportError, export_format
 from adapters.torch_csv import action, render
-from api.cli import main as cli_main
+from cli import main as cli_main
 from planner.schedules.handcrafted import (
     gpipe,
     interleaved_1f1b,

@@ -58,8 +58,8 @@ from adapters.torchtitan import (
     schedule_csv,
     torchtitan_overrides,
 )
-from api.schemas import Plan, PlanRequest
-from api.service import plan_for
+from wire.schemas import Plan, PlanRequest
+from api.tasks.planning import plan_for
 from cost_models.model_spec import model_preset
 from tests.adapters.support import _MockStage
 from tests.api.support import small_request

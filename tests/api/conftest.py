@@ -4,7 +4,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.settings import Settings
+from api.core.settings import Settings
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from api.convert import resolve_hardware, resolve_model
-from api.schemas import EstimateRequest, Plan, PlanRequest
+from wire.convert import resolve_hardware, resolve_model
+from wire.schemas import EstimateRequest, Plan, PlanRequest
 from tests.invariants import check_invariants
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "api" / "examples"

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from adapters.client import PlannerClient, PlannerError
 from api.app import create_app
-from api.auth import ViewLinks
-from api.settings import Settings
+from api.core.auth import ViewLinks
+from api.core.settings import Settings
 from tests.api.support import small_request
 
 TOKEN = "s3cret-token"
@@ -146,9 +146,9 @@ def test_an_expired_view_link_is_refused(guarded, two_plans, monkeypatch):
     plan_id, _ = two_plans
     link = _view_link(guarded, plan_id, ttl_s=10)
     assert guarded.get(link["url"]).status_code == 200
-    import api.auth
+    import api.core.auth
 
-    monkeypatch.setattr(api.auth.time, "time", lambda: link["expires_unix_s"] + 1)
+    monkeypatch.setattr(api.core.auth.time, "time", lambda: link["expires_unix_s"] + 1)
     assert guarded.get(link["url"]).status_code == 401
 
 

@@ -1,10 +1,10 @@
-"""Retry-After arithmetic (api.backlog): recent run times per task kind, and the backlog they drain at."""
+"""Retry-After arithmetic (api.core.backlog): recent run times per task kind, and the backlog they drain at."""
 
 from __future__ import annotations
 
 import pytest
 
-from api.backlog import FIRST_GUESS_S, WINDOW, RunTimes, drain_s, retry_after_s
+from api.core.backlog import FIRST_GUESS_S, WINDOW, RunTimes, drain_s, retry_after_s
 
 
 def test_a_kinds_typical_run_time_is_the_mean_of_its_recent_runs():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from api.convert import to_wire
+from wire.convert import to_wire
 from planner.plan import plan
 from tests.planner.helpers import small_problem
 

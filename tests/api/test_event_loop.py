@@ -15,7 +15,7 @@ import time
 import httpx
 
 from api.app import create_app
-from api.settings import Settings
+from api.core.settings import Settings
 from tests.api.support import EXAMPLES_DIR, small_request
 from tests.live_server import live_server
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from api.execution import (
+from api.core.execution import (
     CANCELLED,
     CRASHED,
     ERROR,
@@ -216,7 +216,7 @@ def test_a_worker_that_died_while_idle_is_replaced_without_failing_a_task():
 
 # -- recycling workers that grew ---------------------------------------------------------------------------
 
-# A fresh worker (api.service imported) is ~80 MiB resident; a task keeping 400 MiB puts it well over this.
+# A fresh worker (api.tasks.planning imported) is ~80 MiB resident; a task keeping 400 MiB puts it well over this.
 _RSS_LIMIT_MIB = 300
 
 

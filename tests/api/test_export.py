@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from api.cli import main
-from api.schemas import Plan
+from cli import main
+from wire.schemas import Plan
 from tests.api.support import small_request
 
 SLOW_PIPELINE = small_request(

@@ -22,10 +22,10 @@ from schemathesis.specs.openapi.checks import (
 
 from adapters.registry import format_names
 from api.app import create_app
-from api.schemas import PlanRequest
-from api.service import plan_for
-from api.settings import Settings
-from api.store import PlanStore, make_engine
+from wire.schemas import PlanRequest
+from api.tasks.planning import plan_for
+from api.core.settings import Settings
+from api.core.store import PlanStore, make_engine
 from tests.api.support import small_request
 
 # Solver budget of every fuzzed plan: what is tested is the response, not the plan's quality.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.schemas import ErrorDetail
+from wire.schemas import ErrorDetail
 from tests.api.support import assert_detail, assert_validation, small_request
 
 TINY = 5e-324  # the smallest positive float: "greater than 0" let it through

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from api.limits import BodyLimitMiddleware, BodyLimits
+from api.core.limits import BodyLimitMiddleware, BodyLimits
 from tests.api.support import assert_detail, assert_validation, detail_422, estimate_request, small_request
 
 
@@ -23,7 +23,7 @@ def stored(tmp_path_factory):
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from api.settings import Settings
+    from api.core.settings import Settings
 
     settings = Settings(database_url=f"sqlite:///{tmp_path_factory.mktemp('hostile')}/h.db", solver_workers=1)
     with TestClient(create_app(settings), raise_server_exceptions=False) as client:

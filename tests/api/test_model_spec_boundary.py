@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from api.schemas import PlanRequest
+from wire.schemas import PlanRequest
 from tests.api.support import small_request
 from tests.cost_models.test_model_spec import LLAMA3_8B_CONFIG
 

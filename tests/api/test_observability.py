@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import create_app
-from api.logs import json_handler
-from api.settings import Settings
+from api.core.logs import json_handler
+from api.core.settings import Settings
 from tests.api.support import small_request
 
 FAMILIES = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api.schemas import Plan
+from wire.schemas import Plan
 from tests.api.support import small_request, stage_devices, verify_plan
 
 LLAMA_HF_CONFIG = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api.schemas import PlanRequest
+from wire.schemas import PlanRequest
 from tests.api.support import (
     assert_detail,
     estimate_request,
@@ -54,8 +54,8 @@ def test_keeping_the_plan_updates_device_roles_to_the_failure_state_now(client):
 
 
 def test_options_not_given_are_the_parents():
-    from api.replanning import replan_request
-    from api.schemas import ReplanRequest
+    from api.tasks.replanning import replan_request
+    from wire.schemas import ReplanRequest
 
     parent = small_request(options={"time_limit_s": 1.5, "random_seed": 7, "allow_non_uniform": False})
     body = ReplanRequest.model_validate({"failures": {"failed": ["0:0"]}, "options": {"amortize_iterations": 20}})

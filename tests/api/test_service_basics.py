@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.settings import Settings
+from api.core.settings import Settings
 from tests.api.support import EXAMPLE_FILES, EXAMPLES_DIR, small_request, verify_plan
 
 
@@ -124,25 +124,25 @@ def test_time_limit_is_capped_by_settings_and_by_the_deadline(monkeypatch):
     than the time left until the deadline (time spent queued for a worker comes off the budget)."""
     import time
 
-    import api.service
-    from api.schemas import PlanRequest
+    import api.tasks.planning
+    from wire.schemas import PlanRequest
 
     seen: list[float] = []
-    original = api.service.plan
+    original = api.tasks.planning.plan
 
     def spy(problem, *budget):
         seen.append(problem.time_limit_s)
         return original(problem, *budget)
 
-    monkeypatch.setattr(api.service, "plan", spy)
-    api.service.plan_for(PlanRequest.model_validate(small_request(options={"time_limit_s": 3600})), 0.5)
-    api.service.plan_for(PlanRequest.model_validate(small_request(options={"time_limit_s": 0.25})), 0.5)
-    api.service.plan_for(PlanRequest.model_validate(small_request()), 60, time.monotonic() + 0.3)
-    api.service.plan_for(PlanRequest.model_validate(small_request()), 60, time.monotonic() - 5)
+    monkeypatch.setattr(api.tasks.planning, "plan", spy)
+    api.tasks.planning.plan_for(PlanRequest.model_validate(small_request(options={"time_limit_s": 3600})), 0.5)
+    api.tasks.planning.plan_for(PlanRequest.model_validate(small_request(options={"time_limit_s": 0.25})), 0.5)
+    api.tasks.planning.plan_for(PlanRequest.model_validate(small_request()), 60, time.monotonic() + 0.3)
+    api.tasks.planning.plan_for(PlanRequest.model_validate(small_request()), 60, time.monotonic() - 5)
     assert seen[:2] == [0.5, 0.25]
     assert 0.2 < seen[2] <= 0.3
     # Past the deadline the planner still gets the least an answer takes from there (planner.deadline).
-    from api.convert import to_problem
+    from wire.convert import to_problem
     from planner.deadline import least_time_limit_s, transfer_s
 
     problem = to_problem(PlanRequest.model_validate(small_request()))

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.deps import PoolDep
-from api.settings import Settings
+from api.core.settings import Settings
 from tests.api import pool_tasks
 from tests.api.support import small_request, verify_plan
 
@@ -111,13 +111,13 @@ def test_a_task_past_deadline_and_grace_is_answered_504(tmp_path):
 @pytest.mark.parametrize("path", ["/v1/plan", "/v1/estimate"])
 def test_solves_run_in_worker_processes_not_the_server(tmp_path, path, monkeypatch):
     """Patching the planner in the server process changes nothing: the solve happens elsewhere."""
-    import api.service
+    import api.tasks.planning
 
     def broken(*_args, **_kwargs):
         raise AssertionError("solved in the server process")
 
-    monkeypatch.setattr(api.service, "plan_for", broken)
-    monkeypatch.setattr(api.service, "estimate_for", broken)
+    monkeypatch.setattr(api.tasks.planning, "plan_for", broken)
+    monkeypatch.setattr(api.tasks.planning, "estimate_for", broken)
     body = small_request(layout={"tp": 2, "pp": 2}) if path == "/v1/estimate" else small_request()
     with TestClient(_app(tmp_path, solver_workers=1)) as client:
         response = client.post(path, json=body)

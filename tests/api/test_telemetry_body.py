@@ -1,4 +1,4 @@
-"""The /v1/detect body parser (api.telemetry_body): totals, memory, and 422s a client can read and we can send."""
+"""The /v1/detect body parser (api.tasks.telemetry_body): totals, memory, and 422s a client can read and we can send."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import tracemalloc
 
 import pytest
 
-import api.telemetry_body
-from api.telemetry_body import MAX_REPORTED_ERRORS, BodyValidationError, parse_detect_body
-from planner.detection import Microbatch, TelemetryItem
+import api.tasks.telemetry_body
+from api.tasks.telemetry_body import MAX_REPORTED_ERRORS, BodyValidationError, parse_detect_body
+from detector import Microbatch, TelemetryItem
 
 
 def _item(device: str = "0:0", iteration: int = 1, **overrides) -> dict:
@@ -181,7 +181,7 @@ def test_validation_stops_after_enough_problems_to_report():
 
 
 def test_more_items_than_the_wire_allows_are_refused(monkeypatch):
-    monkeypatch.setattr(api.telemetry_body, "MAX_TELEMETRY_ITEMS", 3)
+    monkeypatch.setattr(api.tasks.telemetry_body, "MAX_TELEMETRY_ITEMS", 3)
     assert len(parse_detect_body(_body([_item(iteration=i) for i in range(3)])).telemetry) == 3
     error = _rejection(_body([_item(iteration=i) for i in range(4)]))
     assert _fields(error) == {"telemetry": "List should have at most 3 items"}

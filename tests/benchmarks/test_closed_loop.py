@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from api.convert import to_problem
-from api.schemas import PlanRequest
+from wire.convert import to_problem
+from wire.schemas import PlanRequest
 from benchmarks.closed_loop import (
     GLOBAL_BATCH,
     SEQ_LENGTH,

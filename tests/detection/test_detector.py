@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from api.convert import resolve_model
-from api.schemas import DetectRequest, EstimateRequest, Plan
-from api.service import estimate_for
+from wire.convert import resolve_model
+from wire.schemas import DetectRequest, EstimateRequest, Plan
+from api.tasks.planning import estimate_for
 from benchmarks.detection import (
     QUICK,
     benchmark_plan,
@@ -29,7 +29,7 @@ from benchmarks.telemetry import (
     to_wire,
 )
 from cost_models.flops import layer_attention_forward_flops, layer_matmul_forward_flops
-from planner.detection import (
+from detector import (
     DetectorOptions,
     Microbatch,
     TelemetryError,
@@ -312,7 +312,7 @@ def test_detect_refuses_what_json_cannot_carry_with_422_not_500(client, stored_p
 def test_detect_answers_equal_the_library_detector_on_the_same_telemetry(plan64):
     """The service reduces each item to its totals while parsing; the detector's findings are the same as
     on the full items (the benchmark's path)."""
-    from api.service import detect_json
+    from api.tasks.detection import detect_json
 
     plan, model, layout = plan64
     slowdowns = (Slowdown(layout.roles[0].devices[2], 0.5, 3), Slowdown(layout.roles[3].devices[9], 0.7, 2))

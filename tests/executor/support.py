@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from adapters import torch_executor
-from api.schemas import ModelArchitecture, Plan
+from executor import torch_executor
+from wire.schemas import ModelArchitecture, Plan
 
 # What the ranks train: a 4-head (2 KV heads) model small enough for 7 gloo ranks on 2 cores.
 TINY = {"hidden_size": 32, "ffn_hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2, "vocab_size": 64,
@@ -106,7 +106,7 @@ def _child(index: int, world: int, store: str, cases: list[Case]) -> None:
 # Imported once in the fork server rather than in every rank: torch, and what DTensor and the pipelining
 # runtime import lazily on first use (dynamo and its sympy, ~900 modules).
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed.tensor", "torch.distributed.tensor.parallel",
-           "torch.distributed.pipelining", "torch.distributed.fsdp", "adapters.torch_executor"]
+           "torch.distributed.pipelining", "torch.distributed.fsdp", "executor.torch_executor"]
 
 
 def run_world(cases: list[Case], world: int, tmp_path: Path, seconds: float = 120.0) -> None:

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from adapters import torch_executor
-from api.schemas import Plan, PlanRequest
-from api.service import plan_for
+from executor import torch_executor
+from wire.schemas import Plan, PlanRequest
+from api.tasks.planning import plan_for
 from tests.executor.support import (
     LR,
     REQUESTS,
@@ -139,7 +139,7 @@ def test_equal_replica_averaging_is_caught(plans, runs):
 
 
 class MicrobatchTelemetry(BaseModel):
-    """API.md's /v1/detect telemetry microbatch (api/schemas.py has no wire model for it yet)."""
+    """API.md's /v1/detect telemetry microbatch (wire/schemas.py has no wire model for it yet)."""
 
     model_config = ConfigDict(extra="forbid")
     seq_lengths: list[int] = Field(min_length=1)
@@ -229,7 +229,7 @@ def test_command_line_under_torchrun(tmp_path):
     layout = torch_executor.build_layout(plan)
     assert layout.replicas[0].leaders == [2, 1]  # the CSV rows must be permuted for PP-group ranks
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-               str(layout.world), "-m", "adapters.torch_executor", "--plan", str(plan_file), "--steps", "2",
+               str(layout.world), "-m", "executor.torch_executor", "--plan", str(plan_file), "--steps", "2",
                "--lr", str(LR), "--out-dir", str(tmp_path / "out"), "--telemetry", str(tmp_path / "t.jsonl"),
                "--timeout", "60"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

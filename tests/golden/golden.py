@@ -39,15 +39,9 @@ def without_clock(value: Any) -> Any:
 
 
 def plan_json(body: dict[str, Any]) -> dict[str, Any]:
-    # Imported here: the module that plans moves with the layout, the golden files do not.
-    try:
-        from api.tasks.planning import plan_for
-    except ImportError:
-        from api.service import plan_for
-    try:
-        from wire.schemas import PlanRequest
-    except ImportError:
-        from api.schemas import PlanRequest
+    from api.tasks.planning import plan_for
+    from wire.schemas import PlanRequest
+
     return without_clock(json.loads(plan_for(PlanRequest.model_validate(body)).model_dump_json()))
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import time
 
-from api.schemas import PlanRequest
-from api.service import plan_for
-from planner.allocation import solve_allocation
-from planner.allocation_model import UNKNOWN, FeasibilityModel
-from planner.nonuniform import search_nonuniform
+from wire.schemas import PlanRequest
+from api.tasks.planning import plan_for
+from planner.nonuniform.allocation.search import solve_allocation
+from planner.nonuniform.allocation.model import UNKNOWN, FeasibilityModel
+from planner.nonuniform.search import search_nonuniform
 from tests.api.support import small_request, verify_plan
 from tests.planner.helpers import small_problem
 
@@ -44,8 +44,8 @@ def test_timed_out_probes_leave_the_search_unfinished(monkeypatch):
 
 
 def test_allocation_without_templates_is_none():
-    from planner.allocation import AllocationInput
-    from planner.partitions import StageType
+    from planner.nonuniform.allocation.search import AllocationInput
+    from planner.nonuniform.partitions import StageType
 
     data = AllocationInput([], StageType(1, 1.0), 4, [], [], 8, 1, 1)
     assert solve_allocation(data, 1.0, 0) is None

@@ -12,15 +12,15 @@ from dataclasses import replace
 
 import pytest
 
-from api.convert import to_problem
-from api.schemas import PlanRequest
-from api.service import plan_for
+from wire.convert import to_problem
+from wire.schemas import PlanRequest
+from api.tasks.planning import plan_for
 from planner.assemble import assemble_plan
 from planner.budget import Budget
-from planner.candidates import ranked_candidates, uniform_floor_ms
+from planner.uniform.candidates import ranked_candidates, uniform_floor_ms
 from planner.deadline import least_time_limit_s
 from planner.schedules.for_plan import with_schedules
-from planner.search import UniformSearch, search
+from planner.uniform.search import UniformSearch, search
 from tests.api.support import small_request, verify_plan
 from tests.planner.helpers import small_problem
 from tests.planner.test_brute_force import CASES, brute_force_ms

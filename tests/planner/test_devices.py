@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from planner.devices import build_cluster_state, damaged_node_slots, slot_inventory
-from planner.partitions import damaged_classes
+from planner.nonuniform.partitions import damaged_classes
 
 SPEEDS = st.sampled_from([0.25, 0.5, 0.7, 0.9])
 

@@ -8,9 +8,9 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.convert import resolve_hardware, resolve_model
-from api.schemas import PlanRequest
-from api.service import plan_for
+from wire.convert import resolve_hardware, resolve_model
+from wire.schemas import PlanRequest
+from api.tasks.planning import plan_for
 from planner.errors import InfeasibleError, PlanningError
 from tests.invariants import check_invariants
 

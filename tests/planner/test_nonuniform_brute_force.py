@@ -20,15 +20,15 @@ import pytest
 
 from cost_models.pipeline import pipeline_time_ms
 from cost_models.stage_costs import max_layers_fitting
-from planner.candidates import tensor_parallel_sizes
-from planner.nonuniform import (
+from planner.uniform.candidates import tensor_parallel_sizes
+from planner.nonuniform.search import (
     _inventory,
     _memory_replicas,
     outer_choices,
     search_nonuniform,
 )
-from planner.partitions import StageType, damaged_classes
-from planner.templates import (
+from planner.nonuniform.partitions import StageType, damaged_classes
+from planner.nonuniform.templates import (
     TermsCache,
     arrange,
     degraded_lengths,
@@ -193,7 +193,7 @@ def test_nonuniform_search_matches_brute_force(case):
 def test_partitions_match_the_independent_enumeration():
     problem = small_problem(num_nodes=3, failed=("0:0",), slow=(("2:3", 0.25),))
     for node_class in damaged_classes(problem.cluster):
-        from planner.partitions import node_partitions
+        from planner.nonuniform.partitions import node_partitions
 
         for sizes in ([1, 2, 4], [1, 2], [2, 4], [4]):
             mine = sorted(p.groups for p in node_partitions(node_class.profile, tuple(sizes)))

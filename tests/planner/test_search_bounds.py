@@ -13,15 +13,15 @@ import time
 
 import pytest
 
-from planner.allocation import AllocationInput, AllocationSearch
-from planner.candidates import tensor_parallel_sizes
-from planner.nonuniform import (
+from planner.nonuniform.allocation.search import AllocationInput, AllocationSearch
+from planner.uniform.candidates import tensor_parallel_sizes
+from planner.nonuniform.search import (
     _inventory,
     _link_replicas,
     _memory_replicas,
     outer_choices,
 )
-from planner.templates import (
+from planner.nonuniform.templates import (
     TermsCache,
     best_split,
     enumerate_templates,

@@ -7,8 +7,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.partitions import StageType
-from planner.templates import arrange, best_split
+from planner.nonuniform.partitions import StageType
+from planner.nonuniform.templates import arrange, best_split
 
 
 def exhaustive(per_layer, fixed, caps, layers, unit):
@@ -64,7 +64,7 @@ def test_terms_cache_shortcuts_equal_the_full_terms():
 
     from cost_models.layout import ParallelShape
     from cost_models.stage_costs import stage_cost_terms
-    from planner.templates import OuterChoice, TermsCache
+    from planner.nonuniform.templates import OuterChoice, TermsCache
     from tests.planner.helpers import small_problem
 
     problem = small_problem(num_nodes=4, gpus_per_node=4)

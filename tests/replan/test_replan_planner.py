@@ -6,14 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from api.convert import to_problem
-from api.schemas import PlanRequest
+from wire.convert import to_problem
+from wire.schemas import PlanRequest
 from cost_models.migration import MigrationCost, unit_params
 from planner.devices import device_id
-from planner.holdings import device_holdings, placed_layout
-from planner.placement import matched_device_map, relabel
+from planner.replan.holdings import device_holdings, placed_layout
+from planner.replan.placement import matched_device_map, relabel
 from planner.plan import plan
-from planner.replan import (
+from planner.replan.choice import (
     ReplanCandidate,
     ReplanResult,
     objective_ms,

@@ -17,7 +17,7 @@ from planner.schedules.for_plan import SHARED_TIMELINES_NOTE, _handcrafted_withi
 from planner.schedules.handcrafted import handcrafted_schedules
 from planner.schedules.ops import ChunkTimes, PipelineSpec
 from planner.schedules.simulator import simulate
-from planner.search import search
+from planner.uniform.search import search
 from tests.planner.helpers import small_problem
 
 ALL_HANDCRAFTED = ["gpipe", "1f1b", "zb-h1", "zb-h2"]

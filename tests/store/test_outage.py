@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.settings import Settings
-from api.store import PlanStore, StoreUnavailable, make_engine
+from api.core.settings import Settings
+from api.core.store import PlanStore, StoreUnavailable, make_engine
 from tests.api.support import small_request, verify_plan
 from tests.postgres_server import postgres_server
 

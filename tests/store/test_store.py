@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from api.store import PlanStore, make_engine, store_url
+from api.core.store import PlanStore, make_engine, store_url
 
 REQUEST = {"model": "llama2-7b", "cluster": {"num_nodes": 2, "gpus_per_node": 8, "gpu": "A100-80GB"}}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.convert import schedule_to_wire
-from api.schemas import Plan
+from wire.convert import schedule_to_wire
+from wire.schemas import Plan
 from planner.schedules.ops import (
     BACKWARD,
     FORWARD,

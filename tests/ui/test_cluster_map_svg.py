@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from adapters.cluster_map_svg import (
+from render.cluster_map_svg import (
     MAX_CELL_PX,
     TARGET_WIDTH_PX,
     UNUSED_COLOR,

@@ -6,9 +6,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.settings import Settings
-from adapters.gantt_zoom_script import GANTT_ZOOM_JS, SCRIPT_CSP_SOURCE
-from adapters.plan_page import featured_replica_id, plan_page_html
+from api.core.settings import Settings
+from render.gantt_zoom_script import GANTT_ZOOM_JS, SCRIPT_CSP_SOURCE
+from render.plan_page import featured_replica_id, plan_page_html
 from tests.ui.html_support import parse_html
 from tests.ui.plans import (
     FAILED,

@@ -1,0 +1,55 @@
+"""POST /v1/detect in a solver worker: telemetry body + stored plan -> fail-slow and fail-stop devices."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from api.tasks.telemetry_body import parse_detect_body
+from detector import ItemTotals, TelemetryError, detect, layout_from_plan
+from planner.errors import PlanningError
+from wire.convert import resolve_model
+from wire.schemas import DetectResponse, FailSlowDevice, Plan
+
+
+@dataclass(frozen=True)
+class PlanNeeded:
+    """`detect_json`'s answer when it was not given the stored plan the request names: fetch that one."""
+
+    plan_id: str
+
+
+def detect_json(body: bytes, stored_plan_json: str | None) -> DetectResponse | PlanNeeded:
+    """Parse, validate and run a /v1/detect body against `stored_plan_json` (the stored Plan's JSON text).
+
+    Runs in a solver worker: 4,096 devices x 8 iterations of telemetry is 25-60 MB of JSON, seconds of
+    parsing that must not hold the server's event loop. The body is reduced item by item
+    (api.tasks.telemetry_body), so the worker's memory stays a small multiple of the body. BodyValidationError
+    when the body is not a valid DetectRequest.
+    """
+    parsed = parse_detect_body(body)
+    if stored_plan_json is None:
+        return PlanNeeded(parsed.plan_id)
+    plan = Plan.model_validate_json(stored_plan_json)
+    if plan.plan_id != parsed.plan_id:
+        return PlanNeeded(parsed.plan_id)
+    return detect_for(plan, parsed.telemetry)
+
+
+def detect_for(plan: Plan, telemetry: Iterable[ItemTotals]) -> DetectResponse:
+    """Fail-slow and fail-stop devices of `plan` in `telemetry` (TelemetryItems or their totals)."""
+    if plan.architecture is not None:
+        model = resolve_model(plan.architecture)
+    elif plan.model:
+        model = resolve_model(plan.model)
+    else:
+        raise PlanningError(f"plan {plan.plan_id} records no model architecture to normalize compute times with")
+    layout = layout_from_plan(plan, model)
+    try:
+        result = detect(telemetry, layout)
+    except TelemetryError as error:
+        raise PlanningError(f"plan {plan.plan_id}: {error}") from None
+    return DetectResponse(
+        fail_slow=[FailSlowDevice(device=f.device, speed=f.speed, confidence=f.confidence) for f in result.fail_slow],
+        fail_stop=list(result.fail_stop),
+    )

@@ -1,0 +1,97 @@
+"""Stored plan + failure state now -> new plan with its migration (the replan route and CLI)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from wire.convert import to_problem, to_wire
+from wire.errors import RequestBodyInvalid
+from api.tasks.planning import PlanAnswer, budgeted, new_plan_id
+from wire.schemas import (
+    Migration,
+    Plan,
+    PlanRequest,
+    ReplanCandidate,
+    ReplanRequest,
+    SlowDevice,
+)
+from planner.devices import device_id
+from planner.problem import PlanningProblem
+from planner.replan.choice import ReplanResult, replan, running_plan
+
+
+def replan_request(parent_request: dict[str, Any], body: ReplanRequest) -> PlanRequest:
+    """The parent's request with the failure state now and the options the caller changed."""
+    # A stored estimate carries the layout it priced; a replan searches afresh.
+    merged = {k: v for k, v in parent_request.items() if k != "layout"}
+    merged["failures"] = body.failures.model_dump(mode="json")
+    if body.options is not None:
+        merged["options"] = {**merged.get("options", {}), **body.options.model_dump(mode="json", exclude_unset=True)}
+    try:
+        return PlanRequest.model_validate(merged)
+    except ValidationError as error:
+        problems = RequestBodyInvalid.from_validation(error)
+        raise RequestBodyInvalid(f"the parent plan's request with these failures and options is invalid: "
+                                 f"{problems.detail}", problems.errors) from None
+
+
+def _kept(parent: Plan, problem: PlanningProblem, plan_id: str, iteration_s: float) -> Plan:
+    """The running plan under the failure state now: same layout and stage times, devices' roles
+    updated, predicted figures scaled to the bound on its iteration time now."""
+    cluster = problem.cluster
+    scale = parent.predicted.iteration_time_s / iteration_s
+    predicted = parent.predicted.model_copy(update={
+        "iteration_time_s": iteration_s,
+        "tokens_per_s": parent.predicted.tokens_per_s * scale,
+        "mfu": parent.predicted.mfu * scale,
+    })
+    used = {d for replica in parent.replicas for stage in replica.stages for d in stage.devices}
+    every = [(n, g) for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)]
+    return parent.model_copy(update={
+        "plan_id": plan_id,
+        "predicted": predicted,
+        "excluded_devices": [device_id(n, g) for n, g in every if (n, g) in cluster.failed],
+        "unused_devices": [device_id(n, g) for n, g in every
+                           if (n, g) not in cluster.failed and device_id(n, g) not in used],
+        "slow_devices": [SlowDevice(device=device_id(*d), speed=speed) for d, speed in cluster.slow],
+    }, deep=True)
+
+
+def _migration(found: ReplanResult) -> Migration:
+    cost = found.migration
+    return Migration(
+        bytes_moved=cost.bytes_moved,
+        devices_changed=list(cost.devices_changed),
+        estimated_s=round(cost.estimated_s, 3),
+        bytes_from_checkpoint=cost.bytes_from_checkpoint,
+        amortize_iterations=found.amortize_iterations,
+        chosen=found.chosen.name,
+        candidates=[
+            ReplanCandidate(name=c.name, iteration_time_s=c.iteration_s, bytes_moved=c.migration.bytes_moved,
+                            migration_s=round(c.migration.estimated_s, 3), objective_ms=round(c.objective_ms, 3))
+            for c in found.candidates
+        ],
+    )
+
+
+def replan_for(request: PlanRequest, parent_plan: dict[str, Any] | Plan, plan_id: str,
+               max_time_limit_s: float | None = None, solve_by_monotonic_s: float | None = None) -> Plan:
+    """The new plan for `request` (see `replan_request`), moving from the stored `parent_plan`."""
+    problem = budgeted(to_problem(request), max_time_limit_s, solve_by_monotonic_s)
+    parent = parent_plan if isinstance(parent_plan, Plan) else Plan.model_validate(parent_plan)
+    running = running_plan(parent, {s.device: s.speed for s in parent.slow_devices})
+    found = replan(problem, running, request.options.amortize_iterations)
+    plan = _kept(parent, problem, plan_id, found.chosen.iteration_s) if found.result is None else to_wire(found.result, plan_id)
+    return plan.model_copy(update={"parent_plan_id": parent.plan_id, "migration": _migration(found)})
+
+
+def replan_answer(parent_request: dict[str, Any], body: ReplanRequest, parent_plan_json: str,
+                  max_time_limit_s: float | None, solve_by_monotonic_s: float | None) -> PlanAnswer:
+    """replan_request + replan_for, for a solver worker: the merged request is validated and the stored
+    parent plan (the JSON text the store holds) parsed there, not in the server's event loop."""
+    request = replan_request(parent_request, body)
+    parent_plan = Plan.model_validate_json(parent_plan_json)
+    return PlanAnswer.of(replan_for(request, parent_plan, new_plan_id(), max_time_limit_s, solve_by_monotonic_s),
+                         request)

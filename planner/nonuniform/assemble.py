@@ -1,0 +1,92 @@
+"""Concrete devices for a non-uniform layout.
+
+Damaged nodes of a class take their partitions in node order; each
+partition's blocks take the node's healthy GPUs fastest first. Base groups
+come from healthy nodes in node order, then from damaged nodes. Within a
+template, base groups are dealt stage-major across its replicas (Megatron's
+order), so a single-template layout places data-parallel peers as the
+uniform cost model assumes.
+"""
+
+from __future__ import annotations
+
+from cost_models.hardware import GIB
+from planner.devices import device_id
+from planner.nonuniform.search import NonUniformLayout
+from planner.nonuniform.partitions import StageType
+from planner.problem import PlanningProblem
+from planner.result import ReplicaResult, StageResult, stage_schedule_fields
+from planner.nonuniform.templates import stage_timings
+
+Group = tuple[int, tuple[int, ...]]  # node, GPUs
+
+
+def _group_pools(problem: PlanningProblem, layout: NonUniformLayout) -> dict[StageType, list[Group]]:
+    cluster = problem.cluster
+    base = StageType(layout.outer.tp, 1.0)
+    pools: dict[StageType, list[Group]] = {base: []}
+    damaged = cluster.damaged_nodes
+    per_node = cluster.gpus_per_node // layout.outer.tp
+    for node in range(cluster.num_nodes):
+        if node not in damaged:
+            tp = layout.outer.tp
+            pools[base].extend((node, tuple(range(g * tp, (g + 1) * tp))) for g in range(per_node))
+    for node_class, partitions, counts in zip(layout.classes, layout.partitions, layout.allocation.partition_counts):
+        nodes = iter(node_class.nodes)
+        for partition, count in zip(partitions, counts):
+            for _ in range(count):
+                node = next(nodes)
+                healthy = [g for g, _ in cluster.healthy_by_speed[node]]
+                offset = 0
+                for group in partition.groups:
+                    members = tuple(sorted(healthy[offset : offset + group.tp]))
+                    pools.setdefault(group, []).append((node, members))
+                    offset += group.tp
+    return pools
+
+
+def assemble_replicas(problem: PlanningProblem, layout: NonUniformLayout) -> tuple[list[ReplicaResult], set[tuple[int, int]]]:
+    pools = _group_pools(problem, layout)
+    cursor = {stage_type: 0 for stage_type in pools}
+
+    def take(stage_type: StageType) -> Group:
+        group = pools[stage_type][cursor[stage_type]]
+        cursor[stage_type] += 1
+        return group
+
+    replicas: list[ReplicaResult] = []
+    used: set[tuple[int, int]] = set()
+    cache = layout.terms_cache(problem)
+    for template, microbatches in layout.replica_plan():
+        timings = stage_timings(cache, template)
+        count = len(microbatches)
+        grid: list[list[Group | None]] = [[None] * len(template.stage_types) for _ in range(count)]
+        base = StageType(layout.outer.tp, 1.0)
+        for r in range(count):
+            for i, stage_type in enumerate(template.stage_types):
+                if stage_type != base:
+                    grid[r][i] = take(stage_type)
+        for i, stage_type in enumerate(template.stage_types):
+            if stage_type == base:
+                for r in range(count):
+                    grid[r][i] = take(base)
+        for r in range(count):
+            stages = []
+            first = 0
+            for i, (stage_type, layers) in enumerate(zip(template.stage_types, template.layers_per_stage)):
+                node, gpus = grid[r][i]
+                used.update((node, g) for g in gpus)
+                stages.append(StageResult(
+                    id=i,
+                    layers=(first, first + layers),
+                    devices=tuple(device_id(node, g) for g in gpus),
+                    tp=stage_type.tp,
+                    memory_gib=round(timings[i].memory_bytes / GIB, 3),
+                    forward_ms=round(timings[i].forward_ms, 3),
+                    backward_ms=round(timings[i].backward_ms, 3),
+                    speed=stage_type.speed,
+                    **stage_schedule_fields(timings[i]),
+                ))
+                first += layers
+            replicas.append(ReplicaResult(id=len(replicas), num_microbatches=microbatches[r], stages=tuple(stages)))
+    return replicas, used

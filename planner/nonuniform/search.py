@@ -1,0 +1,480 @@
+"""Failure-aware search over non-uniform layouts: outer branch and bound, CP-SAT allocation inside.
+
+Outer choices (base TP size, stage count, micro-batch size, recompute,
+chunks) are ordered by a lower bound valid for every layout they allow:
+with C the summed per-layer throughput of every TP group the nodes can form
+and R the most replicas, any replica r running m_r microbatches takes at
+least (m_r - 1/v) L / C_r + L a_min / v, so summing the microbatches gives
+    T >= (N - R / v) L / C + L a_min / v,
+which is tight for balanced layouts. For each outer choice whose bound can
+still beat the incumbent, templates are built and CP-SAT allocates them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, replace
+
+from cost_models.resharding import nonuniform_iteration_ms
+from planner.nonuniform.allocation.search import Allocation, AllocationInput, AllocationSearch
+from planner.uniform.candidates import tensor_parallel_sizes
+from planner.nonuniform.partitions import (
+    NodeClass,
+    Partition,
+    StageType,
+    damaged_classes,
+    node_partitions,
+)
+from planner.problem import MAX_VIRTUAL_STAGES, PlanningProblem
+from planner.nonuniform.templates import (
+    OuterChoice,
+    Template,
+    TermsCache,
+    best_split,
+    enumerate_templates,
+    pipeline_lengths,
+    template_costs,
+)
+
+PRUNE_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class NonUniformLayout:
+    outer: OuterChoice
+    templates: tuple[Template, ...]
+    allocation: Allocation
+    classes: tuple[NodeClass, ...]
+    partitions: tuple[tuple[Partition, ...], ...]
+    iteration_ms: float
+    memory_replicas: int  # what the templates' ZeRO memory was computed for
+    link_replicas: int  # what the templates' pipeline links were costed for
+
+    def replica_plan(self) -> list[tuple[Template, list[int]]]:
+        """Per used template, the microbatches of each of its replicas (balanced, heaviest first)."""
+        out = []
+        for template, count, work in zip(self.templates, self.allocation.replicas_per_template,
+                                         self.allocation.microbatches_per_template):
+            if count == 0:
+                continue
+            base, extra = divmod(work, count)
+            out.append((template, [base + 1 if i < extra else base for i in range(count)]))
+        return out
+
+    def terms_cache(self, problem: PlanningProblem) -> TermsCache:
+        return TermsCache(problem, self.outer, self.memory_replicas, self.link_replicas)
+
+
+@dataclass(frozen=True)
+class NonUniformResult:
+    layout: NonUniformLayout | None
+    bound_ms: float
+    exhausted: bool
+    outer_total: int
+    outer_solved: int
+
+
+def evaluate_layout(layout_templates, allocation: Allocation, virtual_stages: int) -> float:
+    """Iteration time of an allocation, recomputed from the cost model (not from the solver's ticks)."""
+    used = [(t, n, w) for t, n, w in zip(layout_templates, allocation.replicas_per_template,
+                                         allocation.microbatches_per_template) if n > 0]
+    mixed = len({t.sharding for t, _, _ in used}) > 1
+    replicas = [(t.stage_ms, -(-w // n)) for t, n, w in used]
+    syncs = [t.sync_resharded_ms if mixed else t.sync_uniform_ms for t, _, _ in used]
+    optimizers = [t.optimizer_ms for t, _, _ in used]
+    return nonuniform_iteration_ms(replicas, virtual_stages, syncs, optimizers)
+
+
+@dataclass(frozen=True)
+class _Inventory:
+    base: StageType
+    healthy_base_groups: int
+    classes: tuple[NodeClass, ...]
+    partitions: tuple[tuple[Partition, ...], ...]
+    degraded: tuple[StageType, ...]
+    most_groups: int
+    most_of_type: tuple[tuple[StageType, int], ...]  # most groups of each type formed at once
+
+    def degraded_types(self) -> list[StageType]:
+        return list(self.degraded)
+
+    def group_count_bound(self) -> int:
+        return self.most_groups
+
+
+def _inventory(problem: PlanningProblem, tp: int, sizes: list[int]) -> _Inventory:
+    cluster = problem.cluster
+    classes = tuple(damaged_classes(cluster))
+    allowed = tuple(s for s in sizes if s <= tp)
+    partitions = tuple(tuple(node_partitions(c.profile, allowed)) for c in classes)
+    healthy_nodes = cluster.num_nodes - len(cluster.damaged_nodes)
+    base = StageType(tp, 1.0)
+    healthy_groups = healthy_nodes * (cluster.gpus_per_node // tp)
+    degraded = tuple(sorted({g for ps in partitions for p in ps for g in p.groups if g != base}))
+    most = healthy_groups + sum(len(c.nodes) * max((len(p.groups) for p in ps), default=0) for c, ps in zip(classes, partitions))
+    most_of_type = {base: healthy_groups}
+    for c, ps in zip(classes, partitions):
+        for st in {g for p in ps for g in p.groups}:
+            most_of_type[st] = most_of_type.get(st, 0) + len(c.nodes) * max(p.counts()[st] for p in ps)
+    return _Inventory(base, healthy_groups, classes, partitions, degraded, most, tuple(sorted(most_of_type.items())))
+
+
+def _per_layer_ms(cache: TermsCache, stage_type: StageType) -> float:
+    time = cache.layer_time(stage_type.tp)
+    return (time.forward_compute_ms + time.backward_compute_ms) / stage_type.speed + time.forward_tp_comm_ms + time.backward_tp_comm_ms
+
+
+def _ends_in_layers(cache: TermsCache, tps: list[int]) -> float:
+    """Embedding plus head work in units of one layer of the same TP size (least over sizes)."""
+    ratios = []
+    for tp in tps:
+        terms = cache.terms(tp, 2)
+        ends = sum(p.time.forward_ms + p.time.backward_ms for p in (terms.embedding, terms.head))
+        ratios.append(ends / (terms.layer.time.forward_ms + terms.layer.time.backward_ms))
+    return min(ratios)
+
+
+def shortest_fitting_length(
+    problem: PlanningProblem, outer: OuterChoice, cache: TermsCache, memo: dict | None = None
+) -> int | None:
+    """Fewest stages (see `pipeline_lengths`) of a base-only template that fits memory; lower-TP stages
+    need more memory at every position, so no template is shorter. None if none fits.
+    `memo` shares the per-length answer between outer choices of one search."""
+    memo = {} if memo is None else memo
+    units = problem.workload.model.num_layers // outer.virtual_stages
+    for stages in pipeline_lengths(outer.pp):
+        key = (outer.tp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, stages, cache.memory_replicas)
+        if key not in memo:
+            caps = cache.layer_caps(outer.tp, stages, problem.hardware.gpu.memory_bytes)
+            unit_caps = [min(c // outer.virtual_stages, units) for c in caps]
+            memo[key] = min(unit_caps) >= 1 and sum(unit_caps) >= units >= stages
+        if memo[key]:
+            return stages
+    return None
+
+
+@dataclass(frozen=True)
+class _Capacity:
+    """Per-layer figures of one (tp, micro-batch size, recompute): they do not depend on pp or v.
+
+    work: layers plus embedding and head, in layer units; throughput: layers per ms all the
+    groups the nodes can form achieve together; fastest: the least per-layer time of any group.
+    """
+
+    work: float
+    throughput: float
+    fastest: float
+
+
+def _capacity_summary(problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory) -> _Capacity:
+    cache = TermsCache(problem, OuterChoice(outer.tp, 1, outer.micro_batch_size, outer.recompute), 1)
+    per_layer = {g: _per_layer_ms(cache, g) for g in (inventory.base, *inventory.degraded)}
+    throughput = inventory.healthy_base_groups / per_layer[inventory.base]
+    for node_class, partitions in zip(inventory.classes, inventory.partitions):
+        best = max((sum(1 / per_layer[g] for g in p.groups) for p in partitions), default=0.0)
+        throughput += len(node_class.nodes) * best
+    sizes = sorted({g.tp for g in per_layer})
+    work = problem.workload.model.num_layers + _ends_in_layers(cache, sizes)
+    return _Capacity(work, throughput, min(per_layer.values()))
+
+
+def _lower_bound_ms(problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory, capacity: _Capacity, shortest: int) -> float:
+    """The larger of two bounds, E the embedding and head in layer units, R the most replicas
+    (pipelines of at least `shortest` stages, each running a microbatch):
+      balanced:  (N - R / v) (L + E) / C + (L + E) a_min / v
+      busiest:   (ceil(N / R) - 1 / v) (L + E) a_min / pp + (L + E) a_min / v."""
+    total = problem.workload.global_batch_size // outer.micro_batch_size
+    v = outer.virtual_stages
+    if capacity.throughput <= 0:
+        return float("inf")
+    work, fastest = capacity.work, capacity.fastest
+    most_replicas = max(1, min(total, inventory.group_count_bound() // shortest))
+    balanced = max(0.0, (total - most_replicas / v) * work / capacity.throughput) + work * fastest / v
+    # Since S_r >= M_r, also T >= m_r M_r >= m_r (L + E) / C_r: N (L + E) / C without fill.
+    throughput = total * work / capacity.throughput
+    # Some replica runs ceil(N / R) microbatches, on at most pp stages of the fastest kind.
+    busiest = (-(-total // most_replicas) - 1 / v) * work * fastest / outer.pp + work * fastest / v
+    return max(balanced, throughput, busiest)
+
+
+def _memory_replicas(problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory) -> int:
+    """Replicas ZeRO-1 memory is computed for; the allocation must build at least this many."""
+    if problem.workload.zero_stage < 1:
+        return 1
+    microbatches = problem.workload.global_batch_size // outer.micro_batch_size
+    return max(1, min(microbatches, inventory.healthy_base_groups // outer.pp))
+
+
+def _link_replicas(outer: OuterChoice, inventory: _Inventory) -> int:
+    """The most replicas an outer choice can build: gradient sync and pipeline links are costed
+    for this many during the search (more replicas never make either cheaper)."""
+    return max(1, inventory.group_count_bound() // pipeline_lengths(outer.pp)[0])
+
+
+def recost(problem: PlanningProblem, layout: NonUniformLayout) -> NonUniformLayout:
+    """The chosen layout costed with its actual replica count (sync, ZeRO memory, optimizer),
+    which is never more than the search's conservative figures."""
+    replicas = sum(layout.allocation.replicas_per_template)
+    cache = TermsCache(problem, layout.outer, replicas, layout.link_replicas)
+    base = StageType(layout.outer.tp, 1.0)
+    templates = tuple(template_costs(problem, cache, t.stage_types, t.layers_per_stage, base, replicas) for t in layout.templates)
+    value = evaluate_layout(templates, layout.allocation, layout.outer.virtual_stages)
+    return replace(layout, templates=templates, iteration_ms=value, memory_replicas=replicas)
+
+
+def outer_choices(problem: PlanningProblem) -> list[OuterChoice]:
+    layers = problem.workload.model.num_layers
+    batch = problem.workload.global_batch_size
+    out = []
+    for tp in tensor_parallel_sizes(problem):
+        for mbs in problem.micro_batch_sizes:
+            if batch % mbs:
+                continue
+            for pp in range(1, layers + 1):
+                chunks = [1] + [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if pp >= 2 and layers % v == 0 and layers // v >= pp]
+                for v in filter(problem.allows_virtual_stages, chunks):
+                    for recompute in problem.recompute_modes:
+                        out.append(OuterChoice(tp, pp, mbs, recompute, v))
+    return out
+
+
+def _base_bottleneck_ms(
+    problem: PlanningProblem, outer: OuterChoice, cache: TermsCache, stages: int, memo: dict | None = None
+) -> float | None:
+    """Bottleneck of the base-only template with `stages` stages (None if it does not fit);
+    `memo` shares it between outer choices of one search (adjacent pp share lengths)."""
+    key = (outer.tp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, stages,
+           cache.memory_replicas, cache.link_replicas)
+    if memo is not None and key in memo:
+        return memo[key]
+    value = _base_bottleneck_uncached(problem, outer, cache, stages)
+    if memo is not None:
+        memo[key] = value
+    return value
+
+
+def _base_bottleneck_uncached(problem: PlanningProblem, outer: OuterChoice, cache: TermsCache, stages: int) -> float | None:
+    base = StageType(outer.tp, 1.0)
+    affines = cache.stage_affines(base, stages)
+    per_layer, fixed = [], []
+    for i in range(stages):
+        per_layer_ms, fixed_ms = affines[0 if i == 0 else (2 if i == stages - 1 else 1)]
+        per_layer.append(per_layer_ms)
+        fixed.append(fixed_ms)
+    caps = list(cache.layer_caps(outer.tp, stages, problem.hardware.gpu.memory_bytes))
+    split = best_split(per_layer, fixed, caps, problem.workload.model.num_layers, outer.virtual_stages)
+    if split is None:
+        return None
+    return max(n * a + b for n, a, b in zip(split, per_layer, fixed))
+
+
+def _strong_lower_bound_ms(
+    problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory, cache: TermsCache, capacity: _Capacity,
+    memo: dict | None = None,
+) -> float:
+    """A tighter bound from each allowed length's exact base bottleneck M(p).
+
+    Replica r running m_r microbatches takes T >= (m_r - 1/v) M_r + W/v with
+    W = (L + E) a_min, so N <= (T - W/v) sum_r 1/M_r + R/v. The rate sum is
+    bounded by crediting groups: weaker stages never lower a min-max split,
+    so a p-stage replica has 1/M_r <= 1/M(p), and its rate is also at most
+    its stages' summed relative capacity over K = (L + E) a_base. A base group
+    earns at most mu = max_p 1 / (p M(p)); a degraded group of relative
+    capacity rho earns at most its best marginal gain, in a replica of its
+    own kind (rho / K per stage) or with p - 1 base groups
+    (min(1/M(p), (p - 1 + rho)/K) - (p - 1) mu). As S_r >= M_r, also
+    T >= m_r M_r, so N <= T sum_r 1/M_r without the per-replica 1/v. With the
+    busiest replica (ceil(N / R) microbatches, rate at most max_p 1/M(p)) this
+    gives three bounds.
+    """
+    total = problem.workload.global_batch_size // outer.micro_batch_size
+    v = outer.virtual_stages
+    fill = capacity.work * capacity.fastest / v
+    bottlenecks = {}
+    for stages in pipeline_lengths(outer.pp):
+        bottleneck = _base_bottleneck_ms(problem, outer, cache, stages, memo)
+        if bottleneck is not None:
+            bottlenecks[stages] = bottleneck
+    if not bottlenecks:
+        return float("inf")
+    base_ms = _per_layer_ms(cache, inventory.base)
+    full = capacity.work * base_ms  # K
+    per_group = max(1 / (p * m) for p, m in bottlenecks.items())  # mu
+
+    def credit(stage_type: StageType) -> float:
+        if stage_type == inventory.base:
+            return per_group
+        rho = base_ms / _per_layer_ms(cache, stage_type)
+        alongside = max(min(1 / m, (p - 1 + rho) / full) - (p - 1) * per_group for p, m in bottlenecks.items())
+        return max(0.0, rho / full, alongside)
+
+    credits = {g: credit(g) for g in (inventory.base, *inventory.degraded)}
+    rate = inventory.healthy_base_groups * per_group
+    for node_class, partitions in zip(inventory.classes, inventory.partitions):
+        rate += len(node_class.nodes) * max((sum(credits[g] for g in p.groups) for p in partitions), default=0.0)
+    if rate <= 0:
+        return float("inf")
+    most_replicas = max(1, min(total, inventory.group_count_bound() // min(bottlenecks)))
+    balanced = fill + max(0.0, total - most_replicas / v) / rate
+    # S_r >= M_r also gives T >= m_r M_r: no free fill per replica, however many there are.
+    throughput = total / rate
+    busiest = fill + (-(-total // most_replicas) - 1 / v) * min(bottlenecks.values())
+    return max(balanced, throughput, busiest)
+
+
+class NonUniformSearch:
+    """Best non-uniform layout, one refinement at a time; bound over what was not excluded.
+
+    Outer choices sit in a priority queue keyed by their bound and are refined
+    lazily, each refinement going back in the queue: the cheap capacity bound
+    first, then the strong bound (exact base bottlenecks), then the templates
+    are built and the bound gains the least tail any template has (every
+    plan's tail is at least one of its templates' uniform sync plus optimizer
+    step), then the
+    allocation's own bound (`AllocationSearch.front_ms`), which rises as its
+    tail sets are refined and settled one per step. CP-SAT runs only for
+    outer choices whose refined bound still beats the incumbent. `step` takes
+    the incumbent each time, so `plan` can interleave this search with the
+    uniform one, always refining the smaller bound.
+    """
+
+    def __init__(self, problem: PlanningProblem) -> None:
+        self._problem = problem
+        sizes = tensor_parallel_sizes(problem)
+        self._inventories = {tp: _inventory(problem, tp, sizes) for tp in sizes}
+        self._capacities: dict[tuple[int, int, str], _Capacity] = {}
+        self._bottlenecks: dict[tuple, float | None] = {}
+        self._shared: dict = {}  # memory caps and stage times shared by every TermsCache of this search
+        self._template_memo: dict[tuple, Template | None] = {}
+        self._built: dict[int, list[Template]] = {}
+        self._searches: dict[int, AllocationSearch] = {}
+        self._queue = self._initial_queue()
+        self._considered = len(self._queue)
+        self._best: NonUniformLayout | None = None
+        self._solved = 0
+        self._unsettled_ms = float("inf")  # least bound of allocations whose probes ran out of time
+
+    def _initial_queue(self) -> list[tuple[float, int, int, OuterChoice]]:
+        problem = self._problem
+        queue = []
+        for index, outer in enumerate(outer_choices(problem)):
+            inventory = self._inventories[outer.tp]
+            if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
+                continue  # not even the shortest allowed pipeline finds enough TP groups
+            key = (outer.tp, outer.micro_batch_size, outer.recompute)
+            if key not in self._capacities:
+                self._capacities[key] = _capacity_summary(problem, outer, inventory)
+            # The shortest allowed length keeps this bound valid whatever fits; whether anything
+            # fits memory is checked when the outer choice reaches the front of the queue.
+            shortest = pipeline_lengths(outer.pp)[0]
+            queue.append((_lower_bound_ms(problem, outer, inventory, self._capacities[key], shortest), index, _CHEAP, outer))
+        heapq.heapify(queue)
+        return queue
+
+    @property
+    def best_ms(self) -> float:
+        return self._best.iteration_ms if self._best is not None else float("inf")
+
+    def best_timeline_ops(self) -> int:
+        """Ops of the first-choice timelines the best layout so far needs: replicas of one template
+        with as many microbatches run one timeline."""
+        if self._best is None:
+            return 0
+        v = self._best.outer.virtual_stages
+        return sum(2 * len(template.stage_types) * v * m
+                   for template, counts in self._best.replica_plan() for m in set(counts))
+
+    def next_bound_ms(self) -> float:
+        """Lower bound of every layout still in the queue (inf when it is empty); `result` also
+        counts allocations cut short by their time limit."""
+        return self._queue[0][0] if self._queue else float("inf")
+
+    def result(self, incumbent_ms: float) -> NonUniformResult:
+        """What was found; exhausted when nothing left could beat `incumbent_ms` (or the layout found)."""
+        incumbent_ms = min(incumbent_ms, self.best_ms)
+        left = min(self.next_bound_ms(), self._unsettled_ms)
+        exhausted = left >= incumbent_ms * (1 - PRUNE_TOLERANCE)
+        return NonUniformResult(self._best, left, exhausted, self._considered, self._solved)
+
+    def step(self, deadline: float, incumbent_ms: float = float("inf")) -> None:
+        """Refine the front of the queue once; `incumbent_ms` is the best layout known anywhere."""
+        problem = self._problem
+        best_ms = min(incumbent_ms, self.best_ms)
+        lower, index, stage, outer = heapq.heappop(self._queue)
+        inventory = self._inventories[outer.tp]
+        memory_replicas = _memory_replicas(problem, outer, inventory)
+        link_replicas = _link_replicas(outer, inventory)
+        cache = TermsCache(problem, outer, memory_replicas, link_replicas, self._shared)
+        if stage == _CHEAP:
+            # The strong bound is infinite when no base-only pipeline fits memory, so it also drops
+            # what `shortest_fitting_length` would.
+            capacity = self._capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
+            tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity, self._bottlenecks))
+            if tighter < float("inf"):
+                heapq.heappush(self._queue, (tighter, index, _STRONG, outer))
+            return
+        if stage == _STRONG:
+            templates = enumerate_templates(
+                problem, outer, cache, inventory.degraded_types(), link_replicas, self._template_memo,
+                dict(inventory.most_of_type),
+            )
+            if templates:
+                self._built[index] = templates
+                least_tail = min(t.sync_uniform_ms + t.optimizer_ms for t in templates)
+                heapq.heappush(self._queue, (lower + least_tail, index, _TEMPLATED, outer))
+            return
+        if stage == _TEMPLATED:
+            data = AllocationInput(
+                templates=self._built.pop(index), base=inventory.base,
+                healthy_base_groups=inventory.healthy_base_groups,
+                classes=list(inventory.classes), partitions=[list(p) for p in inventory.partitions],
+                microbatches=problem.workload.global_batch_size // outer.micro_batch_size,
+                virtual_stages=outer.virtual_stages, min_replicas=memory_replicas,
+            )
+            allocation_search = AllocationSearch(data, problem.random_seed, floor_ms=lower, ceiling_ms=best_ms)
+        else:
+            # Its tail sets are refined and settled one at a time, each time it is the front.
+            allocation_search = self._searches.pop(index)
+            settled = allocation_search.settled
+            found_ms = allocation_search.best_ms
+            allocation_search.advance(deadline, ceiling_ms=best_ms)
+            self._solved += settled == 0 and allocation_search.settled > 0
+            if allocation_search.unsettled_ms is not None:
+                # Not proven worse, only cut short: it bounds the answer from outside the queue.
+                self._unsettled_ms = min(self._unsettled_ms, max(lower, allocation_search.unsettled_ms))
+            if allocation_search.best_ms < found_ms:
+                self._offer(outer, inventory, allocation_search, memory_replicas, link_replicas, best_ms)
+                best_ms = min(best_ms, self.best_ms)
+        front = allocation_search.front_ms(best_ms)
+        if front < float("inf"):
+            self._searches[index] = allocation_search
+            heapq.heappush(self._queue, (max(lower, front), index, _BOUNDED, outer))
+
+    def _offer(self, outer: OuterChoice, inventory: _Inventory, allocation_search: AllocationSearch,
+               memory_replicas: int, link_replicas: int, best_ms: float) -> None:
+        allocation = allocation_search.allocation()
+        if allocation is None:
+            return
+        templates = allocation_search.data.templates
+        value = evaluate_layout(templates, allocation, outer.virtual_stages)
+        if value < best_ms:
+            self._best = NonUniformLayout(
+                outer, tuple(templates), allocation, inventory.classes, inventory.partitions, value,
+                memory_replicas, link_replicas,
+            )
+
+
+def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: float) -> NonUniformResult:
+    """Best non-uniform layout better than `incumbent_ms`, or none; bound over what was not excluded
+    (see `NonUniformSearch`)."""
+    search = NonUniformSearch(problem)
+    while search.next_bound_ms() < min(incumbent_ms, search.best_ms) * (1 - PRUNE_TOLERANCE):
+        if time.monotonic() >= deadline:
+            break
+        search.step(deadline, incumbent_ms)
+    return search.result(incumbent_ms)
+
+
+# Refinement stages of an outer choice in the search queue.
+_CHEAP, _STRONG, _TEMPLATED, _BOUNDED = 0, 1, 2, 3

@@ -1,0 +1,502 @@
+"""Replica templates: a sequence of stage types, its layer split and its costs.
+
+A template is a pipeline of one of three kinds: base groups only (pp down to
+pp - max(2, pp // 4) stages); base groups with one degraded stage (a group of
+lower TP or slower than the healthy base group) in a middle position (the
+ends carry the embedding and the head); or every stage the same degraded type
+(a pipeline built from damaged nodes' groups alone). The last two have
+pp - 2 .. pp stages.
+
+Its layer split minimizes the bottleneck stage time, then the sum of stage
+times (what the pipeline pays per microbatch, then in fill and drain), under
+each stage's memory cap. Stage i takes n_i layers at a_i per layer plus b_i
+fixed, so the smallest feasible bottleneck M is the least M with
+sum_i min(cap_i, floor((M - b_i) / a_i)) >= L; given M, the sum is smallest
+when the remaining layers go to the stages with the smallest a_i first.
+Both steps are exact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+from cost_models.compute import LayerTime
+from cost_models.iteration import (
+    StageTime,
+    stage_backward_ms,
+    stage_time,
+    stage_total_ms,
+)
+from cost_models.layout import ParallelShape
+from cost_models.resharding import exposed_sync_ms, resharded_sync_ms
+from cost_models.stage_costs import (
+    PartSet,
+    StageCostTerms,
+    max_layers_fitting_all,
+    part_costs,
+    pipeline_p2p_ms,
+    stage_cost_terms,
+)
+from planner.nonuniform.partitions import StageType
+from planner.problem import PlanningProblem
+
+SHORTER_PIPELINES = 2  # degraded templates: pp - 2 .. pp stages
+MIXED_LENGTHS = 6  # base-only templates: at most this many stages shorter than pp
+
+
+def pipeline_lengths(pp: int) -> range:
+    """Stage counts a replica may have under nominal `pp`: base-only pipelines as short as
+    pp - max(2, min(pp // 4, 6)) (so replicas of whole healthy groups can mix lengths, as
+    Oobleck's templates do); templates with degraded stages pp - 2 .. pp."""
+    return range(max(1, pp - max(SHORTER_PIPELINES, min(pp // 4, MIXED_LENGTHS))), pp + 1)
+
+
+def degraded_lengths(pp: int) -> range:
+    return range(max(1, pp - SHORTER_PIPELINES), pp + 1)
+
+
+@dataclass(frozen=True)
+class OuterChoice:
+    """What every replica shares: base TP size, nominal stage count, micro-batch size, recompute, chunks."""
+
+    tp: int
+    pp: int
+    micro_batch_size: int
+    recompute: str
+    virtual_stages: int = 1
+
+
+@dataclass(frozen=True)
+class Template:
+    stage_types: tuple[StageType, ...]
+    layers_per_stage: tuple[int, ...]
+    stage_ms: tuple[float, ...]  # forward + backward per microbatch, at each stage's speed
+    params_per_gpu: tuple[float, ...]
+    bottleneck_ms: float
+    total_ms: float
+    sync_uniform_ms: float  # exposed, when every replica has this template
+    sync_resharded_ms: float  # exposed, when replicas differ
+    optimizer_ms: float
+    base_groups: int
+    degraded: tuple[tuple[StageType, int], ...]
+
+    @property
+    def sharding(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """TP per stage and layer split: replicas alike in these need no resharding to sync."""
+        return tuple(st.tp for st in self.stage_types), self.layers_per_stage
+
+    @cached_property
+    def degraded_map(self) -> dict[StageType, int]:
+        return dict(self.degraded)
+
+    def degraded_counts(self) -> Counter[StageType]:
+        return Counter(self.degraded_map)
+
+
+class TermsCache:
+    """StageCostTerms per (tp, stages) for one outer choice; layer costs shared per tp.
+
+    memory_replicas: replicas ZeRO-1 shards optimizer state over (memory, optimizer step).
+    link_replicas: replicas assumed when deciding whether pipeline sends stay in a node; a
+        template's replicas are placed only after the search, so this is the most there can be.
+    shared: a dict one search passes to all its caches, so memory caps and stage times
+        (which do not depend on the nominal pp) are computed once.
+    """
+
+    def __init__(
+        self,
+        problem: PlanningProblem,
+        outer: OuterChoice,
+        memory_replicas: int,
+        link_replicas: int | None = None,
+        shared: dict | None = None,
+    ) -> None:
+        self._problem = problem
+        self._outer = outer
+        self._replicas = memory_replicas
+        self._link_replicas = max(memory_replicas, link_replicas or memory_replicas)
+        self.memory_replicas = memory_replicas
+        self.link_replicas = self._link_replicas
+        self._shape_key = (outer.micro_batch_size, outer.recompute, outer.virtual_stages)
+        # The search pops each outer choice several times, with a new cache each time: whatever
+        # depends on less than the whole outer choice is kept in `shared`, keyed by what it
+        # depends on. Layer costs: (tp, mbs, recompute).
+        shared = {} if shared is None else shared
+        self._parts: dict[tuple, PartSet] = shared.setdefault("parts", {})
+        # Cost terms and per-stage costs: (tp, stages, mbs, recompute, v, both replica counts).
+        self.replicas_key = self._shape_key + (memory_replicas, self._link_replicas)
+        self._terms: dict[tuple, StageCostTerms] = shared.setdefault("terms", {})
+        self._stage_costs: dict[tuple, tuple[float, float, float, float, float]] = shared.setdefault("stage_costs", {})
+        # Stage times: (tp, mbs, recompute, v, stages, position kind, speed) and, through the
+        # pipeline links, whether a whole job of this shape fits in one node.
+        self._affine: dict[tuple, tuple[float, float]] = shared.setdefault("affine", {})
+        self._backward: dict[tuple, tuple[float, float]] = shared.setdefault("backward", {})
+        # Memory caps, a row of positions: (tp, mbs, recompute, v, stages, memory replicas).
+        self._caps_key = (outer.micro_batch_size, outer.recompute, outer.virtual_stages, memory_replicas)
+        self._cap_rows: dict[tuple, tuple[int, ...]] = shared.setdefault("cap_rows", {})
+        # Stage times of the first, a middle and the last position: what building a template reads.
+        self._affine_rows: dict[tuple, tuple[tuple[float, float], ...]] = shared.setdefault("affine_rows", {})
+
+    def stage_affine(self, stage_type: StageType, stages: int, position: int) -> tuple[float, float]:
+        """(per-layer ms, fixed ms) of a stage; only first, middle and last positions differ in time."""
+        kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
+        key = (stage_type, stages, kind, self._links_in_node(stage_type.tp, stages)) + self._shape_key
+        if key not in self._affine:
+            terms = self.terms(stage_type.tp, stages)
+            zero = stage_total_ms(terms, position, 0, stage_type.speed)
+            self._affine[key] = (stage_total_ms(terms, position, 1, stage_type.speed) - zero, zero)
+        return self._affine[key]
+
+    def stage_affines(self, stage_type: StageType, stages: int) -> tuple[tuple[float, float], ...]:
+        """`stage_affine` of the first, a middle and the last position."""
+        key = (stage_type, stages, self._links_in_node(stage_type.tp, stages)) + self._shape_key
+        if key not in self._affine_rows:
+            self._affine_rows[key] = tuple(
+                self.stage_affine(stage_type, stages, position) for position in (0, min(1, stages - 1), stages - 1)
+            )
+        return self._affine_rows[key]
+
+    def layer_caps(self, tp: int, stages: int, memory_bytes: float) -> tuple[int, ...]:
+        """Most layers a stage fits in memory, per position (microbatches in flight differ)."""
+        key = (tp, stages) + self._caps_key
+        if key not in self._cap_rows:
+            self._cap_rows[key] = max_layers_fitting_all(self.terms(tp, stages), memory_bytes)
+        return self._cap_rows[key]
+
+    def backward_affine(self, tp: int, stages: int, position: int) -> tuple[float, float]:
+        """(per-layer ms, fixed ms) of a stage's backward pass at full speed."""
+        kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
+        key = (tp, stages, kind, self._links_in_node(tp, stages)) + self._shape_key
+        if key not in self._backward:
+            terms = self.terms(tp, stages)
+            zero = stage_backward_ms(terms, position, 0)
+            self._backward[key] = (stage_backward_ms(terms, position, 1) - zero, zero)
+        return self._backward[key]
+
+    def _links_in_node(self, tp: int, stages: int) -> bool:
+        """Whether pipeline sends stay in a node (`stage_cost_terms`: the job's devices fit one)."""
+        return tp * stages * self._link_replicas <= self._problem.hardware.gpus_per_node
+
+    def terms(self, tp: int, stages: int) -> StageCostTerms:
+        key = (tp, stages) + self.replicas_key
+        if key not in self._terms:
+            problem, outer = self._problem, self._outer
+            shape = ParallelShape(
+                tp, stages, self._replicas, outer.micro_batch_size, outer.recompute,
+                "interleaved" if outer.virtual_stages > 1 else "1f1b", outer.virtual_stages,
+            )
+            parts = self._part_set(tp)
+            terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software, parts)
+            changes = {}
+            if self._link_replicas > self._replicas:
+                changes["p2p_ms"] = pipeline_p2p_ms(
+                    problem.workload, problem.hardware, replace(shape, dp=self._link_replicas),
+                    problem.efficiency, problem.software,
+                )
+            if outer.virtual_stages > 1:
+                # Replicas get any microbatch count, and interleaving holds the most
+                # for m = 2p - 1 (one group of 2p - 1): size memory for that.
+                changes["num_microbatches"] = 2 * stages - 1
+            self._terms[key] = replace(terms, **changes) if changes else terms
+        return self._terms[key]
+
+    def layer_time(self, tp: int) -> LayerTime:
+        """One layer's time at TP size `tp`: it depends on neither the stage count nor the replicas."""
+        return self._part_set(tp).layer.time
+
+    def _part_set(self, tp: int) -> PartSet:
+        """Layer, embedding and head costs (`part_costs` reads only tp, micro-batch size and recompute)."""
+        outer = self._outer
+        key = (tp, outer.micro_batch_size, outer.recompute)
+        if key not in self._parts:
+            problem = self._problem
+            shape = ParallelShape(tp, 1, 1, outer.micro_batch_size, outer.recompute)
+            self._parts[key] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
+        return self._parts[key]
+
+
+def degraded_positions(stages: int) -> list[int]:
+    return list(range(1, stages - 1)) + ([0, stages - 1] if stages > 1 else [0])
+
+
+def arrange(stages: int, base: StageType, degraded: tuple[StageType, ...]) -> tuple[StageType, ...]:
+    """Stage types by position: degraded ones (strongest first) in middle positions first."""
+    order = [base] * stages
+    for position, stage_type in zip(degraded_positions(stages), sorted(degraded, reverse=True)):
+        order[position] = stage_type
+    return tuple(order)
+
+
+def best_split(
+    per_layer_ms: list[float], fixed_ms: list[float], caps: list[int], layers: int, unit: int
+) -> tuple[int, ...] | None:
+    """Min-bottleneck, then min-sum split in multiples of `unit` layers; None if nothing fits."""
+    units = layers // unit
+    stages = len(per_layer_ms)
+    unit_caps = [min(c // unit, units) for c in caps]
+    if layers % unit or units < stages or min(unit_caps) < 1 or sum(unit_caps) < units:
+        return None
+    per_unit = [a * unit for a in per_layer_ms]
+    bottleneck = _least_bottleneck(per_unit, fixed_ms, unit_caps, units)
+    if bottleneck is None:
+        return None
+    return tuple(n * unit for n in split_within(bottleneck, per_unit, fixed_ms, unit_caps, units))
+
+
+def split_within(
+    bottleneck: float, per_unit: list[float], fixed_ms: list[float], unit_caps: list[int], units: int
+) -> list[int]:
+    """Units per stage, none above `bottleneck`, with the least sum: every stage one, the rest to
+    the stages with the smallest time per unit first."""
+    stages = len(per_unit)
+    limits = [min(unit_caps[i], int((bottleneck - fixed_ms[i]) / per_unit[i] + 1e-9)) for i in range(stages)]
+    split = [1] * stages
+    remaining = units - stages
+    for i in sorted(range(stages), key=lambda i: (per_unit[i], i)):
+        extra = min(remaining, limits[i] - 1)
+        split[i] += extra
+        remaining -= extra
+    return split
+
+
+def _units_within(bottleneck: float, per_unit: list[float], fixed_ms: list[float], unit_caps: list[int]) -> int:
+    """Most units the stages hold with none above `bottleneck`; -1 if some stage cannot hold one."""
+    total = 0
+    for a, b, cap in zip(per_unit, fixed_ms, unit_caps):
+        most = min(cap, int((bottleneck - b) / a + 1e-9)) if a > 0 else cap
+        if most < 1:
+            return -1
+        total += most
+    return total
+
+
+def _least_bottleneck(per_unit: list[float], fixed_ms: list[float], unit_caps: list[int], units: int) -> float | None:
+    """The least stage time n a_i + b_i (1 <= n <= cap_i) within which the stages hold `units`.
+
+    Holding is monotone in the bottleneck and changes only at those values. Rounding down loses
+    less than one unit per stage, so the least one is at or above the bottleneck where the
+    continuous relaxation holds exactly `units`, and within a few values of it: walk them up
+    from there in increasing order.
+    """
+    start = _continuous_bottleneck(per_unit, fixed_ms, unit_caps, units)
+    start -= 1e-7 * (1.0 + abs(start))  # the walk may start low; only rounding must not skip the answer
+    counts = [max(1, math.ceil((start - b) / a)) if a > 0 else 1 for a, b in zip(per_unit, fixed_ms)]
+    while True:
+        values = [n * a + b for n, a, b, cap in zip(counts, per_unit, fixed_ms, unit_caps) if n <= cap]
+        if not values:
+            return None
+        value = min(values)
+        if _units_within(value, per_unit, fixed_ms, unit_caps) >= units:
+            return value
+        counts = [n + 1 if n * a + b <= value else n for n, a, b in zip(counts, per_unit, fixed_ms)]
+
+
+def _continuous_bottleneck(per_unit: list[float], fixed_ms: list[float], unit_caps: list[int], units: int) -> float:
+    """Least M >= max(a_i + b_i) with sum_i min(cap_i, (M - b_i) / a_i) >= units: piecewise
+    linear in M, with a kink where each stage reaches its cap."""
+    low = max(a + b for a, b in zip(per_unit, fixed_ms))
+    held = float(sum(cap for a, cap in zip(per_unit, unit_caps) if a <= 0))
+    rate = offset = 0.0  # units held below the caps: M * rate - offset
+    kinks = []
+    for a, b, cap in zip(per_unit, fixed_ms, unit_caps):
+        if a <= 0:
+            continue
+        if cap * a + b <= low:
+            held += cap
+        else:
+            rate += 1 / a
+            offset += b / a
+            kinks.append((cap * a + b, cap, a, b))
+    for kink, cap, a, b in sorted(kinks):
+        if held + kink * rate - offset >= units:
+            return max(low, (units - held + offset) / rate)
+        held += cap
+        rate -= 1 / a
+        offset -= b / a
+        low = kink
+    return low
+
+
+def build_template(
+    problem: PlanningProblem,
+    outer: OuterChoice,
+    cache: TermsCache,
+    stage_types: tuple[StageType, ...],
+    base: StageType,
+    sync_replicas: int,
+) -> Template | None:
+    stages = len(stage_types)
+    capacity = problem.hardware.gpu.memory_bytes
+    rows = {st: (cache.stage_affines(st, stages), cache.layer_caps(st.tp, stages, capacity)) for st in set(stage_types)}
+    return _build_template(problem, outer, cache, stage_types, rows, base, sync_replicas)
+
+
+def _build_template(
+    problem: PlanningProblem,
+    outer: OuterChoice,
+    cache: TermsCache,
+    stage_types: tuple[StageType, ...],
+    rows: dict[StageType, tuple[tuple[tuple[float, float], ...], tuple[int, ...]]],
+    base: StageType,
+    sync_replicas: int,
+) -> Template | None:
+    """`build_template` with each stage type's stage times and memory caps already fetched."""
+    layers = problem.workload.model.num_layers
+    stages = len(stage_types)
+    per_layer, fixed, caps = [], [], []
+    for i, st in enumerate(stage_types):
+        affines, type_caps = rows[st]
+        per_layer_ms, fixed_ms = affines[0 if i == 0 else (2 if i == stages - 1 else 1)]
+        per_layer.append(per_layer_ms)
+        fixed.append(fixed_ms)
+        caps.append(type_caps[i])
+    split = best_split(per_layer, fixed, caps, layers, outer.virtual_stages)
+    if split is None:
+        return None
+    return template_costs(problem, cache, stage_types, split, base, sync_replicas)
+
+
+def _stage_costs(
+    problem: PlanningProblem, cache: TermsCache, stage_type: StageType, stages: int, position: int, layers: int,
+    sync_replicas: int,
+) -> tuple[float, float, float, float, float]:
+    """(time per microbatch, parameters per GPU, exposed uniform sync, exposed resharded sync,
+    optimizer step) of one stage; memoized, since base stages repeat across templates."""
+    kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
+    key = (stage_type, stages, kind, layers, sync_replicas) + cache.replicas_key
+    memo = cache._stage_costs
+    if key in memo:
+        return memo[key]
+    terms = cache.terms(stage_type.tp, stages)
+    per_layer, fixed = cache.stage_affine(stage_type, stages, position)
+    backward_per_layer, backward_fixed = cache.backward_affine(stage_type.tp, stages, position)
+    backward = layers * backward_per_layer + backward_fixed
+    params = layers * terms.layer.params
+    params += terms.embedding.params if position == 0 else 0.0
+    params += terms.head.params if position == stages - 1 else 0.0
+    network = problem.hardware.inter_node_bandwidth_gb_s * problem.efficiency.network_fraction
+    overlap = terms.overlap_grad_reduce
+    bucket_params = min(terms.bucket_params, params)
+    if sync_replicas > 1:
+        uniform = exposed_sync_ms(terms.dp_sync_ms(params, sync_replicas), backward,
+                                  terms.dp_sync_ms(bucket_params, sync_replicas), overlap)
+    else:
+        uniform = 0.0
+    resharded = exposed_sync_ms(
+        resharded_sync_ms(params, layers, sync_replicas, terms.grad_bytes_per_param, network), backward,
+        resharded_sync_ms(bucket_params, 1, sync_replicas, terms.grad_bytes_per_param, network), overlap,
+    )
+    memo[key] = (layers * per_layer + fixed, params, uniform, resharded, params * terms.optimizer_ms_per_param)
+    return memo[key]
+
+
+def template_costs(
+    problem: PlanningProblem,
+    cache: TermsCache,
+    stage_types: tuple[StageType, ...],
+    split: tuple[int, ...],
+    base: StageType,
+    sync_replicas: int,
+) -> Template:
+    """Every cost of one template with a given split (also used by the brute-force tests)."""
+    stages = len(stage_types)
+    # Middle stages of one type and layer count cost the same: look each such stage up once.
+    seen: dict[tuple, tuple[float, float, float, float, float]] = {}
+    costs = []
+    for i, (st, n) in enumerate(zip(stage_types, split)):
+        key = (st, 0 if i == 0 else (2 if i == stages - 1 else 1), n)
+        if key not in seen:
+            seen[key] = _stage_costs(problem, cache, st, stages, i, n, sync_replicas)
+        costs.append(seen[key])
+    totals = [c[0] for c in costs]
+    degraded: dict[StageType, int] = {}
+    for st in stage_types:
+        if st != base:
+            degraded[st] = degraded.get(st, 0) + 1
+    return Template(
+        stage_types=stage_types,
+        layers_per_stage=split,
+        stage_ms=tuple(totals),
+        params_per_gpu=tuple(c[1] for c in costs),
+        bottleneck_ms=max(totals),
+        total_ms=sum(totals),
+        sync_uniform_ms=max(c[2] for c in costs),
+        sync_resharded_ms=max(c[3] for c in costs),
+        optimizer_ms=max(c[4] for c in costs),
+        base_groups=sum(1 for st in stage_types if st == base),
+        degraded=tuple(sorted(degraded.items())),
+    )
+
+
+def stage_timings(cache: TermsCache, template: Template) -> list[StageTime]:
+    """Full per-stage timing and memory of a template (for the plan; the search needs less)."""
+    stages = len(template.stage_types)
+    return [
+        stage_time(cache.terms(st.tp, stages), i, n, st.speed)
+        for i, (st, n) in enumerate(zip(template.stage_types, template.layers_per_stage))
+    ]
+
+
+def enumerate_templates(
+    problem: PlanningProblem,
+    outer: OuterChoice,
+    cache: TermsCache,
+    degraded_types: list[StageType],
+    sync_replicas: int,
+    memo: dict | None = None,
+    most_groups: Mapping[StageType, int] | None = None,
+) -> list[Template]:
+    """Every template of the outer choice that fits memory. `memo` shares templates between
+    outer choices of one search: a template depends on its stage sequence, micro-batch size,
+    recompute, chunks and the replica counts its costs assume, not on the nominal pp.
+    `most_groups`, the most groups of each type the nodes can form at once, leaves out
+    templates no allocation could ever build."""
+    base = StageType(outer.tp, 1.0)
+    memo = {} if memo is None else memo
+    capacity = problem.hardware.gpu.memory_bytes
+
+    def buildable(needed: int, stage_type: StageType) -> bool:
+        return most_groups is None or needed <= most_groups.get(stage_type, 0)
+
+    out = []
+    for stages in reversed(pipeline_lengths(outer.pp)):
+        # Every template of this length reads the rows of the base type and of its degraded type.
+        rows = {}
+
+        def row(stage_type: StageType, stages: int = stages, rows: dict = rows) -> tuple:
+            if stage_type not in rows:
+                rows[stage_type] = (cache.stage_affines(stage_type, stages), cache.layer_caps(stage_type.tp, stages, capacity))
+            return rows[stage_type]
+
+        # Forms: base groups only, one degraded stage among base groups, every stage one degraded type.
+        forms = [(_BASE_ONLY, base)] if buildable(stages, base) else []
+        if stages in degraded_lengths(outer.pp):
+            if buildable(stages - 1, base):
+                forms += [(_ONE_DEGRADED, stage_type) for stage_type in sorted(degraded_types)]
+            if stages > 1:
+                forms += [(_ALL_DEGRADED, st) for st in sorted(degraded_types) if buildable(stages, st)]
+        for form, stage_type in forms:
+            key = (outer.tp, stages, form, stage_type, outer.micro_batch_size, outer.recompute, outer.virtual_stages,
+                   cache.memory_replicas, cache.link_replicas, sync_replicas)
+            if key not in memo:
+                if form == _BASE_ONLY:
+                    sequence = arrange(stages, base, ())
+                elif form == _ONE_DEGRADED:
+                    sequence = arrange(stages, base, (stage_type,))
+                else:
+                    sequence = (stage_type,) * stages
+                used = {st: row(st) for st in (base, stage_type) if st in sequence}
+                memo[key] = _build_template(problem, outer, cache, sequence, used, base, sync_replicas)
+            if memo[key] is not None:
+                out.append(memo[key])
+    return out
+
+
+# Template forms (see the module docstring).
+_BASE_ONLY, _ONE_DEGRADED, _ALL_DEGRADED = 0, 1, 2
+
+

@@ -1,0 +1,1 @@
+"""Replanning a running job: keep or move, placed on the devices that hold the state, migration priced."""

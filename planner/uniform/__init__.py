@@ -1,0 +1,1 @@
+"""The uniform search: every replica the same shape; branch and bound over shapes, CP-SAT layer splits."""

@@ -1,0 +1,170 @@
+"""CP-SAT model: the best contiguous layer split of one candidate shape.
+
+Minimizes the iteration time of `cost_models.iteration` exactly (up to the
+time quantum): for every replica speed vector r, the pipeline time
+m * max_i t_ri + (sum_i t_ri - max_i t_ri) / v, the worst replica counting;
+plus the largest exposed gradient sync and the largest optimizer step; every
+stage fitting in GPU memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from cost_models.iteration import stage_time
+from planner.uniform.candidates import Candidate
+
+# One integer unit of time in the model: 1 microsecond.
+TIME_QUANTUM_MS = 1e-3
+# Probe size for reading the slope of the affine gradient-sync time.
+_SYNC_PROBE_PARAMS = 1e9
+
+
+def _ticks(ms: float) -> int:
+    return round(ms / TIME_QUANTUM_MS)
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    layers_per_stage: tuple[int, ...]
+    objective_ms: float
+    bound_ms: float
+    optimal: bool
+    status: str
+
+
+@dataclass(frozen=True)
+class Affine:
+    """value(n) = per_layer * n + fixed (ticks or parameter quanta)."""
+
+    per_layer: int
+    fixed: int
+
+
+def _stage_affine(candidate: Candidate, stage: int, speed: float, attribute: str) -> Affine:
+    zero = getattr(stage_time(candidate.terms, stage, 0, speed), attribute)
+    one = getattr(stage_time(candidate.terms, stage, 1, speed), attribute)
+    return Affine(_ticks(one - zero), _ticks(zero))
+
+
+def _sync_ms_affine(candidate: Candidate) -> tuple[float, float]:
+    """Gradient sync time = slope_ms_per_param * params + intercept_ms, for a positive parameter count."""
+    terms = candidate.terms
+    low, high = terms.dp_sync_ms(_SYNC_PROBE_PARAMS), terms.dp_sync_ms(2 * _SYNC_PROBE_PARAMS)
+    slope = (high - low) / _SYNC_PROBE_PARAMS
+    return slope, low - slope * _SYNC_PROBE_PARAMS
+
+
+def _end_params(candidate: Candidate, stage: int) -> float:
+    terms = candidate.terms
+    last = terms.shape.pp - 1
+    return (terms.embedding.params if stage == 0 else 0.0) + (terms.head.params if stage == last else 0.0)
+
+
+def _per_param_affine(candidate: Candidate, stage: int, ms_per_param: float, intercept_ms: float) -> Affine:
+    """Ticks of a time linear in the stage's parameters per GPU."""
+    return Affine(
+        _ticks(ms_per_param * candidate.terms.layer.params),
+        _ticks(ms_per_param * _end_params(candidate, stage) + intercept_ms),
+    )
+
+
+def solve_split(
+    candidate: Candidate,
+    max_layers: tuple[int, ...],
+    num_layers: int,
+    stock_layouts_only: bool,
+    time_limit_s: float,
+    random_seed: int,
+) -> SplitResult | None:
+    """Optimal split for `candidate`, or None if no split fits (or none is found in time)."""
+    terms = candidate.terms
+    p, m, v = terms.shape.pp, terms.num_microbatches, terms.shape.virtual_stages
+    model = cp_model.CpModel()
+
+    # Data: stage time per microbatch for each replica speed vector, backward
+    # time at full speed, gradient sync and optimizer step, all affine in
+    # the stage's layer count, in ticks.
+    times = [[_stage_affine(candidate, i, speeds[i], "total_ms") for i in range(p)] for speeds in candidate.replica_speeds]
+    even = [num_layers // p + (1 if i < num_layers % p else 0) for i in range(p)]
+    backward = [_stage_affine(candidate, i, 1.0, "backward_ms") for i in range(p)]
+    sync_slope, sync_intercept = _sync_ms_affine(candidate)
+    sync = [_per_param_affine(candidate, i, sync_slope, sync_intercept) for i in range(p)]
+    bucket_sync = _ticks(terms.dp_sync_ms(terms.bucket_params))
+    step = [_per_param_affine(candidate, i, terms.optimizer_ms_per_param, 0.0) for i in range(p)]
+    stage_horizon = max(a.per_layer * num_layers + a.fixed for row in times for a in row)
+    sync_horizon = max(a.per_layer * num_layers + a.fixed for a in sync + step)
+    horizon = (m * v + p) * stage_horizon + v * sync_horizon
+
+    # Variables: layers per stage, at most what fits in memory.
+    layers = [model.new_int_var(1, min(num_layers, max_layers[i]), f"layers_{i}") for i in range(p)]
+    pipeline = model.new_int_var(0, horizon, "pipeline_times_v")
+    exposed = model.new_int_var(0, horizon, "dp_exposed")
+    optimizer = model.new_int_var(0, horizon, "optimizer")
+
+    # Cover: the stages hold [0, L) contiguously.
+    model.add(sum(layers) == num_layers)
+    for n, hint in zip(layers, even):
+        model.add_hint(n, hint)
+
+    # Split form: interleaving needs equal chunks; stock frameworks take equal
+    # middle stages with only the first and last stage uneven.
+    if v > 1:
+        for n in layers:
+            model.add(n == num_layers // p)
+    elif stock_layouts_only and p > 3:
+        for n in layers[2:-1]:
+            model.add(n == layers[1])
+
+    # Pipeline: per replica, v * time = (m v - 1) * slowest stage + sum of stages.
+    for r, replica_times in enumerate(times):
+        slowest = model.new_int_var(0, stage_horizon, f"slowest_{r}")
+        totals = []
+        for i, affine in enumerate(replica_times):
+            total = model.new_int_var(0, stage_horizon, f"stage_{r}_{i}")
+            model.add(total == affine.per_layer * layers[i] + affine.fixed)
+            model.add(total <= slowest)
+            totals.append(total)
+        model.add(pipeline >= (m * v - 1) * slowest + sum(totals))
+
+    # Gradient sync: per stage, exposed >= its sync minus its last backward,
+    # and >= the sync of its last bucket, min(stage sync, one bucket's sync).
+    if terms.shape.dp > 1:
+        for i in range(p):
+            stage_sync = model.new_int_var(0, horizon, f"sync_{i}")
+            model.add(stage_sync == sync[i].per_layer * layers[i] + sync[i].fixed)
+            if not terms.overlap_grad_reduce:
+                model.add(exposed >= stage_sync)
+                continue
+            model.add(exposed >= stage_sync - backward[i].per_layer * layers[i] - backward[i].fixed)
+            last_bucket = model.new_int_var(0, horizon, f"last_bucket_{i}")
+            model.add_min_equality(last_bucket, [stage_sync, bucket_sync])
+            model.add(exposed >= last_bucket)
+
+    # Optimizer: the stage with the most parameters per GPU sets the step time.
+    for i in range(p):
+        model.add(optimizer >= step[i].per_layer * layers[i] + step[i].fixed)
+
+    # Objective: v * iteration time.
+    model.minimize(pipeline + v * (exposed + optimizer))
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
+    solver.parameters.random_seed = random_seed
+    solver.parameters.num_workers = 1
+    # Presolve can spend tens of seconds on these few-variable models with large tick-valued
+    # coefficients (seen: 25 s vs 0.01 s without it, same optimum).
+    solver.parameters.cp_model_presolve = False
+    status = solver.solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    scale = TIME_QUANTUM_MS / v
+    return SplitResult(
+        layers_per_stage=tuple(solver.value(n) for n in layers),
+        objective_ms=solver.objective_value * scale,
+        bound_ms=solver.best_objective_bound * scale,
+        optimal=status == cp_model.OPTIMAL,
+        status=solver.status_name(status),
+    )

@@ -1,0 +1,70 @@
+"""A plan as a table for people (`--format table`)."""
+
+from __future__ import annotations
+
+import re
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from wire.schemas import Plan
+
+# Piped into a file or a pager there is no terminal to fit: rich would wrap at 80 columns.
+PIPED_WIDTH = 200
+# C0 and C1 controls (ESC among them): a plan's text must not steer the reader's terminal.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _text(value: str) -> str:
+    """Plan text (a model name is whatever a client sent) printed as itself: no rich markup, no controls."""
+    return escape(_CONTROLS.sub("?", value))
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPED_WIDTH)
+
+
+def _replica_signature(replica) -> tuple:
+    return tuple((s.tp, tuple(s.layers), s.speed) for s in replica.stages), replica.num_microbatches
+
+
+def render_table(plan: Plan, console: Console | None = None) -> None:
+    console = console or _console()
+    p = plan.predicted
+    console.print(
+        f"[bold]{_text(plan.model or 'model')}[/bold]  status={_text(plan.status)}  uniform={plan.uniform}  "
+        f"replicas={len(plan.replicas)}  stages={'/'.join(str(n) for n in sorted({len(r.stages) for r in plan.replicas}))}  "
+        f"tp={'/'.join(str(t) for t in sorted({s.tp for r in plan.replicas for s in r.stages}))}  "
+        f"micro_batch_size={plan.micro_batch_size}  schedule={_text(plan.schedule)}"
+        f"{f' (v={plan.virtual_stages})' if plan.virtual_stages > 1 else ''}  recompute={_text(plan.recompute)}"
+    )
+    console.print(
+        f"iteration {p.iteration_time_s:.3f} s   {p.tokens_per_s:,.0f} tokens/s   MFU {p.mfu:.1%}   "
+        f"solver {_text(plan.solver.status)} in {plan.solver.wall_time_s:.2f} s (gap {plan.solver.gap:.2%})"
+    )
+    breakdown = Table(title="Iteration breakdown (critical path)")
+    for key in type(p.breakdown).model_fields:
+        breakdown.add_column(key.removesuffix("_s"), justify="right")
+    breakdown.add_row(*(f"{getattr(p.breakdown, key):.3f}" for key in type(p.breakdown).model_fields))
+    console.print(breakdown)
+
+    groups: dict[tuple, list[int]] = {}
+    for replica in plan.replicas:
+        groups.setdefault(_replica_signature(replica), []).append(replica.id)
+    for ids in groups.values():
+        replica = plan.replicas[ids[0]]
+        table = Table(title=f"replicas {_ranges(ids)}: {replica.num_microbatches} microbatches each")
+        for column in ("stage", "layers", f"devices (replica {replica.id})", "tp", "speed", "memory GiB", "fwd ms", "bwd ms"):
+            table.add_column(column)
+        for stage in replica.stages:
+            devices = _text(", ".join(stage.devices) if len(stage.devices) <= 4 else f"{stage.devices[0]} .. {stage.devices[-1]}")
+            table.add_row(str(stage.id), f"[{stage.layers[0]}, {stage.layers[1]})", devices, str(stage.tp),
+                          f"{stage.speed:g}", f"{stage.memory_gib:.1f}", f"{stage.forward_ms:.1f}", f"{stage.backward_ms:.1f}")
+        console.print(table)
+    console.print(f"unused devices: {len(plan.unused_devices)}   excluded (failed): {len(plan.excluded_devices)}")
+
+
+def _ranges(ids: list[int]) -> str:
+    return f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]} ({len(ids)})"

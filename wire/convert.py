@@ -1,0 +1,219 @@
+"""Wire models <-> planner dataclasses. Validation that needs domain knowledge lives here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, is_dataclass
+
+from pydantic import ValidationError
+
+from wire.schemas import (
+    Cluster,
+    GpuObject,
+    HfConfigModel,
+    ModelArchitecture,
+    PipelineSchedule,
+    Plan,
+    PlanRequest,
+)
+from cost_models.efficiency import SoftwareConfig, fitted_efficiency
+from cost_models.hardware import GpuSpec, gpu_preset, gpu_preset_names
+from cost_models.layout import Hardware, Workload
+from cost_models.model_spec import (
+    HfConfigError,
+    ModelSpec,
+    RopeScaling,
+    model_from_hf_config,
+    model_preset,
+    model_preset_names,
+)
+from planner.devices import build_cluster_state
+from planner.errors import PlanningError
+from planner.gc_pause import gc_paused
+from planner.problem import PlanningProblem
+from planner.result import PlanResult, ReplicaResult
+from planner.schedules.result import ScheduleChoice
+
+# A custom GPU without HBM bandwidth gets A100-80GB's bytes per FLOP.
+_REFERENCE_GPU = "A100-80GB"
+
+
+def resolve_gpu(gpu: str | GpuObject) -> GpuSpec:
+    if isinstance(gpu, str):
+        try:
+            return gpu_preset(gpu)
+        except KeyError:
+            raise PlanningError(f"unknown GPU preset {gpu!r}; known presets: {', '.join(gpu_preset_names())}, "
+                                'or give {"name", "peak_tflops", "memory_gib"}') from None
+    reference = gpu_preset(_REFERENCE_GPU)
+    ratio = gpu.peak_tflops / reference.peak_tflops
+    return GpuSpec(
+        name=gpu.name,
+        peak_tflops=gpu.peak_tflops,
+        memory_gib=gpu.memory_gib,
+        hbm_bandwidth_gb_s=gpu.hbm_bandwidth_gb_s or reference.hbm_bandwidth_gb_s * ratio,
+        intra_node_bandwidth_gb_s=reference.intra_node_bandwidth_gb_s,
+        inter_node_bandwidth_gb_s=reference.inter_node_bandwidth_gb_s,
+    )
+
+
+def resolve_hardware(cluster: Cluster) -> Hardware:
+    gpu = resolve_gpu(cluster.gpu)
+    return Hardware(
+        gpu=gpu,
+        gpus_per_node=cluster.gpus_per_node,
+        intra_node_bandwidth_gb_s=cluster.intra_node_bandwidth_gb_s or gpu.intra_node_bandwidth_gb_s,
+        inter_node_bandwidth_gb_s=cluster.inter_node_bandwidth_gb_s or gpu.inter_node_bandwidth_gb_s,
+    )
+
+
+def resolve_model(model: str | ModelArchitecture | HfConfigModel) -> ModelSpec:
+    if isinstance(model, str):
+        try:
+            return model_preset(model)
+        except KeyError:
+            raise PlanningError(f"unknown model preset {model!r}; known presets: {', '.join(model_preset_names())}, "
+                                'or give an architecture object or {"hf_config": {...}}') from None
+    if isinstance(model, HfConfigModel):
+        try:
+            spec = model_from_hf_config(model.hf_config)
+        except (HfConfigError, TypeError, ValueError) as error:
+            raise PlanningError(f"hf_config: {error}") from None
+        _check_shape(spec)
+        return spec
+    scaling = model.rope_scaling
+    spec = ModelSpec(
+        name=model.name,
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_kv_heads=model.num_kv_heads or model.num_attention_heads,
+        vocab_size=model.vocab_size,
+        swiglu=model.swiglu,
+        tied_embeddings=model.tied_embeddings,
+        normalization=model.normalization,
+        norm_epsilon=model.norm_epsilon,
+        position_embedding=model.position_embedding,
+        rope_theta=model.rope_theta,
+        rotary_percent=model.rotary_percent,
+        rope_scaling=RopeScaling(**scaling.model_dump()) if scaling is not None else None,
+        max_position_embeddings=model.max_position_embeddings,
+        qkv_bias=model.qkv_bias,
+        linear_bias=model.linear_bias,
+    )
+    _check_shape(spec)
+    return spec
+
+
+def _check_shape(spec: ModelSpec) -> None:
+    """What ModelArchitecture checks, for specs that did not come through it (presets, hf_config, stored plans)."""
+    try:
+        ModelArchitecture.model_validate(asdict(spec))
+    except ValidationError as error:
+        problems = "; ".join(
+            (f"{'.'.join(map(str, item['loc']))}: " if item["loc"] else "") + item["msg"].removeprefix("Value error, ")
+            for item in error.errors()
+        )
+        raise PlanningError(f"model {problems}") from None
+
+
+def model_label(model: str | ModelArchitecture | HfConfigModel, spec: ModelSpec) -> str:
+    return model if isinstance(model, str) else spec.name
+
+
+def to_problem(request: PlanRequest) -> PlanningProblem:
+    """Validate a request against the domain and build the planner's problem."""
+    cluster = request.cluster
+    hardware = resolve_hardware(cluster)
+    model = resolve_model(request.model)
+    training = request.training
+    if training.micro_batch_size is not None and training.global_batch_size % training.micro_batch_size:
+        raise PlanningError(
+            f"global_batch_size {training.global_batch_size} is not a multiple of micro_batch_size {training.micro_batch_size}"
+        )
+    state = build_cluster_state(
+        cluster.num_nodes,
+        cluster.gpus_per_node,
+        request.failures.failed,
+        [(s.device, s.speed) for s in request.failures.slow],
+    )
+    software = SoftwareConfig(grad_reduce_bytes=4 if training.precision == "bf16" else 2)
+    return PlanningProblem(
+        hardware=hardware,
+        cluster=state,
+        workload=Workload(model, training.seq_length, training.global_batch_size, training.zero_stage),
+        model_name=model_label(request.model, model),
+        micro_batch_size=training.micro_batch_size,
+        recompute=training.recompute,
+        precision=training.precision,
+        stock_layouts_only=not request.options.allow_non_uniform,
+        time_limit_s=request.options.time_limit_s,
+        random_seed=request.options.random_seed,
+        schedules=frozenset(request.options.schedules) if request.options.schedules is not None else None,
+        efficiency=fitted_efficiency(),
+        software=software,
+    )
+
+
+@gc_paused()
+def to_wire(result: PlanResult, plan_id: str, **extra) -> Plan:
+    # Cyclic collections paused: they rescanned the plan's hundreds of thousands of fresh objects
+    # for nothing, half of this function's time at 65,536 GPUs.
+    fields = {name: getattr(result, name) for name in result.__dataclass_fields__}
+    choice = fields.pop("pipeline_schedule")
+    body = {name: asdict(value) if is_dataclass(value) else value for name, value in fields.items()}
+    body["replicas"] = [_replica_fields(replica) for replica in result.replicas]
+    body["pipeline_schedule"] = schedule_to_wire(choice) if choice is not None else None
+    body["slow_devices"] = [{"device": device, "speed": speed} for device, speed in result.slow_devices]
+    return Plan.model_validate({"plan_id": plan_id, **body, **extra})
+
+
+def _replica_fields(replica: ReplicaResult) -> dict:
+    """`asdict` without its deep copies of every device id: a third of a second at 65,536 GPUs."""
+    stages = [{name: getattr(stage, name) for name in stage.__dataclass_fields__} for stage in replica.stages]
+    return {"id": replica.id, "num_microbatches": replica.num_microbatches, "stages": stages}
+
+
+def schedule_to_wire(choice: ScheduleChoice) -> PipelineSchedule:
+    """Times rounded to a microsecond: enough for a Gantt chart, small for 64 stages x 512 microbatches.
+
+    Built as plain data and validated once: a timeline has a few hundred thousand ops on a large
+    damaged cluster, and per-stage model objects cost three times as much. Replicas of one shape
+    share their schedule's op objects, so each op's label is made once."""
+    labels: dict[int, str] = {}
+
+    def label(op) -> str:
+        # By identity: hashing the frozen dataclass costs more than making the label.
+        text = labels.get(id(op))
+        if text is None:
+            text = labels[id(op)] = op.label()
+        return text
+
+    replicas = [
+        {
+            "replica_ids": list(timeline.replica_ids),
+            "schedule": timeline.schedule.name,
+            "makespan_ms": round(timeline.simulation.makespan_ms, 3),
+            "bubble_fraction": round(timeline.simulation.bubble_fraction, 4),
+            "stages": [
+                {
+                    "stage": stage,
+                    "ops": [label(item.op) for item in ops],
+                    "start_ms": [round(item.start_ms, 3) for item in ops],
+                    "end_ms": [round(item.end_ms, 3) for item in ops],
+                    "busy_ms": round(timeline.simulation.busy_ms[stage], 3),
+                    "peak_activation_gib": round(timeline.simulation.peak_activation_gib[stage], 3),
+                }
+                for stage, ops in enumerate(timeline.simulation.timelines)
+            ],
+        }
+        for timeline in choice.replicas
+    ]
+    return PipelineSchedule.model_validate({
+        "name": choice.name,
+        "bubble_fraction": round(choice.slowest.simulation.bubble_fraction, 4),
+        "candidates_ms": {name: round(ms, 3) for name, ms in choice.candidates_ms},
+        "replicas": replicas,
+    })
+
+

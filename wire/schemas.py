@@ -1,0 +1,527 @@
+"""Wire models of API.md v1. Field names here are the public contract.
+
+These models import only pydantic (and cost_models.model_spec, which checks a
+Hugging Face config against the same architecture limits), so the CLI and
+adapter clients use them without FastAPI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from cost_models.model_spec import (
+    ARCHITECTURE_LIMITS,
+    MAX_MODEL_NAME_CHARS,
+    MAX_ROPE_THETA,
+    HfConfigError,
+    model_from_hf_config,
+)
+
+DEVICE_PATTERN = re.compile(r"([0-9]+):([0-9]+|\*)")  # used with fullmatch: no "3:5\\n", no non-ASCII digits
+
+MAX_NODES = 16_384
+MAX_GPUS_PER_NODE = 72
+MAX_LIST_LENGTH = 131_072
+MAX_CLUSTER_GPUS = 131_072  # num_nodes x gpus_per_node
+MAX_DEVICE_ID_CHARS = 24  # "16383:71" is 8; longer ids are typos or abuse (int() of huge digit strings fails)
+MAX_TOKENS_PER_ITERATION = 2**31  # global_batch_size x seq_length; ~100x the largest published batches
+# The largest published batch in sequences is BERT-with-LAMB's 65,536. Every microbatch is an op of every
+# stage's timeline: 65,536 on one 8-GPU node already take ~8 s to simulate and answer 30 MB.
+MAX_GLOBAL_BATCH_SEQUENCES = 65_536
+MIN_PEAK_TFLOPS = 0.1
+MIN_MEMORY_GIB = 0.1
+MIN_BANDWIDTH_GB_S = 0.01
+MIN_SPEED = 0.001  # the least speed the detector reports, so its estimates can be replanned with
+# Tags of the members of "a preset name or an object" fields; wire.errors leaves `<...>` parts out of field paths.
+PRESET_TAG, OBJECT_TAG, ARCHITECTURE_TAG, HF_CONFIG_TAG = "<preset>", "<object>", "<architecture>", "<hf_config>"
+
+
+class _Strict(BaseModel):
+    """Unknown fields are rejected so a typo is an error, not a silent default; NaN and infinities are
+    rejected in every float (no time, bandwidth or speed is meaningful as one, and JSON cannot carry them
+    back in an answer)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _member_kind(value: Any, object_kinds: dict[str, str], default_object_kind: str) -> str | None:
+    """Which member of a "name or object" union `value` is meant as: the tag of its form, so a bad object
+    is reported against the one model it was meant as, not against every member of the union."""
+    if isinstance(value, str):
+        return PRESET_TAG
+    if isinstance(value, dict):
+        return next((tag for key, tag in object_kinds.items() if key in value), default_object_kind)
+    if isinstance(value, BaseModel):
+        return next((tag for tag, model in _TAGGED_MODELS.items() if isinstance(value, model)), None)
+    return None
+
+
+class GpuObject(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    # Lower bounds keep every derived time finite: near-zero rates make times overflow to inf (a 500, or
+    # NaN in the answer). Each is far below any accelerator a training job runs on.
+    peak_tflops: float = Field(ge=MIN_PEAK_TFLOPS, le=100_000, description="Dense bf16 TFLOP/s per GPU.")
+    memory_gib: float = Field(ge=MIN_MEMORY_GIB, le=4096, description="HBM capacity per GPU, GiB.")
+    hbm_bandwidth_gb_s: float | None = Field(
+        default=None, ge=MIN_BANDWIDTH_GB_S, le=100_000,
+        description="HBM bandwidth GB/s; default scales A100's by peak FLOP/s.",
+    )
+
+
+class Cluster(_Strict):
+    num_nodes: int = Field(ge=1, le=MAX_NODES)
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
+    gpu: Annotated[
+        Annotated[str, Tag(PRESET_TAG)] | Annotated[GpuObject, Tag(OBJECT_TAG)],
+        Discriminator(
+            lambda value: _member_kind(value, {}, OBJECT_TAG),
+            custom_error_type="gpu_kind",
+            custom_error_message='must be a preset name or an object {"name", "peak_tflops", "memory_gib"}',
+        ),
+    ] = Field(description="A preset name (A100-40GB, A100-80GB, H100-SXM, H200, B200) or an object.")
+    intra_node_bandwidth_gb_s: float | None = Field(
+        default=None, ge=MIN_BANDWIDTH_GB_S, le=100_000,
+        description="Unidirectional NVLink GB/s per GPU; default from the GPU preset.",
+    )
+    inter_node_bandwidth_gb_s: float | None = Field(
+        default=None, ge=MIN_BANDWIDTH_GB_S, le=100_000,
+        description="Unidirectional network GB/s per GPU; default from the GPU preset.",
+    )
+
+    @model_validator(mode="after")
+    def _size(self) -> Cluster:
+        gpus = self.num_nodes * self.gpus_per_node
+        if gpus > MAX_CLUSTER_GPUS:
+            raise ValueError(
+                f"the cluster has {self.num_nodes:,} nodes x {self.gpus_per_node} GPUs = {gpus:,} GPUs; "
+                f"at most {MAX_CLUSTER_GPUS:,} are supported"
+            )
+        return self
+
+
+class SlowDevice(_Strict):
+    device: str = Field(max_length=MAX_DEVICE_ID_CHARS, description='"<node>:<gpu>"')
+    speed: float = Field(
+        ge=MIN_SPEED, le=1,
+        description=f"Fraction of healthy speed still delivered, in [{MIN_SPEED}, 1]; list a slower GPU as failed.",
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _device_form(cls, value: str) -> str:
+        match = DEVICE_PATTERN.fullmatch(value)
+        if not match or match.group(2) == "*":
+            raise ValueError(f'slow device {value!r} must look like "<node>:<gpu>", e.g. "9:2"')
+        return value
+
+
+class Failures(_Strict):
+    failed: list[Annotated[str, Field(max_length=MAX_DEVICE_ID_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_LIST_LENGTH
+    )
+    slow: list[SlowDevice] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
+
+    @field_validator("failed")
+    @classmethod
+    def _failed_form(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not DEVICE_PATTERN.fullmatch(value):
+                raise ValueError(f'failed device {value!r} must look like "<node>:<gpu>" or "<node>:*", e.g. "3:5"')
+        return values
+
+
+class RopeScalingModel(_Strict):
+    """Llama 3.1-style RoPE frequency scaling (Hugging Face `"rope_type": "llama3"`)."""
+
+    rope_type: Literal["llama3"] = "llama3"
+    factor: float = Field(gt=0, le=1024, description="Long wavelengths are divided by this (8 in Llama 3.1).")
+    low_freq_factor: float = Field(default=1.0, gt=0, le=1024)
+    high_freq_factor: float = Field(default=4.0, gt=0, le=1024)
+    original_max_position_embeddings: int = Field(
+        default=8192, ge=1, le=ARCHITECTURE_LIMITS["max_position_embeddings"],
+        description="Context length the scaling starts from.",
+    )
+
+    @model_validator(mode="after")
+    def _bands(self) -> RopeScalingModel:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(f"rope_scaling high_freq_factor {self.high_freq_factor:g} must exceed "
+                             f"low_freq_factor {self.low_freq_factor:g}")
+        return self
+
+
+class ModelArchitecture(_Strict):
+    num_layers: int = Field(ge=1, le=ARCHITECTURE_LIMITS["num_layers"])
+    hidden_size: int = Field(ge=1, le=ARCHITECTURE_LIMITS["hidden_size"])
+    ffn_hidden_size: int = Field(ge=1, le=ARCHITECTURE_LIMITS["ffn_hidden_size"])
+    num_attention_heads: int = Field(ge=1, le=ARCHITECTURE_LIMITS["num_attention_heads"])
+    num_kv_heads: int | None = Field(
+        default=None, ge=1, le=ARCHITECTURE_LIMITS["num_kv_heads"], description="Defaults to num_attention_heads."
+    )
+    vocab_size: int = Field(ge=1, le=ARCHITECTURE_LIMITS["vocab_size"])
+    swiglu: bool = True
+    tied_embeddings: bool = False
+    name: str = Field(default="custom", max_length=MAX_MODEL_NAME_CHARS)
+    normalization: Literal["rmsnorm", "layernorm"] = Field(
+        default="rmsnorm", description="rmsnorm (a weight) or layernorm (a weight and a bias)."
+    )
+    norm_epsilon: float = Field(default=1e-5, gt=0, le=1)
+    position_embedding: Literal["rope", "learned"] = Field(
+        default="rope", description="rope (rotary) or learned (a table of max_position_embeddings rows)."
+    )
+    rope_theta: float = Field(default=10_000.0, ge=1, le=MAX_ROPE_THETA, description="RoPE base.")
+    rotary_percent: float = Field(default=1.0, gt=0, le=1, description="Share of each head's dimensions RoPE rotates.")
+    rope_scaling: RopeScalingModel | None = Field(default=None, description="Llama 3.1-style scaling, or null.")
+    max_position_embeddings: int | None = Field(
+        default=None, ge=1, le=ARCHITECTURE_LIMITS["max_position_embeddings"],
+        description="Rows of the learned position table; required with position_embedding learned.",
+    )
+    qkv_bias: bool = Field(default=False, description="Biases on Q, K and V only (Qwen2).")
+    linear_bias: bool = Field(default=False, description="Biases on every linear layer of a transformer layer (GPT-3).")
+
+    @model_validator(mode="after")
+    def _shape(self) -> ModelArchitecture:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
+            )
+        kv = self.num_kv_heads or self.num_attention_heads
+        if self.num_attention_heads % kv:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not a multiple of num_kv_heads {kv}")
+        if self.position_embedding == "learned" and self.max_position_embeddings is None:
+            raise ValueError("position_embedding learned needs max_position_embeddings, the rows of its table")
+        if self.position_embedding == "learned" and self.rope_scaling is not None:
+            raise ValueError("rope_scaling applies to position_embedding rope, not learned")
+        return self
+
+
+class HfConfigModel(_Strict):
+    hf_config: dict[str, Any] = Field(description="A Hugging Face config.json, as-is.")
+
+    @model_validator(mode="after")
+    def _plannable(self) -> HfConfigModel:
+        """The architecture limits of ModelArchitecture, checked here, before any solve, in hf_config's terms."""
+        try:
+            spec = model_from_hf_config(self.hf_config)
+        except (HfConfigError, TypeError) as error:
+            raise ValueError(str(error)) from None
+        try:
+            ModelArchitecture.model_validate(dataclasses.asdict(spec))
+        except ValidationError as error:
+            problems = "; ".join(item["msg"].removeprefix("Value error, ") for item in error.errors())
+            raise ValueError(f"hf_config describes a model resiplan cannot plan: {problems}") from None
+        return self
+
+
+Recompute = Literal["none", "selective", "full", "auto"]
+Schedule = Literal["1f1b", "interleaved"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "optimized"]
+
+
+class Training(_Strict):
+    global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH_SEQUENCES, description="Sequences per iteration.")
+    seq_length: int = Field(ge=1, le=1_048_576, description="Tokens per sequence.")
+    micro_batch_size: int | None = Field(default=None, ge=1, le=4096, description="null: the planner chooses.")
+    precision: Literal["bf16", "fp16"] = "bf16"
+    zero_stage: Literal[0, 1] = 1
+    recompute: Recompute = "auto"
+
+    @model_validator(mode="after")
+    def _tokens(self) -> Training:
+        tokens = self.global_batch_size * self.seq_length
+        if tokens > MAX_TOKENS_PER_ITERATION:
+            raise ValueError(
+                f"global_batch_size {self.global_batch_size:,} x seq_length {self.seq_length:,} = {tokens:,} tokens "
+                f"per iteration; at most {MAX_TOKENS_PER_ITERATION:,} are supported"
+            )
+        return self
+
+
+class Options(_Strict):
+    time_limit_s: float = Field(default=10.0, gt=0, le=3600, description="Solver wall-time budget, seconds.")
+    allow_non_uniform: bool = True
+    random_seed: int = Field(default=0, ge=0, le=2**31 - 1, description="CP-SAT seed; fixed for reproducible plans.")
+    amortize_iterations: int = Field(
+        default=500, ge=1, le=10_000_000,
+        description="Replanning only: iterations a new layout is expected to run; its migration time is divided "
+        "by this and added to the iteration time when choosing between moving and staying.",
+    )
+    schedules: list[ScheduleName] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description="Pipeline schedules the plan may use. Default: all, or gpipe/1f1b/interleaved (what stock "
+        "Megatron-LM and DeepSpeed run) when allow_non_uniform is false. `optimized` is resiplan's CP-SAT schedule.",
+    )
+
+
+_TAGGED_MODELS: dict[str, type[BaseModel]] = {
+    OBJECT_TAG: GpuObject, ARCHITECTURE_TAG: ModelArchitecture, HF_CONFIG_TAG: HfConfigModel,
+}
+
+ModelField = Annotated[
+    Annotated[str, Tag(PRESET_TAG)]
+    | Annotated[ModelArchitecture, Tag(ARCHITECTURE_TAG)]
+    | Annotated[HfConfigModel, Tag(HF_CONFIG_TAG)],
+    Discriminator(
+        lambda value: _member_kind(value, {"hf_config": HF_CONFIG_TAG}, ARCHITECTURE_TAG),
+        custom_error_type="model_kind",
+        custom_error_message='must be a preset name, an architecture object or {"hf_config": {...}}',
+    ),
+    Field(description="A preset name, an architecture object, or {\"hf_config\": {...}}."),
+]
+
+
+class PlanRequest(_Strict):
+    cluster: Cluster
+    failures: Failures = Field(default_factory=Failures)
+    model: ModelField
+    training: Training
+    options: Options = Field(default_factory=Options)
+
+
+class Layout(_Strict):
+    tp: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
+    pp: int = Field(ge=1, le=1024)
+    micro_batch_size: int = Field(default=1, ge=1, le=4096)
+    virtual_stages: int = Field(default=1, ge=1, le=64)
+    schedule: Schedule = "1f1b"
+    recompute: Literal["none", "selective", "full"] = "selective"
+    layers_per_stage: list[int] | None = Field(default=None, max_length=1024)
+    dp: int | None = Field(default=None, ge=1, description="Replicas; default as many as the healthy devices allow.")
+
+
+class EstimateRequest(PlanRequest):
+    layout: Layout
+
+
+class Stage(BaseModel):
+    id: int
+    layers: tuple[int, int] = Field(description="Half-open [first, last) transformer layers.")
+    devices: list[str]
+    tp: int
+    memory_gib: float
+    forward_ms: float
+    backward_ms: float
+    speed: float = Field(default=1.0, description="Slowest member's speed.")
+    weight_grad_ms: float = Field(
+        default=0.0, description="Part of backward_ms computing weight gradients (W in zero-bubble schedules)."
+    )
+    activation_gib: float = Field(default=0.0, description="Activations one in-flight microbatch keeps on the stage.")
+    static_memory_gib: float = Field(
+        default=0.0, description="Weights, gradients, optimizer state and reserved memory: memory_gib minus activations."
+    )
+
+
+class Replica(BaseModel):
+    id: int
+    num_microbatches: int
+    stages: list[Stage]
+
+
+class Breakdown(BaseModel):
+    compute_s: float
+    pipeline_bubble_s: float
+    tp_comm_s: float
+    dp_comm_s: float
+    pp_comm_s: float = 0.0
+    optimizer_s: float = 0.0
+
+
+class Predicted(BaseModel):
+    iteration_time_s: float
+    tokens_per_s: float
+    mfu: float
+    breakdown: Breakdown
+
+
+class SolverReport(BaseModel):
+    status: str
+    wall_time_s: float
+    gap: float
+    objective_ms: float | None = None
+    bound_ms: float | None = None
+    candidates_total: int | None = None
+    candidates_solved: int | None = None
+    time_limit_s: float | None = Field(
+        default=None, description="The limit this answer was computed under, counted from arrival: the request's "
+        "options.time_limit_s, at most the server's cap, raised to the least this request takes (see notes).")
+    notes: list[str] = Field(
+        default_factory=list, description="What the answer gave up to arrive in time, or why its limit was raised.")
+
+
+class ReplanCandidate(BaseModel):
+    """One layout the replan weighed: `replan` (the new optimum on the devices that hold most of its
+    state), `scratch` (the same optimum placed ignoring the running layout; for comparison, never
+    chosen) or `keep` (the running layout, when all its devices are alive; its iteration time is then
+    an upper bound when a device it uses got slower or faster)."""
+
+    name: Literal["replan", "scratch", "keep"]
+    iteration_time_s: float
+    bytes_moved: int
+    migration_s: float
+    objective_ms: float = Field(description="iteration_time_s plus migration_s / amortize_iterations, in ms.")
+
+
+class Migration(BaseModel):
+    bytes_moved: int = Field(description="Weights and optimizer state the devices of the new plan receive.")
+    devices_changed: list[str] = Field(description="Alive devices whose state changes: receive, shed or leave.")
+    estimated_s: float = Field(description="Transfer time of the slowest receiving device over the cluster's links.")
+    bytes_from_checkpoint: int = Field(
+        default=0, description="State only failed devices held (e.g. their ZeRO-1 optimizer shards): it must be "
+        "read from the last checkpoint.")
+    amortize_iterations: int | None = None
+    chosen: str | None = Field(default=None, description="The candidate this plan is.")
+    candidates: list[ReplanCandidate] = Field(default_factory=list)
+
+
+class StageTimeline(BaseModel):
+    """One stage's operations in the order it runs them, with simulated times."""
+
+    stage: int
+    ops: list[str] = Field(description="`F3` forward of microbatch 3, `B3` full backward, `I3`/`W3` input/weight "
+                                       "gradient halves; `F3.1` is model chunk 1 of an interleaved stage.")
+    start_ms: list[float]
+    end_ms: list[float]
+    busy_ms: float
+    peak_activation_gib: float
+
+
+class ReplicaSchedule(BaseModel):
+    """The timeline of one replica; replicas with the same stages and microbatches share it."""
+
+    replica_ids: list[int]
+    schedule: str
+    makespan_ms: float
+    bubble_fraction: float
+    stages: list[StageTimeline]
+
+
+class PipelineSchedule(BaseModel):
+    """What each stage runs, in order: the part of the plan trainers execute."""
+
+    name: str = Field(description="Schedule of the slowest replica: gpipe, 1f1b, interleaved, zb-h1, zb-h2 or optimized.")
+    bubble_fraction: float = Field(description="Idle share of the slowest replica's busiest stage.")
+    candidates_ms: dict[str, float] = Field(
+        default_factory=dict, description="Makespan of every schedule tried for the slowest replica."
+    )
+    replicas: list[ReplicaSchedule]
+
+
+class Plan(BaseModel):
+    plan_id: str
+    status: str
+    uniform: bool
+    micro_batch_size: int
+    schedule: str
+    virtual_stages: int
+    recompute: str
+    zero_stage: int
+    replicas: list[Replica]
+    unused_devices: list[str]
+    excluded_devices: list[str]
+    predicted: Predicted
+    solver: SolverReport
+    model: str | None = None
+    parent_plan_id: str | None = None
+    migration: Migration | None = None
+    pipeline_schedule: PipelineSchedule | None = None
+    slow_devices: list[SlowDevice] = Field(
+        default_factory=list, description="The request's slow GPUs that are not failed, for maps and replanning."
+    )
+    architecture: ModelArchitecture | None = Field(default=None, description="The model's shape, for trainer configs.")
+    global_batch_size: int | None = None
+    seq_length: int | None = None
+    precision: str | None = None
+    gpu_memory_gib: float | None = Field(
+        default=None, description="HBM capacity of one GPU, GiB: what each stage's memory_gib is measured against."
+    )
+    stored: bool | None = Field(
+        default=None, description="Only in an answer, and only false: the plan store was unavailable, so this plan "
+        "was not kept; reading it back by id (GET, exports, replan, detect) answers 404.")
+
+
+class FieldError(BaseModel):
+    field: str = Field(description="Path of the failing value in the request, e.g. `failures.slow[0].speed`.")
+    message: str
+
+
+class ErrorDetail(BaseModel):
+    """Every error answer: `detail` is one sentence for people; `errors` lists the failing fields of a
+    request that did not validate."""
+
+    detail: str
+    errors: list[FieldError] | None = None
+
+
+# POST /v1/detect -------------------------------------------------------------
+
+MAX_TELEMETRY_ITEMS = 131_072  # e.g. 4,096 devices x 32 iterations, or 16,384 x 8
+MAX_MICROBATCHES_PER_ITEM = 4_096
+MAX_SEQUENCES_PER_MICROBATCH = 65_536
+
+
+class TelemetryMicrobatch(_Strict):
+    seq_lengths: list[Annotated[int, Field(ge=1, le=1_048_576)]] = Field(
+        min_length=1, max_length=MAX_SEQUENCES_PER_MICROBATCH, description="Tokens of every sequence packed in it."
+    )
+    compute_ms: float = Field(ge=0, allow_inf_nan=False, description="The device's compute time for it, ms.")
+
+
+class DeviceTelemetry(_Strict):
+    device: str = Field(max_length=MAX_DEVICE_ID_CHARS, description='"<node>:<gpu>", a device of the plan\'s stages')
+    iteration: int = Field(ge=0, le=2**62)
+    microbatches: list[TelemetryMicrobatch] = Field(
+        max_length=MAX_MICROBATCHES_PER_ITEM, description="May be empty for a device that ran nothing."
+    )
+    last_heartbeat_s_ago: float = Field(ge=0, allow_inf_nan=False)
+
+    @field_validator("device")
+    @classmethod
+    def _device_form(cls, value: str) -> str:
+        match = DEVICE_PATTERN.fullmatch(value)
+        if not match or match.group(2) == "*":
+            raise ValueError(f'telemetry device {value!r} must look like "<node>:<gpu>", e.g. "3:5"')
+        return value
+
+
+class ReplanRequest(_Strict):
+    """The complete failure state now; options not given are the parent request's."""
+
+    failures: Failures = Field(default_factory=Failures)
+    options: Options | None = Field(
+        default=None, description="Only the fields given change the parent request's options, e.g. "
+        "{\"time_limit_s\": 5, \"amortize_iterations\": 1000}.")
+
+
+class DetectRequest(_Strict):
+    plan_id: str = Field(min_length=1, max_length=64)
+    telemetry: list[DeviceTelemetry] = Field(
+        min_length=1,
+        max_length=MAX_TELEMETRY_ITEMS,
+        description="The last iterations (8 recommended, at least 3) of every device, one item per device and iteration.",
+    )
+
+
+class FailSlowDevice(BaseModel):
+    device: str
+    speed: float = Field(description="Estimated fraction of healthy speed, (0, 1].")
+    confidence: float = Field(description="0..1; 0.5 at the minimum evidence (3 iterations just over the threshold).")
+
+
+class DetectResponse(BaseModel):
+    fail_slow: list[FailSlowDevice]
+    fail_stop: list[str]
