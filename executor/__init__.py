@@ -1,2 +1,105 @@
-"""The reference trainer: runs any plan, uniform or not, with PyTorch on CPU over gloo, to show it trains
-correctly (`resiplan-train`). Imports `wire` and `adapters.torch_csv`, never `api`."""
+"""Reference executor: train a small GPT on CPU/gloo exactly as a (possibly non-uniform) plan lays it out.
+
+    torchrun --nproc-per-node W -m executor.cli --plan PLAN.json         [--steps N] [--seed S] [--lr LR] [--slow-rank R --slow-factor F] [--telemetry OUT.jsonl]         [--layers L] [--hidden H] [--ffn F] [--vocab V] [--seq S] [--out-dir DIR]
+
+(or, installed as the `resiplan-train` console script, `torchrun --nproc-per-node W
+--no-python resiplan-train --plan PLAN.json ...`).
+
+W is the number of devices the plan uses (every stage's devices). It runs what
+the plan says and nothing else, so a non-uniform plan (replicas with different
+TP degrees, layer splits or microbatch counts) trains to the same numbers as
+one process training the whole batch: the point is to show that such plans are
+executable and correct, not to be fast.
+
+Rank mapping. Rank i runs the i-th used device in sorted order, sorting
+`"<node>:<gpu>"` numerically by (node, gpu): with used devices 0:0, 1:0, 1:1
+rank 0 is 0:0, rank 1 is 1:0 and rank 2 is 1:1. Ranks beyond W (a larger world)
+only join the collective group creation and then idle.
+
+Process groups (gloo, all created by every rank in the same order):
+  * TP group per stage with tp > 1: the stage's ranks. Its lowest rank is the
+    stage's *leader*; the others are *followers*.
+  * PP group per replica: the leaders of its stages. PyTorch's pipelining
+    runtime runs on it, so only leaders send activations between stages.
+  * Gradient-sync group per distinct set of leaders holding the same layer in
+    every replica (layers with the same set share the group).
+
+Model. A llama-style decoder built from `plan.architecture` (RMSNorm, RoPE,
+GQA attention, SwiGLU or GELU MLP, untied embedding and LM head, mean token
+cross-entropy). Every parameter is initialised from a generator seeded by
+(seed, parameter name), where the name carries the layer index
+(`layers.7.wq.weight`), so every replica and every sharding starts from the
+same full weights. A plan for a big model is shrunk (see `model_config`):
+`--hidden/--ffn/--vocab/--seq/--layers` override it; the head counts are kept,
+so the plan's TP degrees still divide them. `tied_embeddings` is ignored: the
+executor (and its reference) always unties.
+
+Model chunks. Replica r with p stages and the plan's v = virtual_stages runs
+p * v chunks; chunk c of stage s is PyTorch's virtual stage c * p + s (looped
+placement, as in adapters/torch_csv.py). Stage s's layer count (its `layers`
+range) is split into v near-equal runs, earlier chunks taking the remainder,
+and the runs are laid out in virtual-stage order; with v = 1 chunk 0 holds
+exactly `layers`. The embedding is on virtual stage 0, final norm + LM head +
+loss on the last.
+
+Tensor parallelism is PyTorch's: each chunk is `parallelize_module`d on a
+DeviceMesh built from the stage's TP group (q/k/v and gate/up projections
+ColwiseParallel, out and down projections RowwiseParallel, the embedding
+vocab-parallel RowwiseParallel, the LM head ColwiseParallel gathering its
+logits); norms are replicated. The attention and MLP inputs become replicated
+DTensors once per sublayer (PrepareModuleInput), so projections sharing an
+input add their partial input gradients locally: one all-reduce per sublayer
+forward and one backward, as in Megatron-LM.
+
+A stage's TP degree may differ from its neighbours' (the planner does that),
+so TP ranks cannot each run their own pipeline lane. Instead the leader alone
+is a `PipelineStage` driven by `_PipelineScheduleRuntime`, which loads the
+replica's torch-csv export (rows reordered to the PP group's rank order, since
+a stage's leader need not have a lower rank than the next stage's). Its chunk
+is wrapped so that forward first broadcasts the chunk input to the TP group,
+and backward first broadcasts the output gradient (an autograd function on the
+chunk output). Each follower replays the same CSV row: for `F` it receives the
+input and runs its shard of the chunk, for `B`, `I` and `W` it calls the same
+`torch.distributed.pipelining._backward` functions the stage calls (with the
+same first-stage special cases), so every DTensor collective inside the chunk
+happens in the same order on all TP ranks.
+
+Gradient synchronisation, after each step's schedule, for every sync unit
+(the embedding, each layer, the final norm + head) in one global order, which
+keeps the overlapping groups deadlock-free:
+  1. every rank holding the unit gathers its gradients to full tensors (one
+     all-gather of all its shards over the TP group; replicated norms are
+     already full);
+  2. the leaders of the replicas holding the unit all-reduce the flattened
+     full gradients, each contributing its sum of microbatch mean-loss
+     gradients times `micro_batch_size / global_batch_size`: that is its
+     replica's mean gradient weighted by the replica's share
+     `num_microbatches * micro_batch_size / global_batch_size` of the global
+     batch, so the sum is the full-batch mean gradient whatever the TP
+     degrees, layer splits and microbatch counts;
+  3. the leader broadcasts the result to its TP group and every rank keeps
+     its own shard (`distribute_tensor` without communication).
+Then plain SGD. `grad_weighting="uniform"` averages replicas equally instead
+(wrong for unequal microbatch counts: the tests' negative control).
+
+Telemetry. Each rank times each compute op it runs (F, B, I, W, recorded by
+microbatch; waits for pipeline receives are outside the op), so a
+microbatch's `compute_ms` is the sum over the rank's ops and chunks for it.
+TP collectives are inside the ops, so a stage waits for its slowest TP member.
+`--slow-rank R --slow-factor F` makes rank R sleep (F - 1) times each op's
+measured time after the op (spinning the last 2 ms, as a plain sleep wakes
+late on a busy host), and report the op's time including the sleep.
+Rank 0 writes one JSON line per device and iteration in API.md's `/v1/detect`
+telemetry item format; sequences are not packed, so `seq_lengths` is the
+sequence length once per sequence of the microbatch.
+
+A plan using one device also runs without torchrun.
+
+PyTorch's pipelining runtime is private API (`_PipelineScheduleRuntime`,
+`_load_csv`, `_backward`) and may move; this is written against torch 2.13.
+
+Modules: `model` (the decoder, data, loss, TP plan, the single-process reference), `layout` (rank ->
+device, stage, chunk, layers; sync units), `tensor_parallel` (the leader/follower protocol around a chunk),
+`timing` (op timers, injected slowdowns), `run` (one rank's distributed run), `cli` (`resiplan-train`).
+Imports `wire` and `adapters.torch_csv`, never `api`.
+"""

@@ -211,7 +211,7 @@ def test_cli_export_of_a_crafted_plan_file_sources_harmlessly(tmp_path):
 def test_launch_commands_stop_naming_each_unset_setting(tmp_path):
     plan = base_plan("healthy")
     for module, settings_ in ((megatron, megatron.REQUIRED), (torchtitan, torchtitan.REQUIRED)):
-        launch = written(module.launch_command(plan), tmp_path, "launch.sh")
+        written(module.launch_command(plan), tmp_path, "launch.sh")
         for setting in settings_:
             (tmp_path / "calls").unlink(missing_ok=True)
             env = {k: v for k, v in REQUIRED_VALUES.items() if k != setting.variable}

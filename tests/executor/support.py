@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from executor import torch_executor
+from executor import run as executor_run
 from wire.schemas import ModelArchitecture, Plan
 
 # What the ranks train: a 4-head (2 KV heads) model small enough for 7 gloo ranks on 2 cores.
@@ -84,14 +84,14 @@ def used_devices(plan: Plan) -> int:
 class Case:
     name: str
     plan_json: str
-    options: torch_executor.Options
+    options: executor_run.Options
     out_dir: str
     telemetry: str | None = None
 
 
 def _worker(rank: int, world: int, store: str, cases: list[Case]) -> None:
     for case in cases:
-        torch_executor.run_rank(rank, world, f"file://{store}-{case.name}", case.plan_json, case.options,
+        executor_run.run_rank(rank, world, f"file://{store}-{case.name}", case.plan_json, case.options,
                                 out_dir=case.out_dir, telemetry_path=case.telemetry, timeout_s=60.0)
 
 
@@ -106,7 +106,7 @@ def _child(index: int, world: int, store: str, cases: list[Case]) -> None:
 # Imported once in the fork server rather than in every rank: torch, and what DTensor and the pipelining
 # runtime import lazily on first use (dynamo and its sympy, ~900 modules).
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed.tensor", "torch.distributed.tensor.parallel",
-           "torch.distributed.pipelining", "torch.distributed.fsdp", "executor.torch_executor"]
+           "torch.distributed.pipelining", "torch.distributed.fsdp", "executor.run"]
 
 
 def run_world(cases: list[Case], world: int, tmp_path: Path, seconds: float = 120.0) -> None:

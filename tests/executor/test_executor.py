@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from executor import torch_executor
+from executor import layout as executor_layout
+from executor import model as executor_model
+from executor import run as executor_run
 from wire.schemas import Plan, PlanRequest
 from api.tasks.planning import plan_for
 from tests.executor.support import (
@@ -51,7 +53,7 @@ SLOW_RANK = 1
 def runs(plans, tmp_path_factory) -> dict[str, Case]:
     tmp = tmp_path_factory.mktemp("executor")
     uniform, non_uniform = plans["uniform"].model_dump_json(), plans["non-uniform"].model_dump_json()
-    options = torch_executor.Options
+    options = executor_run.Options
     cases = [
         Case("uniform", uniform, options(steps=STEPS, lr=LR), str(tmp / "uniform"), str(tmp / "uniform.jsonl")),
         Case("non-uniform", non_uniform, options(steps=STEPS, lr=LR), str(tmp / "non-uniform")),
@@ -65,8 +67,8 @@ def runs(plans, tmp_path_factory) -> dict[str, Case]:
 
 
 def _reference(plan: Plan, steps: int = STEPS):
-    layout = torch_executor.build_layout(plan)
-    return torch_executor.reference_train(torch_executor.model_config(plan), layout.global_batch_size, steps, 0, LR)
+    layout = executor_layout.build_layout(plan)
+    return executor_model.reference_train(executor_model.model_config(plan), layout.global_batch_size, steps, 0, LR)
 
 
 def _assert_trains_like_one_process(plan: Plan, out_dir: str, steps: int = STEPS) -> None:
@@ -164,7 +166,7 @@ def _telemetry(plan: Plan, path: str) -> list[TelemetryItem]:
     """Parsed as a /v1/detect request body, with one item per device and iteration that matches the plan."""
     lines = Path(path).read_text().splitlines()
     request = DetectRequest.model_validate({"plan_id": plan.plan_id, "telemetry": [json.loads(l) for l in lines]})
-    devices = torch_executor.build_layout(plan).devices
+    devices = executor_layout.build_layout(plan).devices
     assert sorted((item.iteration, item.device) for item in request.telemetry) == sorted(
         (step, device) for step in range(STEPS) for device in devices
     )
@@ -183,7 +185,7 @@ def test_telemetry_of_a_tensor_parallel_plan(plans, runs):
 def test_slowed_rank_reports_the_slowdown(plans, runs):
     plan = plans["telemetry"]
     items = _telemetry(plan, runs["telemetry"].telemetry)
-    slow, peer = (torch_executor.build_layout(plan).devices[rank] for rank in (SLOW_RANK, 1 - SLOW_RANK))
+    slow, peer = (executor_layout.build_layout(plan).devices[rank] for rank in (SLOW_RANK, 1 - SLOW_RANK))
     assert [[s.devices for s in r.stages] for r in plan.replicas] == [[[peer]], [[slow]]]  # same work, one stage each
     median = {device: statistics.median(mb.compute_ms for item in items if item.device == device and item.iteration
                                         for mb in item.microbatches) for device in (slow, peer)}  # 0 warms up
@@ -226,10 +228,10 @@ def test_command_line_under_torchrun(tmp_path):
     plan = _cli_plan()
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(plan.model_dump_json())
-    layout = torch_executor.build_layout(plan)
+    layout = executor_layout.build_layout(plan)
     assert layout.replicas[0].leaders == [2, 1]  # the CSV rows must be permuted for PP-group ranks
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-               str(layout.world), "-m", "executor.torch_executor", "--plan", str(plan_file), "--steps", "2",
+               str(layout.world), "-m", "executor.cli", "--plan", str(plan_file), "--steps", "2",
                "--lr", str(LR), "--out-dir", str(tmp_path / "out"), "--telemetry", str(tmp_path / "t.jsonl"),
                "--timeout", "60"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

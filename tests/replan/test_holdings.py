@@ -20,7 +20,7 @@ def test_interleaved_chunks_follow_the_looped_order():
 
 
 def test_chunks_match_the_reference_executor():
-    from executor.torch_executor import chunk_sizes
+    from executor.layout import chunk_sizes
 
     counts = [5, 3, 4]
     runs = chunk_layer_runs(counts, 3)

@@ -1,0 +1,147 @@
+"""Which rank runs which device, stage, chunk and layers of a plan; the gradient-sync units."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from executor.model import ModelConfig
+from wire.schemas import Plan
+
+
+def device_key(device: str) -> tuple[int, int]:
+    node, gpu = device.split(":")
+    return int(node), int(gpu)
+
+
+@dataclass
+class StagePlace:
+    replica: int  # index into Layout.replicas
+    stage: int
+    ranks: list[int]  # the stage's ranks, in the order of its devices; TP shard i is on the i-th lowest
+    virtuals: list[int]  # PyTorch stage indices of its chunks
+    layer_count: int
+
+    @property
+    def leader(self) -> int:
+        return min(self.ranks)
+
+    @property
+    def tp(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass
+class Part:
+    """One model chunk of one replica: PyTorch's virtual stage `virtual`."""
+
+    replica: int
+    stage: int
+    chunk: int
+    virtual: int
+    layers: range
+    has_embed: bool
+    has_head: bool
+
+
+@dataclass
+class ReplicaPlace:
+    plan_id: int
+    num_microbatches: int
+    stages: list[StagePlace]
+    parts: list[Part]  # in virtual-stage order
+    first_sequence: int  # its slice of the global batch starts here
+
+    @property
+    def leaders(self) -> list[int]:
+        return [stage.leader for stage in self.stages]
+
+
+@dataclass
+class Layout:
+    devices: list[str]  # rank -> device
+    replicas: list[ReplicaPlace]
+    virtual_stages: int
+    micro_batch_size: int
+    global_batch_size: int
+    num_layers: int
+    stage_of_rank: dict[int, StagePlace] = field(default_factory=dict)
+
+    @property
+    def world(self) -> int:
+        return len(self.devices)
+
+
+def _remap_bounds(bounds: list[int], old: int, new: int) -> list[int]:
+    if old == new:
+        return bounds
+    mapped = [round(b * new / old) for b in bounds]
+    if all(a < b for a, b in itertools.pairwise(mapped)):
+        return mapped
+    raise ValueError(f"cannot shrink the plan's {old} layers to {new}: a stage would hold no layer ({mapped})")
+
+
+def chunk_sizes(count: int, v: int) -> list[int]:
+    return [count // v + (1 if c < count % v else 0) for c in range(v)]
+
+
+def build_layout(plan: Plan, num_layers: int | None = None) -> Layout:
+    devices = sorted({d for r in plan.replicas for s in r.stages for d in s.devices}, key=device_key)
+    rank_of = {device: rank for rank, device in enumerate(devices)}
+    v = plan.virtual_stages
+    plan_layers = plan.replicas[0].stages[-1].layers[1]
+    num_layers = num_layers or plan_layers
+    layout_replicas: list[ReplicaPlace] = []
+    first_sequence = 0
+    for index, replica in enumerate(sorted(plan.replicas, key=lambda r: r.id)):
+        bounds = [replica.stages[0].layers[0]] + [stage.layers[1] for stage in replica.stages]
+        if bounds[0] != 0 or bounds[-1] != plan_layers or any(
+            s.layers[0] != prev.layers[1] for prev, s in itertools.pairwise(replica.stages)
+        ):
+            raise ValueError(f"replica {replica.id}: stages do not cover layers [0, {plan_layers}) contiguously")
+        bounds = _remap_bounds(bounds, plan_layers, num_layers)
+        p = len(replica.stages)
+        stages = [
+            StagePlace(index, s, [rank_of[d] for d in stage.devices], [c * p + s for c in range(v)],
+                       bounds[s + 1] - bounds[s])
+            for s, stage in enumerate(replica.stages)
+        ]
+        parts: list[Part] = []
+        first = 0
+        for virtual in range(p * v):
+            s, c = virtual % p, virtual // p
+            size = chunk_sizes(stages[s].layer_count, v)[c]
+            parts.append(Part(index, s, c, virtual, range(first, first + size), virtual == 0, virtual == p * v - 1))
+            first += size
+        layout_replicas.append(ReplicaPlace(replica.id, replica.num_microbatches, stages, parts, first_sequence))
+        first_sequence += replica.num_microbatches * plan.micro_batch_size
+    gbs = plan.global_batch_size or first_sequence
+    if gbs != first_sequence:
+        raise ValueError(f"microbatches x micro_batch_size = {first_sequence} sequences, plan says {gbs}")
+    layout = Layout(devices, layout_replicas, v, plan.micro_batch_size, gbs, num_layers)
+    for replica in layout_replicas:
+        for stage in replica.stages:
+            for rank in stage.ranks:
+                layout.stage_of_rank[rank] = stage
+    return layout
+
+
+def sync_units(cfg: ModelConfig) -> list[str]:
+    """Gradient-sync units in their one global order: the embedding, each layer, the norm + head."""
+    return ["embed", *(f"layers.{i}" for i in range(cfg.num_layers)), "head"]
+
+
+def unit_of(param_name: str) -> str:
+    if param_name.startswith("layers."):
+        return ".".join(param_name.split(".")[:2])
+    return "embed" if param_name.startswith("embed.") else "head"
+
+
+def part_holds(part: Part, unit: str) -> bool:
+    if unit == "embed":
+        return part.has_embed
+    if unit == "head":
+        return part.has_head
+    return int(unit.split(".")[1]) in part.layers
+
+
