@@ -10,8 +10,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from wire.schemas import EstimateRequest, Plan, PlanRequest
 from planner.errors import PlanningError
+from wire.schemas import EstimateRequest, Plan, PlanRequest
 
 EXIT_BAD_REQUEST = 2
 LAUNCH_FORMATS = ("megatron", "deepspeed", "torchtitan")

@@ -83,8 +83,9 @@ from adapters.megatron_model import megatron_lm_model_args
 from adapters.registry import ExportError
 from adapters.shell_text import Required, inert, required_lines
 from adapters.stock import StockLayout, check_replica, node_blocks, stock_layout
-from wire.schemas import Plan
+from cost_models.device import DeviceSpec
 from cost_models.pipeline import interleaved_group_sizes
+from wire.schemas import Plan
 
 TARGET = "Megatron-LM"
 SCHEDULES = frozenset({"gpipe", "1f1b", "interleaved"})
@@ -317,7 +318,7 @@ def _left_out_by_node(plan: Plan) -> dict[int, str]:
     by_node: dict[int, tuple[list[str], list[str]]] = {}
     for kind, devices in ((0, plan.unused_devices), (1, plan.excluded_devices)):
         for device in devices:
-            by_node.setdefault(int(device.split(":")[0]), ([], []))[kind].append(inert(device))
+            by_node.setdefault(DeviceSpec.parse(device).node, ([], []))[kind].append(inert(device))
     text = {}
     for node, (unused, failed) in by_node.items():
         parts = [f"{', '.join(devices)} {what}" for devices, what in ((unused, "unused"), (failed, "failed")) if devices]

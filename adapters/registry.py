@@ -11,8 +11,8 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from wire.schemas import Plan
 from planner.errors import PlanningError
+from wire.schemas import Plan
 
 
 class ExportError(PlanningError):

@@ -8,18 +8,16 @@ differs and how to ask for one that does not.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from adapters.registry import ExportError
 from adapters.shell_text import inert
-from wire.schemas import MAX_DEVICE_ID_CHARS, ModelArchitecture, Plan
+from cost_models.device import Device, DeviceIdError, DeviceSpec, device_order, node_of
+from wire.schemas import ModelArchitecture, Plan
 
 # ASCII digits only: a plan read from a file is not validated like a request, and a device id is
 # written into launch lines, so "3:5\ntouch x" or other scripts' digits never get that far.
-_DEVICE_ID = re.compile(r"[0-9]{1,12}:[0-9]{1,12}")
-_WHOLE_NODE_ID = re.compile(r"[0-9]{1,12}:\*")
 
 ASK_FOR_STOCK = (
     'ask for a plan stock trainers run with "options": {"allow_non_uniform": false}, '
@@ -81,10 +79,14 @@ def _device_id_problems(plan: Plan) -> list[str]:
     """Device ids that are not `<node>:<gpu>` (or `<node>:*` among the excluded)."""
     placed = (device for replica in plan.replicas for stage in replica.stages for device in stage.devices)
     for device in [*placed, *plan.unused_devices]:
-        if len(device) > MAX_DEVICE_ID_CHARS or not _DEVICE_ID.fullmatch(device):
+        try:
+            Device.parse(device)
+        except DeviceIdError:
             return [f'device id "{inert(device)}" is not "<node>:<gpu>"']
     for device in plan.excluded_devices:
-        if len(device) > MAX_DEVICE_ID_CHARS or not (_DEVICE_ID.fullmatch(device) or _WHOLE_NODE_ID.fullmatch(device)):
+        try:
+            DeviceSpec.parse(device)
+        except DeviceIdError:
             return [f'excluded device id "{inert(device)}" is not "<node>:<gpu>" or "<node>:*"']
     return []
 
@@ -123,7 +125,7 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
     pp = len(first.stages)
     devices = [d for r in replicas for s in r.stages for d in s.devices]
     devices += list(plan.unused_devices) + list(plan.excluded_devices)
-    gpus_per_node = 1 + max(int(d.split(":")[1]) for d in devices if not d.endswith("*"))
+    gpus_per_node = 1 + max(spec.gpu for spec in map(DeviceSpec.parse, devices) if spec.gpu is not None)
     rank_devices = tuple(
         device for stage in range(pp) for replica in replicas for device in replica.stages[stage].devices
     )
@@ -144,7 +146,7 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
         architecture=plan.architecture,
         rank_devices=rank_devices,
         gpus_per_node=gpus_per_node,
-        nodes=tuple(sorted({int(d.split(":")[0]) for d in rank_devices})),
+        nodes=tuple(sorted({node_of(d) for d in rank_devices})),
     )
 
 
@@ -167,7 +169,7 @@ def node_blocks(devices: Sequence[str]) -> list[tuple[int, list[int]]] | None:
     blocks: list[tuple[int, list[int]]] = []
     seen: set[int] = set()  # a set, not a scan of the blocks: 16,384 nodes made that 8 s
     for device in devices:
-        node, gpu = (int(part) for part in device.split(":"))
+        node, gpu = device_order(device)
         if blocks and blocks[-1][0] == node:
             blocks[-1][1].append(gpu)
         elif node in seen:
@@ -185,7 +187,7 @@ def launch_blocks(layout: StockLayout, launcher: str) -> list[tuple[int, list[in
         return blocks
     ranks_by_node: dict[int, list[int]] = {}
     for rank, device in enumerate(layout.rank_devices):
-        ranks_by_node.setdefault(int(device.split(":")[0]), []).append(rank)
+        ranks_by_node.setdefault(node_of(device), []).append(rank)
     node, ranks = next(
         (node, ranks) for node, ranks in ranks_by_node.items() if ranks != list(range(ranks[0], ranks[0] + len(ranks)))
     )

@@ -59,7 +59,6 @@ import csv
 import io
 
 from adapters.registry import ExportError, replica_schedule
-from wire.schemas import Plan
 from planner.schedules.ops import (
     BACKWARD,
     FORWARD,
@@ -69,6 +68,7 @@ from planner.schedules.ops import (
     ScheduleError,
     parse_op,
 )
+from wire.schemas import Plan
 
 
 def render(plan: Plan, replica_id: int | None) -> str:

@@ -97,8 +97,8 @@ from adapters.registry import ExportError
 from adapters.shell_text import Required, inert, required_lines
 from adapters.stock import StockLayout, check_replica, launch_blocks, stock_layout
 from adapters.torchtitan_model import unsupported
-from wire.schemas import ModelArchitecture, Plan
 from cost_models.model_spec import model_preset
+from wire.schemas import ModelArchitecture, Plan
 
 TARGET = "torchtitan"
 ENTRY_MODULE = "torchtitan.train"

@@ -5,24 +5,24 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi_offline import FastAPIOffline
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
 from api.core.auth import BearerTokenMiddleware
 from api.core.body import document_bodies
-from wire.errors import RequestBodyInvalid, error_body, field_errors, validation_detail
 from api.core.execution import PoolConfig, PoolError, SolverPool
 from api.core.limits import BodyLimitMiddleware, BodyLimits
 from api.core.logs import configure_logging
 from api.core.metrics import CONTENT_TYPE, Metrics
 from api.core.observe import ObserveMiddleware
-from api.routes import detect, plans, replan, ui
-from wire.schemas import ErrorDetail, EstimateRequest, PlanRequest, ReplanRequest
 from api.core.settings import Settings
 from api.core.store import PlanStore, StoreUnavailable, make_engine
+from api.routes import detect, plans, replan, ui
 from planner.errors import PlanningError
+from wire.errors import RequestBodyInvalid, error_body, field_errors, validation_detail
+from wire.schemas import ErrorDetail, EstimateRequest, PlanRequest, ReplanRequest
 
 # Seconds a client is told to wait when the plan store is down: a restart of a database server.
 STORE_RETRY_AFTER_S = 5

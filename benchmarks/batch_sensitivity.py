@@ -21,9 +21,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from benchmarks.failures import (
+    Setup,
+    request_for,
+    solve,
+    surviving_fraction,
+    tokens_per_s,
+)
 from wire.convert import to_problem
 from wire.schemas import PlanRequest
-from benchmarks.failures import Setup, request_for, solve, surviving_fraction, tokens_per_s
 
 MODELS = ("llama2-7b", "llama2-13b")
 GLOBAL_BATCHES = (512, 1024, 2048, 4096)

@@ -126,9 +126,9 @@ def ask_http(http: httpx.Client, base_url: str, gpus: int, kind: str, limit_s: f
 
 
 def ask_in_process(gpus: int, kind: str, limit_s: float) -> Answer:
-    from wire.schemas import PlanRequest
     from api.tasks.planning import plan_for
     from planner.errors import PlanningError
+    from wire.schemas import PlanRequest
 
     body = json.dumps(request_for(gpus, kind, limit_s)).encode()
     started = time.perf_counter()

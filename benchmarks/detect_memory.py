@@ -27,13 +27,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from wire.convert import resolve_model
 from api.core.execution import PoolConfig, SolverPool
-from wire.schemas import DetectRequest, EstimateRequest, Plan
 from api.tasks.detection import detect_for, detect_json
 from api.tasks.planning import estimate_for
 from benchmarks.telemetry import Slowdown, TelemetryConfig, generate_telemetry, to_wire
 from detector import Microbatch, TelemetryItem
+from wire.convert import resolve_model
+from wire.schemas import DetectRequest, EstimateRequest, Plan
 
 MIB = 1024 * 1024
 

@@ -25,8 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
 
-from wire.convert import resolve_model
-from wire.schemas import EstimateRequest, Plan
 from api.tasks.planning import estimate_for
 from benchmarks.telemetry import Slowdown, Stop, TelemetryConfig, generate_telemetry
 from cost_models.model_spec import ModelSpec
@@ -41,6 +39,8 @@ from detector import (
     layout_from_plan,
     summarize,
 )
+from wire.convert import resolve_model
+from wire.schemas import EstimateRequest, Plan
 
 RAW_THRESHOLD = 1.10
 SPEEDS = (0.9, 0.7, 0.5, 0.25)

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 
 from adapters import deepspeed, json_plan, megatron, torchtitan
-from wire.schemas import Plan
 from cost_models.model_spec import model_preset
+from wire.schemas import Plan
 
 NODES, GPUS_PER_NODE, TP, PP = 16_384, 8, 8, 16
 MODEL = "llama3-405b"

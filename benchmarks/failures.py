@@ -23,13 +23,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from wire.convert import to_problem
-from wire.schemas import PlanRequest
 from benchmarks.baselines import BASELINES, BaselineResult
 from benchmarks.baselines.common import healthy_plan
 from benchmarks.report import load_average
 from planner.errors import PlanningError
 from planner.problem import PlanningProblem
+from wire.convert import to_problem
+from wire.schemas import PlanRequest
 
 TIME_LIMIT_S = 10.0
 # Solve-time targets by cluster size (GPUs): wall seconds, layout search and schedules together.

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from cost_models.device import device_order
 from cost_models.memory import OPTIMIZER_BYTES_PER_PARAM
 from cost_models.model_spec import ModelSpec
 
@@ -204,6 +205,6 @@ def migration_cost(
     return MigrationCost(
         bytes_moved=round(moved),
         bytes_from_checkpoint=round(from_checkpoint),
-        devices_changed=tuple(sorted(changed, key=lambda d: tuple(int(x) for x in d.split(":")))),
+        devices_changed=tuple(sorted(changed, key=device_order)),
         estimated_s=slowest_s,
     )

@@ -20,7 +20,13 @@ from detector.detector import (
     detect,
     summarize,
 )
-from detector.telemetry import ItemTotals, Microbatch, TelemetryError, TelemetryItem, TelemetryTotals
+from detector.telemetry import (
+    ItemTotals,
+    Microbatch,
+    TelemetryError,
+    TelemetryItem,
+    TelemetryTotals,
+)
 from detector.work import (
     DetectionLayout,
     Role,

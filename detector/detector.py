@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from statistics import median
 
+from cost_models.device import DeviceIdError, device_order
 from detector.telemetry import ItemTotals, TelemetryError
 from detector.work import DetectionLayout
 
@@ -110,8 +111,11 @@ class Detection:
 
 
 def device_sort_key(device: str) -> tuple[int, int, str]:
-    node, _, gpu = device.partition(":")
-    return (int(node), int(gpu), device) if node.isdigit() and gpu.isdigit() else (1 << 62, 0, device)
+    """Numeric device order; an id that is not one (the detector reports what it was sent) sorts last."""
+    try:
+        return (*device_order(device), device)
+    except DeviceIdError:
+        return (1 << 62, 0, device)
 
 
 def summarize(items: Iterable[ItemTotals], layout: DetectionLayout) -> list[DeviceIteration]:

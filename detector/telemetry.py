@@ -14,11 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from planner.errors import PlanningError
 
-
-class TelemetryError(PlanningError):
-    """Telemetry that cannot be judged against the plan (unknown device, negative time, duplicates)."""
+class TelemetryError(ValueError):
+    """Telemetry that cannot be judged against the plan (unknown device, negative time, duplicates); the
+    service answers it 422 (api.tasks.detection)."""
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
+from api.tasks.planning import plan_for
 from render.gantt_svg import gantt_svg
 from render.plan_page import featured_replica_id, plan_page_html
 from wire.convert import resolve_gpu
 from wire.schemas import Plan, PlanRequest
-from api.tasks.planning import plan_for
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -5,13 +5,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from cost_models.device import device_order
 from executor.model import ModelConfig
 from wire.schemas import Plan
 
 
 def device_key(device: str) -> tuple[int, int]:
-    node, gpu = device.split(":")
-    return int(node), int(gpu)
+    return device_order(device)
 
 
 @dataclass

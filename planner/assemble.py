@@ -8,10 +8,11 @@ the search put them: packed into the first replicas, middle stages first.
 
 from __future__ import annotations
 
+from cost_models.device import device_id
 from cost_models.flops import iteration_model_flops
 from cost_models.hardware import GIB
 from cost_models.iteration import stage_time
-from planner.devices import Slot, damaged_node_slots, device_id, slot_inventory
+from planner.devices import Slot, damaged_node_slots, slot_inventory
 from planner.problem import PlanningProblem
 from planner.result import (
     PlanResult,

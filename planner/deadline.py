@@ -15,8 +15,8 @@ answer saying so (`api.tasks.planning.plan_for`).
 
 from __future__ import annotations
 
-from planner.uniform.candidates import uniform_shape_count
 from planner.problem import PlanningProblem
+from planner.uniform.candidates import uniform_shape_count
 
 # Seconds, plus seconds per GPU of the cluster and per failed or slow device it holds, of what an
 # answer spends whatever its search does: reading and validating the request (before the server's

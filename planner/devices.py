@@ -9,23 +9,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_models.device import DeviceIdError, DeviceSpec
 from planner.errors import PlanningError
 from planner.problem import ClusterState
 
 
-def device_id(node: int, gpu: int) -> str:
-    return f"{node}:{gpu}"
-
-
 def parse_device(text: str, num_nodes: int, gpus_per_node: int) -> tuple[int, int | None]:
-    """(node, gpu) from "node:gpu", gpu None for "node:*"; PlanningError if out of range."""
-    node_text, _, gpu_text = text.partition(":")
-    node = int(node_text)
+    """(node, gpu) from "node:gpu", gpu None for "node:*"; PlanningError if malformed or out of range."""
+    try:
+        spec = DeviceSpec.parse(text)
+    except DeviceIdError as error:
+        raise PlanningError(str(error)) from None
+    node, gpu = spec.node, spec.gpu
     if node >= num_nodes:
         raise PlanningError(f"device {text!r} names node {node}, but the cluster has nodes 0..{num_nodes - 1}")
-    if gpu_text == "*":
+    if gpu is None:
         return node, None
-    gpu = int(gpu_text)
     if gpu >= gpus_per_node:
         raise PlanningError(f"device {text!r} names GPU {gpu}, but each node has GPUs 0..{gpus_per_node - 1}")
     return node, gpu

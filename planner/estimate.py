@@ -10,12 +10,12 @@ from cost_models.layout import ParallelShape
 from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
 from planner.assemble import assemble_plan
 from planner.budget import Budget
-from planner.uniform.candidates import Candidate
 from planner.devices import slot_inventory
 from planner.errors import InfeasibleError, PlanningError
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
 from planner.schedules.for_plan import with_schedules
+from planner.uniform.candidates import Candidate
 from planner.uniform.search import SearchResult, evaluate
 
 

@@ -9,9 +9,9 @@ from cost_models.memory import (
     WEIGHT_AND_GRAD_BYTES_PER_PARAM,
 )
 from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
-from planner.uniform.candidates import tensor_parallel_sizes
 from planner.devices import slot_inventory
 from planner.problem import PlanningProblem
+from planner.uniform.candidates import tensor_parallel_sizes
 
 
 def format_bytes(value: float) -> str:

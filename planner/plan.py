@@ -14,12 +14,12 @@ from dataclasses import replace
 
 from cost_models.pipeline import pipeline_time_ms
 from planner.assemble import assemble_plan, finish_plan
-from planner.nonuniform.assemble import assemble_replicas
 from planner.budget import Budget
 from planner.deadline import finish_reserve_s, ops_cost_s
 from planner.errors import InfeasibleError
 from planner.gc_pause import gc_paused
 from planner.infeasibility import explain_infeasible, obvious_infeasibility
+from planner.nonuniform.assemble import assemble_replicas
 from planner.nonuniform.search import (
     PRUNE_TOLERANCE,
     NonUniformLayout,
@@ -27,25 +27,26 @@ from planner.nonuniform.search import (
     NonUniformSearch,
     recost,
 )
+from planner.nonuniform.templates import stage_timings
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
 from planner.schedules.for_plan import MAX_OPTIMIZE_S_PER_REPLICA, with_schedules
 from planner.uniform.search import SearchResult, UniformSearch, search
-from planner.nonuniform.templates import stage_timings
 
 # Share of the time limit kept for choosing schedules once the layout is known.
 SCHEDULE_TIME_SHARE = 0.1
 
 
-def schedule_budget_s(problem: PlanningProblem) -> float:
-    return min(MAX_OPTIMIZE_S_PER_REPLICA, SCHEDULE_TIME_SHARE * problem.time_limit_s)
+def schedule_budget_s(total_s: float) -> float:
+    """What the schedule step is kept of an answer's `total_s` seconds."""
+    return min(MAX_OPTIMIZE_S_PER_REPLICA, SCHEDULE_TIME_SHARE * total_s)
 
 
-def schedule_time_s(problem: PlanningProblem, left_s: float) -> float:
-    """The schedule step's time: its budget, or what the layout search left of the time limit when
+def schedule_time_s(total_s: float, left_s: float) -> float:
+    """The schedule step's time: its budget, or what the layout search left of the `total_s` when
     that is more (a search that finished early leaves time for list schedules), never more than one
-    CP-SAT schedule's cap and never past the time limit."""
-    return min(max(schedule_budget_s(problem), left_s), MAX_OPTIMIZE_S_PER_REPLICA, max(0.0, left_s))
+    CP-SAT schedule's cap and never past the deadline."""
+    return min(max(schedule_budget_s(total_s), left_s), MAX_OPTIMIZE_S_PER_REPLICA, max(0.0, left_s))
 
 
 def plan_uniform(problem: PlanningProblem, budget: Budget | None = None) -> PlanResult:
@@ -70,9 +71,10 @@ def plan(problem: PlanningProblem, budget: Budget | None = None) -> PlanResult:
 def _within_time_limit(problem: PlanningProblem, budget: Budget,
                        layout_search: Callable[[Budget], PlanResult]) -> PlanResult:
     """The layout search, then schedules, both by the budget's deadline: the search gets the budget
-    less the schedule step's share and the finishing reserve."""
-    layout = layout_search(budget.less(schedule_budget_s(problem) + finish_reserve_s(problem)))
-    return with_schedules(problem, layout, budget, optional_s=schedule_time_s(problem, budget.remaining_s()))
+    less the schedule step's share (of the time left now) and the finishing reserve."""
+    total_s = budget.remaining_s()
+    layout = layout_search(budget.less(schedule_budget_s(total_s) + finish_reserve_s(problem)))
+    return with_schedules(problem, layout, budget, optional_s=schedule_time_s(total_s, budget.remaining_s()))
 
 
 def _plan_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:
@@ -82,7 +84,6 @@ def _plan_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:
     started = time.monotonic()
     uniform = UniformSearch(problem, budget)
     nonuniform = NonUniformSearch(problem)
-    deadline = budget.deadline_s
     finishing = _FinishingCost(uniform, nonuniform)
     while True:
         incumbent = min(uniform.best_ms, nonuniform.best_ms)
@@ -93,9 +94,9 @@ def _plan_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:
         if min(next_uniform, next_nonuniform) >= incumbent * (1 - PRUNE_TOLERANCE):
             break
         if next_uniform <= next_nonuniform:
-            uniform.step(deadline)
+            uniform.step(budget)
         else:
-            nonuniform.step(deadline, incumbent)
+            nonuniform.step(budget, incumbent)
     best_uniform = uniform.result()
     found = nonuniform.result(best_uniform.objective_ms if best_uniform is not None else float("inf"))
     if found.layout is None:

@@ -23,13 +23,13 @@ and the GPUs of a larger slow stage get a dashed "in a slow stage" outline.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from adapters.registry import ExportError
+from cost_models.device import DeviceIdError, DeviceSpec
 from render.markup import xml_text
 from render.number_format import memory_text, px, speed_text
-from adapters.registry import ExportError
 from wire.schemas import MAX_GPUS_PER_NODE, MAX_NODES, Plan, Stage
 
 FONT = "system-ui, -apple-system, 'Segoe UI', 'DejaVu Sans', Arial, sans-serif"
@@ -48,7 +48,6 @@ HATCH_SHARE = 0.6  # legs of the hatched corner triangle, as a share of the cell
 MARGIN_PX = 12.0
 COLUMN_HEADER_PX = 12.0
 HATCH_ID = "cm-hatch"  # one page may hold several SVGs: keep ids prefixed
-_DEVICE = re.compile(r"([0-9]{1,6}):([0-9]{1,3}|\*)")
 
 
 class ClusterMapError(ExportError):
@@ -123,14 +122,14 @@ class MapLegend:
 
 def parse_device(device: str) -> tuple[int, int | None]:
     """(node, gpu or None for "n:*"); an id that is not a device of a drawable cluster is a ClusterMapError."""
-    match = _DEVICE.fullmatch(device)
-    if match is None:
-        raise ClusterMapError(f"device id {device!r} is not of the form \"<node>:<gpu>\"")
-    node, gpu = int(match.group(1)), None if match.group(2) == "*" else int(match.group(2))
-    if node >= MAX_NODES or (gpu is not None and gpu >= MAX_GPUS_PER_NODE):
+    try:
+        spec = DeviceSpec.parse(device)
+    except DeviceIdError:
+        raise ClusterMapError(f"device id {device!r} is not of the form \"<node>:<gpu>\"") from None
+    if spec.node >= MAX_NODES or (spec.gpu is not None and spec.gpu >= MAX_GPUS_PER_NODE):
         raise ClusterMapError(f"device id {device!r} is outside the largest cluster resiplan plans "
                               f"({MAX_NODES} nodes of {MAX_GPUS_PER_NODE} GPUs)")
-    return node, gpu
+    return spec.node, spec.gpu
 
 
 def cluster_shape(plan: Plan) -> tuple[int, int]:

@@ -21,11 +21,11 @@ import math
 import re
 from dataclasses import dataclass
 
+from adapters.registry import replica_schedule
+from planner.schedules.ops import ScheduleError, parse_op
 from render.markup import xml_text
 from render.number_format import memory_text, ms_text, px, speed_text
-from adapters.registry import replica_schedule
 from wire.schemas import Plan, ReplicaSchedule, Stage, StageTimeline
-from planner.schedules.ops import ScheduleError, parse_op
 
 # Colour-blind-safe (Okabe-Ito) fills per op kind, and what the legend calls them.
 KIND_COLORS = {"F": "#0072B2", "B": "#009E73", "I": "#E69F00", "W": "#CC79A7"}

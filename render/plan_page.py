@@ -17,11 +17,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from render.cluster_map_svg import ClusterMapError, MapLegend, cluster_map_svg, map_legend, slow_marks
+from adapters.registry import format_names, replica_schedule
+from cost_models.device import DeviceIdError, DeviceSpec
+from render.cluster_map_svg import (
+    ClusterMapError,
+    MapLegend,
+    cluster_map_svg,
+    map_legend,
+    slow_marks,
+)
 from render.gantt_svg import KIND_COLORS, KIND_NAMES, gantt_svg
 from render.gantt_zoom_script import GANTT_ZOOM_JS
 from render.markup import html_text, service_href, url_path_segment
-from adapters.registry import format_names, replica_schedule
 from render.stage_table import replica_label, stage_table_html
 from wire.schemas import Plan
 
@@ -136,11 +143,19 @@ def featured_replica_id(plan: Plan, slow_speeds: Mapping[str, float] | None) -> 
                 slowest = (speed, replica.id)
     if slowest is not None:
         return slowest[1]
-    failed_nodes = {device.partition(":")[0] for device in plan.excluded_devices}
+    failed_nodes = {_node(device) for device in plan.excluded_devices} - {None}
     for replica in plan.replicas:
-        if replica.id in timed and any(d.partition(":")[0] in failed_nodes for s in replica.stages for d in s.devices):
+        if replica.id in timed and any(_node(d) in failed_nodes for s in replica.stages for d in s.devices):
             return replica.id
     return None
+
+
+def _node(device: str) -> int | None:
+    """The node of a device id (or "n:*"); None for text that is none: a stored plan is data a client sent."""
+    try:
+        return DeviceSpec.parse(device).node
+    except DeviceIdError:
+        return None
 
 
 @dataclass(frozen=True)

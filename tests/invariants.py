@@ -6,9 +6,9 @@ formula's ingredients, not taken from cost_models.flops.
 
 from __future__ import annotations
 
-from wire.schemas import Plan, PlanRequest
 from cost_models.hardware import GpuSpec
 from cost_models.model_spec import ModelSpec
+from wire.schemas import Plan, PlanRequest
 
 
 def expand_failed(request: PlanRequest) -> set[str]:

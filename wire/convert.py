@@ -6,15 +6,6 @@ from dataclasses import asdict, is_dataclass
 
 from pydantic import ValidationError
 
-from wire.schemas import (
-    Cluster,
-    GpuObject,
-    HfConfigModel,
-    ModelArchitecture,
-    PipelineSchedule,
-    Plan,
-    PlanRequest,
-)
 from cost_models.efficiency import SoftwareConfig, fitted_efficiency
 from cost_models.hardware import GpuSpec, gpu_preset, gpu_preset_names
 from cost_models.layout import Hardware, Workload
@@ -32,6 +23,15 @@ from planner.gc_pause import gc_paused
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
 from planner.schedules.result import ScheduleChoice
+from wire.schemas import (
+    Cluster,
+    GpuObject,
+    HfConfigModel,
+    ModelArchitecture,
+    PipelineSchedule,
+    Plan,
+    PlanRequest,
+)
 
 # A custom GPU without HBM bandwidth gets A100-80GB's bytes per FLOP.
 _REFERENCE_GPU = "A100-80GB"

@@ -1,6 +1,6 @@
 """Wire models of API.md v1. Field names here are the public contract.
 
-These models import only pydantic (and cost_models.model_spec, which checks a
+These models import only pydantic and cost_models (the device-id grammar, and model_spec, which checks a
 Hugging Face config against the same architecture limits), so the CLI and
 adapter clients use them without FastAPI.
 """
@@ -8,7 +8,6 @@ adapter clients use them without FastAPI.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -22,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from cost_models.device import MAX_DEVICE_ID_CHARS, Device, DeviceIdError, DeviceSpec
 from cost_models.model_spec import (
     ARCHITECTURE_LIMITS,
     MAX_MODEL_NAME_CHARS,
@@ -30,13 +30,10 @@ from cost_models.model_spec import (
     model_from_hf_config,
 )
 
-DEVICE_PATTERN = re.compile(r"([0-9]+):([0-9]+|\*)")  # used with fullmatch: no "3:5\\n", no non-ASCII digits
-
 MAX_NODES = 16_384
 MAX_GPUS_PER_NODE = 72
 MAX_LIST_LENGTH = 131_072
 MAX_CLUSTER_GPUS = 131_072  # num_nodes x gpus_per_node
-MAX_DEVICE_ID_CHARS = 24  # "16383:71" is 8; longer ids are typos or abuse (int() of huge digit strings fails)
 MAX_TOKENS_PER_ITERATION = 2**31  # global_batch_size x seq_length; ~100x the largest published batches
 # The largest published batch in sequences is BERT-with-LAMB's 65,536. Every microbatch is an op of every
 # stage's timeline: 65,536 on one 8-GPU node already take ~8 s to simulate and answer 30 MB.
@@ -47,6 +44,15 @@ MIN_BANDWIDTH_GB_S = 0.01
 MIN_SPEED = 0.001  # the least speed the detector reports, so its estimates can be replanned with
 # Tags of the members of "a preset name or an object" fields; wire.errors leaves `<...>` parts out of field paths.
 PRESET_TAG, OBJECT_TAG, ARCHITECTURE_TAG, HF_CONFIG_TAG = "<preset>", "<object>", "<architecture>", "<hf_config>"
+
+
+def _checked_device(value: str, role: str) -> str:
+    """`value` if it is one GPU's id (cost_models.device grammar); the error names the role it was given in."""
+    try:
+        Device.parse(value)
+    except DeviceIdError as error:
+        raise ValueError(f"{role} {error}") from None
+    return value
 
 
 class _Strict(BaseModel):
@@ -122,10 +128,7 @@ class SlowDevice(_Strict):
     @field_validator("device")
     @classmethod
     def _device_form(cls, value: str) -> str:
-        match = DEVICE_PATTERN.fullmatch(value)
-        if not match or match.group(2) == "*":
-            raise ValueError(f'slow device {value!r} must look like "<node>:<gpu>", e.g. "9:2"')
-        return value
+        return _checked_device(value, "slow")
 
 
 class Failures(_Strict):
@@ -138,8 +141,10 @@ class Failures(_Strict):
     @classmethod
     def _failed_form(cls, values: list[str]) -> list[str]:
         for value in values:
-            if not DEVICE_PATTERN.fullmatch(value):
-                raise ValueError(f'failed device {value!r} must look like "<node>:<gpu>" or "<node>:*", e.g. "3:5"')
+            try:
+                DeviceSpec.parse(value)
+            except DeviceIdError as error:
+                raise ValueError(f"failed {error}") from None
         return values
 
 
@@ -492,10 +497,7 @@ class DeviceTelemetry(_Strict):
     @field_validator("device")
     @classmethod
     def _device_form(cls, value: str) -> str:
-        match = DEVICE_PATTERN.fullmatch(value)
-        if not match or match.group(2) == "*":
-            raise ValueError(f'telemetry device {value!r} must look like "<node>:<gpu>", e.g. "3:5"')
-        return value
+        return _checked_device(value, "telemetry")
 
 
 class ReplanRequest(_Strict):

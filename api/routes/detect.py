@@ -10,8 +10,8 @@ from starlette.concurrency import run_in_threadpool
 from api.core.body import body_openapi, document_bodies
 from api.deps import PoolDep, SettingsDep, StoreDep
 from api.routes.plans import SOLVE_RESPONSES, V1_RESPONSES
-from wire.schemas import DetectRequest, DetectResponse, ErrorDetail
 from api.tasks.detection import PlanNeeded, detect_json
+from wire.schemas import DetectRequest, DetectResponse, ErrorDetail
 
 DETECT_PATH = "/v1/detect"
 

@@ -20,13 +20,14 @@ from starlette.concurrency import run_in_threadpool
 from adapters.registry import ExportError, export_format, format_names
 from api.core.auth import ViewLinks
 from api.core.body import body_openapi, json_body, parse_body
-from api.deps import PoolDep, SettingsDep, StoreDep
-from api.examples import estimate_examples, scenario_examples
-from api.tasks.rendering import render_export
-from wire.schemas import ErrorDetail, EstimateRequest, Plan, PlanRequest
-from api.tasks.planning import PlanAnswer, estimate_answer, plan_answer
 from api.core.settings import MAX_VIEW_LINK_TTL_S
 from api.core.store import PlanStore, StoreUnavailable
+from api.deps import PoolDep, SettingsDep, StoreDep
+from api.examples import estimate_examples, scenario_examples
+from api.tasks.planning import PlanAnswer, estimate_answer, plan_answer
+from api.tasks.rendering import render_export
+from planner.budget import Budget
+from wire.schemas import ErrorDetail, EstimateRequest, Plan, PlanRequest
 
 log = logging.getLogger("resiplan.routes")
 
@@ -93,7 +94,7 @@ async def create_plan(
     the best plan found by then, with its solver status and gap.
     """
     limit_s = settings.time_limit_s(request.options.time_limit_s)
-    answer = await pool.run(plan_answer, request, settings.max_time_limit_s, time.monotonic() + limit_s,
+    answer = await pool.run(plan_answer, request, settings.max_time_limit_s, Budget.starting_now(limit_s),
                             deadline_s=limit_s)
     return await answer_with_plan(store, answer)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException
@@ -11,8 +10,14 @@ from starlette.concurrency import run_in_threadpool
 
 from api.core.body import body_openapi, json_body
 from api.deps import PoolDep, SettingsDep, StoreDep
+from api.routes.plans import (
+    SOLVE_RESPONSES,
+    V1_RESPONSES,
+    answer_with_plan,
+    stored_plan_json,
+)
 from api.tasks.replanning import replan_answer
-from api.routes.plans import SOLVE_RESPONSES, V1_RESPONSES, answer_with_plan, stored_plan_json
+from planner.budget import Budget
 from wire.schemas import ErrorDetail, Options, Plan, ReplanRequest
 
 router = APIRouter(prefix="/v1", tags=["plans"], responses=V1_RESPONSES)
@@ -50,6 +55,6 @@ async def replan_stored_plan(
         requested_s = parent_request.get("options", {}).get("time_limit_s", Options().time_limit_s)
     limit_s = settings.time_limit_s(requested_s)
     answer = await pool.run(replan_answer, parent_request, body, parent_plan, settings.max_time_limit_s,
-                            time.monotonic() + limit_s, deadline_s=limit_s)
+                            Budget.starting_now(limit_s), deadline_s=limit_s)
     return await answer_with_plan(store, answer)
 

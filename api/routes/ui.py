@@ -14,12 +14,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from render.gantt_zoom_script import SCRIPT_CSP_SOURCE
 from adapters.registry import export_format
 from api.core.auth import ViewLinks, signed_view_query
 from api.deps import PoolDep, SettingsDep, StoreDep
-from api.tasks.rendering import render_export, render_plan_page
 from api.routes.plans import SOLVE_RESPONSES, V1_RESPONSES, stored_plan_json
+from api.tasks.rendering import render_export, render_plan_page
+from render.gantt_zoom_script import SCRIPT_CSP_SOURCE
 from wire.schemas import ErrorDetail
 
 router = APIRouter(tags=["ui"], responses=V1_RESPONSES)

@@ -6,9 +6,6 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 
-from wire.convert import to_problem, to_wire
-from wire.schemas import EstimateRequest, Plan, PlanRequest
-from planner.estimate import FixedLayout, estimate_layout
 from planner.budget import Budget
 from planner.deadline import (
     late_start_note,
@@ -18,36 +15,41 @@ from planner.deadline import (
     transfer_s,
     wire_reserve_s,
 )
+from planner.estimate import FixedLayout, estimate_layout
 from planner.plan import plan
 from planner.problem import PlanningProblem
-
-# The least solver budget a request gets even when it waited in the queue past its deadline.
-MIN_SOLVE_S = 0.05
+from planner.result import PlanResult
+from wire.convert import to_problem, to_wire
+from wire.schemas import EstimateRequest, Plan, PlanRequest
 
 
 def new_plan_id() -> str:
     return uuid.uuid4().hex
 
 
-def plan_for(
-    request: PlanRequest, max_time_limit_s: float | None = None, solve_by_monotonic_s: float | None = None
-) -> Plan:
-    """The plan for `request`, its solver budget capped by `max_time_limit_s` and by the time left until
-    `solve_by_monotonic_s` (a `time.monotonic()` instant; the clock is system-wide on Linux, so a
-    deadline the server set holds in a worker process, and time spent queued comes off the budget).
+@dataclass(frozen=True)
+class AnswerDeadline:
+    """The deadline one answer keeps: `budget` (the planner's, less the wire reserve), the limit it keeps
+    counted from the request's arrival, and the notes saying why it differs from the one asked for."""
 
-    The deadline counts from the request's arrival, before it was read (the server sets
-    `solve_by_monotonic_s` to the moment it had read it plus the capped limit), and covers the whole
-    answer: the planner returns early enough for the wire form, its JSON and the store
-    (`planner.deadline`). A limit below the least this request's answer takes (`least_time_limit_s`)
-    is raised to it, and the answer says so in `solver.notes`, as it does when the request waited so
-    long for a solver process that less than the least is left.
-    """
+    budget: Budget
+    limit_s: float
+    notes: tuple[str, ...]
+
+
+def answer_deadline(problem: PlanningProblem, max_time_limit_s: float | None = None,
+                    read_by: Budget | None = None) -> AnswerDeadline:
+    """The deadline of the answer to `problem`: `options.time_limit_s`, capped by `max_time_limit_s`,
+    counted from the request's arrival, before it was read (the server hands over `read_by`: the capped
+    limit from the moment it had read the request; the monotonic clock is system-wide on Linux, so that
+    deadline holds in a worker process and time spent queued comes off it). It covers the whole answer:
+    the planner returns early enough for the wire form, its JSON and the store (`planner.deadline`). A
+    limit below the least this request's answer takes (`least_time_limit_s`) is raised to it, with a note,
+    as it is when the request waited so long for a solver process that less than the least is left."""
     started_s = time.monotonic()
-    problem = to_problem(request)
     limit_s = min(problem.time_limit_s, max_time_limit_s) if max_time_limit_s is not None else problem.time_limit_s
     read_s = reading_s(problem)
-    arrived_s = (solve_by_monotonic_s if solve_by_monotonic_s is not None else started_s + limit_s) - limit_s - read_s
+    arrived_s = (read_by.deadline_s if read_by is not None else started_s + limit_s) - limit_s - read_s
     least_s = least_time_limit_s(problem)
     notes: tuple[str, ...] = ()
     if limit_s < least_s:
@@ -58,22 +60,20 @@ def plan_for(
     if deadline_s - started_s < least_from_now_s:
         notes += (late_start_note(deadline_s - started_s, least_from_now_s),)
         deadline_s = started_s + least_from_now_s
-    applied = replace(problem, time_limit_s=deadline_s - started_s)
-    result = plan(applied, Budget(deadline_s).less(wire_reserve_s(problem)))
-    solver = replace(result.solver, time_limit_s=round(deadline_s - arrived_s, 3), notes=notes + result.solver.notes)
-    return to_wire(replace(result, solver=solver), new_plan_id())
+    return AnswerDeadline(Budget(deadline_s).less(wire_reserve_s(problem)), round(deadline_s - arrived_s, 3), notes)
 
 
-def budgeted(
-    problem: PlanningProblem, max_time_limit_s: float | None, solve_by_monotonic_s: float | None
-) -> PlanningProblem:
-    """`problem` with its solver budget capped by the server's maximum and the time left until the deadline."""
-    limit_s = problem.time_limit_s
-    if max_time_limit_s is not None:
-        limit_s = min(limit_s, max_time_limit_s)
-    if solve_by_monotonic_s is not None:
-        limit_s = min(limit_s, max(MIN_SOLVE_S, solve_by_monotonic_s - time.monotonic()))
-    return replace(problem, time_limit_s=limit_s) if limit_s < problem.time_limit_s else problem
+def with_deadline_report(result: PlanResult, deadline: AnswerDeadline) -> PlanResult:
+    """`result` saying which limit it kept and why (`solver.time_limit_s`, `solver.notes`)."""
+    solver = replace(result.solver, time_limit_s=deadline.limit_s, notes=deadline.notes + result.solver.notes)
+    return replace(result, solver=solver)
+
+
+def plan_for(request: PlanRequest, max_time_limit_s: float | None = None, read_by: Budget | None = None) -> Plan:
+    """The plan for `request`, by the deadline `answer_deadline` sets."""
+    problem = to_problem(request)
+    deadline = answer_deadline(problem, max_time_limit_s, read_by)
+    return to_wire(with_deadline_report(plan(problem, deadline.budget), deadline), new_plan_id())
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,9 @@ class PlanAnswer:
                    request.model_dump_json())
 
 
-def plan_answer(request: PlanRequest, max_time_limit_s: float | None, solve_by_monotonic_s: float | None) -> PlanAnswer:
+def plan_answer(request: PlanRequest, max_time_limit_s: float | None, read_by: Budget | None) -> PlanAnswer:
     """plan_for, for a solver worker."""
-    return PlanAnswer.of(plan_for(request, max_time_limit_s, solve_by_monotonic_s), request)
+    return PlanAnswer.of(plan_for(request, max_time_limit_s, read_by), request)
 
 
 def estimate_answer(request: EstimateRequest) -> PlanAnswer:

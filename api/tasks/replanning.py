@@ -6,9 +6,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from api.tasks.planning import (
+    PlanAnswer,
+    answer_deadline,
+    new_plan_id,
+    with_deadline_report,
+)
+from cost_models.device import device_id
+from planner.budget import Budget
+from planner.problem import PlanningProblem
+from planner.replan.choice import ReplanResult, replan, running_plan
 from wire.convert import to_problem, to_wire
 from wire.errors import RequestBodyInvalid
-from api.tasks.planning import PlanAnswer, budgeted, new_plan_id
 from wire.schemas import (
     Migration,
     Plan,
@@ -17,9 +26,6 @@ from wire.schemas import (
     ReplanRequest,
     SlowDevice,
 )
-from planner.devices import device_id
-from planner.problem import PlanningProblem
-from planner.replan.choice import ReplanResult, replan, running_plan
 
 
 def replan_request(parent_request: dict[str, Any], body: ReplanRequest) -> PlanRequest:
@@ -77,21 +83,24 @@ def _migration(found: ReplanResult) -> Migration:
 
 
 def replan_for(request: PlanRequest, parent_plan: dict[str, Any] | Plan, plan_id: str,
-               max_time_limit_s: float | None = None, solve_by_monotonic_s: float | None = None) -> Plan:
+               max_time_limit_s: float | None = None, read_by: Budget | None = None) -> Plan:
     """The new plan for `request` (see `replan_request`), moving from the stored `parent_plan`."""
-    problem = budgeted(to_problem(request), max_time_limit_s, solve_by_monotonic_s)
+    problem = to_problem(request)
+    deadline = answer_deadline(problem, max_time_limit_s, read_by)
     parent = parent_plan if isinstance(parent_plan, Plan) else Plan.model_validate(parent_plan)
     running = running_plan(parent, {s.device: s.speed for s in parent.slow_devices})
-    found = replan(problem, running, request.options.amortize_iterations)
-    plan = _kept(parent, problem, plan_id, found.chosen.iteration_s) if found.result is None else to_wire(found.result, plan_id)
+    found = replan(problem, running, request.options.amortize_iterations, deadline.budget)
+    if found.result is None:
+        plan = _kept(parent, problem, plan_id, found.chosen.iteration_s)
+    else:
+        plan = to_wire(with_deadline_report(found.result, deadline), plan_id)
     return plan.model_copy(update={"parent_plan_id": parent.plan_id, "migration": _migration(found)})
 
 
 def replan_answer(parent_request: dict[str, Any], body: ReplanRequest, parent_plan_json: str,
-                  max_time_limit_s: float | None, solve_by_monotonic_s: float | None) -> PlanAnswer:
+                  max_time_limit_s: float | None, read_by: Budget | None) -> PlanAnswer:
     """replan_request + replan_for, for a solver worker: the merged request is validated and the stored
     parent plan (the JSON text the store holds) parsed there, not in the server's event loop."""
     request = replan_request(parent_request, body)
     parent_plan = Plan.model_validate_json(parent_plan_json)
-    return PlanAnswer.of(replan_for(request, parent_plan, new_plan_id(), max_time_limit_s, solve_by_monotonic_s),
-                         request)
+    return PlanAnswer.of(replan_for(request, parent_plan, new_plan_id(), max_time_limit_s, read_by), request)

@@ -15,13 +15,13 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from cost_models.resharding import nonuniform_iteration_ms
 from cost_models.pipeline import pipeline_time_ms
+from cost_models.resharding import nonuniform_iteration_ms
 from cost_models.stage_costs import max_layers_fitting
+from planner.nonuniform.templates import OuterChoice, Template, TermsCache
 from planner.plan import plan_uniform
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
-from planner.nonuniform.templates import OuterChoice, Template, TermsCache
 
 Device = tuple[int, int]
 

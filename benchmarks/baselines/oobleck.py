@@ -36,11 +36,8 @@ from benchmarks.baselines.common import (
     iteration_ms,
     make_result,
 )
-from planner.uniform.candidates import tensor_parallel_sizes
 from planner.errors import InfeasibleError
 from planner.nonuniform.partitions import StageType
-from planner.problem import PlanningProblem
-from planner.result import PlanResult
 from planner.nonuniform.templates import (
     OuterChoice,
     Template,
@@ -48,6 +45,9 @@ from planner.nonuniform.templates import (
     build_template,
     degraded_positions,
 )
+from planner.problem import PlanningProblem
+from planner.result import PlanResult
+from planner.uniform.candidates import tensor_parallel_sizes
 
 NAME = "oobleck"
 MAX_EVALUATIONS = 10000

@@ -45,9 +45,9 @@ from cost_models.iteration import stage_time
 from cost_models.pipeline import pipeline_time_ms
 from planner.errors import InfeasibleError
 from planner.nonuniform.partitions import StageType
+from planner.nonuniform.templates import TermsCache, template_costs
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
-from planner.nonuniform.templates import TermsCache, template_costs
 
 NAME = "recycle"
 

@@ -36,12 +36,17 @@ from benchmarks.baselines.common import (
     make_result,
     read_layout,
 )
-from planner.uniform.candidates import tensor_parallel_sizes
 from planner.errors import InfeasibleError
 from planner.nonuniform.partitions import StageType
+from planner.nonuniform.templates import (
+    Template,
+    TermsCache,
+    build_template,
+    template_costs,
+)
 from planner.problem import ClusterState, PlanningProblem
 from planner.result import PlanResult
-from planner.nonuniform.templates import Template, TermsCache, build_template, template_costs
+from planner.uniform.candidates import tensor_parallel_sizes
 
 NAME = "resihp"
 

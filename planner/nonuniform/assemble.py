@@ -10,13 +10,13 @@ uniform cost model assumes.
 
 from __future__ import annotations
 
+from cost_models.device import device_id
 from cost_models.hardware import GIB
-from planner.devices import device_id
-from planner.nonuniform.search import NonUniformLayout
 from planner.nonuniform.partitions import StageType
+from planner.nonuniform.search import NonUniformLayout
+from planner.nonuniform.templates import stage_timings
 from planner.problem import PlanningProblem
 from planner.result import ReplicaResult, StageResult, stage_schedule_fields
-from planner.nonuniform.templates import stage_timings
 
 Group = tuple[int, tuple[int, ...]]  # node, GPUs
 

@@ -13,12 +13,15 @@ still beat the incumbent, templates are built and CP-SAT allocates them.
 from __future__ import annotations
 
 import heapq
-import time
 from dataclasses import dataclass, replace
 
 from cost_models.resharding import nonuniform_iteration_ms
-from planner.nonuniform.allocation.search import Allocation, AllocationInput, AllocationSearch
-from planner.uniform.candidates import tensor_parallel_sizes
+from planner.budget import Budget
+from planner.nonuniform.allocation.search import (
+    Allocation,
+    AllocationInput,
+    AllocationSearch,
+)
 from planner.nonuniform.partitions import (
     NodeClass,
     Partition,
@@ -26,7 +29,6 @@ from planner.nonuniform.partitions import (
     damaged_classes,
     node_partitions,
 )
-from planner.problem import MAX_VIRTUAL_STAGES, PlanningProblem
 from planner.nonuniform.templates import (
     OuterChoice,
     Template,
@@ -36,6 +38,8 @@ from planner.nonuniform.templates import (
     pipeline_lengths,
     template_costs,
 )
+from planner.problem import MAX_VIRTUAL_STAGES, PlanningProblem
+from planner.uniform.candidates import tensor_parallel_sizes
 
 PRUNE_TOLERANCE = 1e-6
 
@@ -397,7 +401,7 @@ class NonUniformSearch:
         exhausted = left >= incumbent_ms * (1 - PRUNE_TOLERANCE)
         return NonUniformResult(self._best, left, exhausted, self._considered, self._solved)
 
-    def step(self, deadline: float, incumbent_ms: float = float("inf")) -> None:
+    def step(self, budget: Budget, incumbent_ms: float = float("inf")) -> None:
         """Refine the front of the queue once; `incumbent_ms` is the best layout known anywhere."""
         problem = self._problem
         best_ms = min(incumbent_ms, self.best_ms)
@@ -438,7 +442,7 @@ class NonUniformSearch:
             allocation_search = self._searches.pop(index)
             settled = allocation_search.settled
             found_ms = allocation_search.best_ms
-            allocation_search.advance(deadline, ceiling_ms=best_ms)
+            allocation_search.advance(budget, ceiling_ms=best_ms)
             self._solved += settled == 0 and allocation_search.settled > 0
             if allocation_search.unsettled_ms is not None:
                 # Not proven worse, only cut short: it bounds the answer from outside the queue.
@@ -465,14 +469,14 @@ class NonUniformSearch:
             )
 
 
-def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, deadline: float) -> NonUniformResult:
+def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, budget: Budget) -> NonUniformResult:
     """Best non-uniform layout better than `incumbent_ms`, or none; bound over what was not excluded
     (see `NonUniformSearch`)."""
     search = NonUniformSearch(problem)
     while search.next_bound_ms() < min(incumbent_ms, search.best_ms) * (1 - PRUNE_TOLERANCE):
-        if time.monotonic() >= deadline:
+        if budget.expired():
             break
-        search.step(deadline, incumbent_ms)
+        search.step(budget, incumbent_ms)
     return search.result(incumbent_ms)
 
 

@@ -27,12 +27,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cost_models.device import device_id, device_order
 from cost_models.migration import Holding, MigrationCost, migration_cost, unit_params
-from planner.devices import device_id
-from planner.replan.holdings import PlacedLayout, device_holdings, placed_layout
-from planner.replan.placement import matched_device_map, relabel
+from planner.budget import Budget
 from planner.plan import plan
 from planner.problem import PlanningProblem
+from planner.replan.holdings import PlacedLayout, device_holdings, placed_layout
+from planner.replan.placement import matched_device_map, relabel
 from planner.result import PlanResult
 
 DEFAULT_AMORTIZE_ITERATIONS = 500
@@ -112,7 +113,7 @@ def keep_iteration_bound_s(problem: PlanningProblem, running: RunningPlan) -> fl
         for position, stage in enumerate(stages):
             then, now = 1.0, 1.0
             for device in stage.devices:
-                node, gpu = (int(x) for x in device.split(":"))
+                node, gpu = device_order(device)
                 if (node, gpu) in cluster.failed:
                     return None
                 then = min(then, running.speeds.get(device, 1.0))
@@ -143,7 +144,10 @@ def plan_migration(problem: PlanningProblem, old: Any, new: Any) -> MigrationCos
 
 
 def replan(problem: PlanningProblem, running: RunningPlan,
-           amortize_iterations: int = DEFAULT_AMORTIZE_ITERATIONS) -> ReplanResult:
+           amortize_iterations: int = DEFAULT_AMORTIZE_ITERATIONS, budget: Budget | None = None) -> ReplanResult:
+    """The candidates weighed by the deadline of `budget` (default: `time_limit_s` from now); the
+    planner gets all but the placement's share of it."""
+    budget = budget or Budget.starting_now(problem.time_limit_s)
     cluster = problem.cluster
     units = unit_params(problem.workload.model)
     held = device_holdings(running.layout)
@@ -155,7 +159,7 @@ def replan(problem: PlanningProblem, running: RunningPlan,
         return ReplanCandidate(name, iteration_s, migration, objective_ms(iteration_s, migration, amortize_iterations))
 
     started = time.monotonic()
-    scratch = plan(replace(problem, time_limit_s=problem.time_limit_s * (1 - PLACEMENT_TIME_SHARE)))
+    scratch = plan(problem, budget.share(1 - PLACEMENT_TIME_SHARE))
     placed = relabel(scratch, matched_device_map(scratch, cluster, held, units))
     placed = replace(placed, solver=replace(placed.solver, wall_time_s=round(time.monotonic() - started, 3)))
     iteration_s = scratch.predicted.iteration_time_s

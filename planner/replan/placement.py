@@ -22,10 +22,10 @@ from dataclasses import replace
 import numpy as np
 from ortools.graph.python import linear_sum_assignment
 
+from cost_models.device import device_id, device_order
 from cost_models.migration import Holding, UnitParams, missing_bytes
-from planner.devices import device_id
-from planner.replan.holdings import device_holdings, placed_layout
 from planner.problem import ClusterState
+from planner.replan.holdings import device_holdings, placed_layout
 from planner.result import PlanResult, ReplicaResult
 
 MAX_EXACT_NODES = 128
@@ -113,5 +113,5 @@ def relabel(result: PlanResult, device_map: Mapping[str, str]) -> PlanResult:
         for replica in result.replicas
     )
     unused = tuple(sorted((device_map.get(d, d) for d in result.unused_devices),
-                          key=lambda d: tuple(int(x) for x in d.split(":"))))
+                          key=device_order))
     return replace(result, replicas=replicas, unused_devices=unused)

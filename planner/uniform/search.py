@@ -15,12 +15,17 @@ from dataclasses import dataclass
 
 from cost_models.iteration import IterationEstimate, estimate_iteration
 from planner.budget import Budget
-from planner.uniform.candidates import Candidate, ranked_candidates, split_fits, uniform_floor_ms
 from planner.deadline import ops_cost_s
 from planner.errors import InfeasibleError
 from planner.infeasibility import explain_infeasible
-from planner.uniform.layer_split import solve_split
 from planner.problem import PlanningProblem
+from planner.uniform.candidates import (
+    Candidate,
+    ranked_candidates,
+    split_fits,
+    uniform_floor_ms,
+)
+from planner.uniform.layer_split import solve_split
 
 # "This bound cannot beat the incumbent", relatively: CP-SAT's objective is
 # exact only to its 1 us time quantum per coefficient.
@@ -137,7 +142,7 @@ class UniformSearch:
         if self._best is None or value < self._best[0]:
             self._best = (value, index, split)
 
-    def step(self, deadline: float) -> None:
+    def step(self, budget: Budget) -> None:
         """Solve the split of the next candidate (skipped when no split fits memory)."""
         index = self._next
         self._next += 1
@@ -147,7 +152,7 @@ class UniformSearch:
         problem = self._problem
         candidate = self._candidates[index]
         result = solve_split(candidate, limits, problem.workload.model.num_layers, problem.stock_layouts_only,
-                             deadline - time.monotonic(), problem.random_seed)
+                             budget.remaining_s(), problem.random_seed)
         self._solved += 1
         if result is None:
             return
@@ -185,7 +190,7 @@ def search(problem: PlanningProblem, budget: Budget | None = None) -> SearchResu
     while uniform.next_bound_ms() < uniform.best_ms * (1 - PRUNE_TOLERANCE) and not (
         uniform.best_ms < float("inf") and budget.remaining_s() <= ops_cost_s(uniform.best_timeline_ops())
     ):
-        uniform.step(budget.deadline_s)
+        uniform.step(budget)
     result = uniform.result()
     if result is None:
         raise InfeasibleError(explain_infeasible(problem))

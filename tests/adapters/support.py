@@ -16,11 +16,11 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from wire.convert import schedule_to_wire
-from wire.schemas import Plan
 from planner.schedules.ops import ChunkTimes, PipelineSpec, Schedule
 from planner.schedules.result import ReplicaTimeline, ScheduleChoice
 from planner.schedules.simulator import simulate
+from wire.convert import schedule_to_wire
+from wire.schemas import Plan
 
 # ---------------------------------------------------------------------------------------------------------------
 # Plans

@@ -16,11 +16,11 @@ from adapters import registry
 from adapters.client import SOLVE_MARGIN_S, PlannerClient, PlannerError
 from adapters.registry import ExportError, ExportFormat
 from api.app import create_app
-from cli import main
-from wire.schemas import Failures, Options, Plan, PlanRequest
 from api.tasks.planning import plan_for
+from cli import main
 from tests.api.support import small_request, verify_plan
 from tests.live_server import closed_port, live_server
+from wire.schemas import Failures, Options, Plan, PlanRequest
 
 STOCK_REQUEST = small_request(options={"time_limit_s": 2, "allow_non_uniform": False})
 INFEASIBLE_REQUEST = small_request(

@@ -65,9 +65,9 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from adapters import deepspeed as ds_export
 from adapters.registry import ExportError, export_format
 from adapters.stock import launch_blocks, stock_layout
-from wire.schemas import EstimateRequest, Plan, PlanRequest
 from api.tasks.planning import estimate_for, plan_for
 from tests.api.support import estimate_request, small_request
+from wire.schemas import EstimateRequest, Plan, PlanRequest
 
 STOCK = {"allow_non_uniform": False, "time_limit_s": 2}
 FOUR_NODES = {"num_nodes": 4, "gpus_per_node": 8, "gpu": "A100-80GB"}

@@ -29,10 +29,10 @@ from hypothesis import strategies as st
 from adapters import deepspeed, json_plan, megatron, torchtitan
 from adapters.registry import ExportError
 from adapters.stock import node_blocks
-from cli import main as cli_main
-from wire.schemas import Plan, PlanRequest
 from api.tasks.planning import plan_for
+from cli import main as cli_main
 from tests.api.support import small_request
+from wire.schemas import Plan, PlanRequest
 
 MARKER = "PWNED"
 # Each tries to run `touch PWNED` from a comment, a quoted word, a ${VAR:?message} or a here-document.

@@ -58,11 +58,11 @@ with warnings.catch_warnings():  # "Transformer Engine and Apex are not installe
 
 from adapters import megatron
 from adapters.registry import ExportError, export_format
-from wire.schemas import EstimateRequest, Plan, PlanRequest
 from api.tasks.planning import estimate_for, plan_for
 from planner.schedules.handcrafted import interleaved_1f1b
 from planner.schedules.ops import Op, parse_op
 from tests.api.support import EXAMPLES_DIR, estimate_request, small_request
+from wire.schemas import EstimateRequest, Plan, PlanRequest
 
 STOCK = {"time_limit_s": 2, "allow_non_uniform": False}
 

@@ -38,12 +38,16 @@ from adapters import deepspeed as ds_export
 from adapters import megatron
 from adapters.registry import ExportError
 from adapters.torchtitan_model import llama3_model_config
-from wire.convert import resolve_model
-from wire.schemas import ModelArchitecture, Plan, PlanRequest
 from api.tasks.planning import plan_for
 from cost_models.model_spec import model_preset
-from tests.adapters.test_megatron import parse, transformer_config, validate_like_megatron_lm
+from tests.adapters.test_megatron import (
+    parse,
+    transformer_config,
+    validate_like_megatron_lm,
+)
 from tests.api.support import small_request
+from wire.convert import resolve_model
+from wire.schemas import ModelArchitecture, Plan, PlanRequest
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:megatron")
 

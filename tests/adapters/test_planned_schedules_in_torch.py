@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from adapters.torch_csv import render
-from wire.schemas import PlanRequest
 from api.tasks.planning import plan_for
 from tests.adapters.support import torch_load
 from tests.api.support import small_request
+from wire.schemas import PlanRequest
 
 SCENARIOS = {
     # A half-speed GPU in a small cluster: the CP-SAT schedule wins (I/W split).

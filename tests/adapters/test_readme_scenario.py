@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from adapters.registry import export_format
-from wire.schemas import PlanRequest
 from api.tasks.planning import plan_for
+from wire.schemas import PlanRequest
 
 REQUEST = Path(__file__).resolve().parents[2] / "docs" / "stock-request.json"
 

@@ -58,11 +58,11 @@ from adapters.torchtitan import (
     schedule_csv,
     torchtitan_overrides,
 )
-from wire.schemas import Plan, PlanRequest
 from api.tasks.planning import plan_for
 from cost_models.model_spec import model_preset
 from tests.adapters.support import _MockStage
 from tests.api.support import small_request
+from wire.schemas import Plan, PlanRequest
 
 A100_40 = {"num_nodes": 2, "gpus_per_node": 8, "gpu": "A100-40GB"}
 ONE_NODE_40 = {"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-40GB"}

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tests.invariants import check_invariants
 from wire.convert import resolve_hardware, resolve_model
 from wire.schemas import EstimateRequest, Plan, PlanRequest
-from tests.invariants import check_invariants
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "api" / "examples"
 EXAMPLE_FILES = sorted(EXAMPLES_DIR.glob("*.json"))

@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 from api.app import create_app
-from wire.schemas import Plan, PlanRequest
 from api.core.settings import Settings
+from wire.schemas import Plan, PlanRequest
 
 CONTRACT = Path(__file__).resolve().parents[2] / "docs" / "API.md"
 ROUTE = re.compile(r"`(GET|POST) (/[^`\s]*)`|^## (GET|POST) (/\S+)", re.MULTILINE)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from wire.convert import to_wire
 from planner.plan import plan
 from tests.planner.helpers import small_problem
+from wire.convert import to_wire
 
 
 def test_wire_replicas_equal_the_dataclasses_field_for_field():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from cli import main
-from wire.schemas import Plan
 from tests.api.support import small_request
+from wire.schemas import Plan
 
 SLOW_PIPELINE = small_request(
     cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "A100-40GB"},

@@ -22,11 +22,11 @@ from schemathesis.specs.openapi.checks import (
 
 from adapters.registry import format_names
 from api.app import create_app
-from wire.schemas import PlanRequest
-from api.tasks.planning import plan_for
 from api.core.settings import Settings
 from api.core.store import PlanStore, make_engine
+from api.tasks.planning import plan_for
 from tests.api.support import small_request
+from wire.schemas import PlanRequest
 
 # Solver budget of every fuzzed plan: what is tested is the response, not the plan's quality.
 FUZZ_TIME_LIMIT_S = 0.2

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from wire.schemas import ErrorDetail
 from tests.api.support import assert_detail, assert_validation, small_request
+from wire.schemas import ErrorDetail
 
 TINY = 5e-324  # the smallest positive float: "greater than 0" let it through
 

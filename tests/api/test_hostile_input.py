@@ -14,7 +14,13 @@ import json
 import pytest
 
 from api.core.limits import BodyLimitMiddleware, BodyLimits
-from tests.api.support import assert_detail, assert_validation, detail_422, estimate_request, small_request
+from tests.api.support import (
+    assert_detail,
+    assert_validation,
+    detail_422,
+    estimate_request,
+    small_request,
+)
 
 
 @pytest.fixture(scope="module")

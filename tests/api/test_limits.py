@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.core.limits import nested_deeper_than
-from wire.schemas import MAX_CLUSTER_GPUS, PlanRequest
 from api.core.settings import Settings
 from tests.api.support import assert_validation, small_request
+from wire.schemas import MAX_CLUSTER_GPUS, PlanRequest
 
 
 def _padded(size_bytes: int) -> bytes:
@@ -142,9 +142,14 @@ def test_detect_takes_4096_devices_x_8_iterations_and_parses_them_off_the_event_
     import threading
     import time
 
+    from benchmarks.telemetry import (
+        Slowdown,
+        TelemetryConfig,
+        generate_telemetry,
+        to_wire,
+    )
     from wire.convert import resolve_model
     from wire.schemas import Plan
-    from benchmarks.telemetry import Slowdown, TelemetryConfig, generate_telemetry, to_wire
 
     settings = Settings(database_url=f"sqlite:///{tmp_path}/big.db", solver_workers=1)
     with TestClient(create_app(settings)) as client:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from wire.schemas import PlanRequest
 from tests.api.support import small_request
 from tests.cost_models.test_model_spec import LLAMA3_8B_CONFIG
+from wire.schemas import PlanRequest
 
 MIXTRAL_8X7B_CONFIG = {  # verbatim architecture fields of mistralai/Mixtral-8x7B-v0.1/config.json
     "architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from wire.schemas import Plan
 from tests.api.support import small_request, stage_devices, verify_plan
+from wire.schemas import Plan
 
 LLAMA_HF_CONFIG = {
     "_name_or_path": "tiny-llama",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from wire.schemas import PlanRequest
 from tests.api.support import (
     assert_detail,
     estimate_request,
     small_request,
     verify_plan,
 )
+from wire.schemas import PlanRequest
 
 
 def _plan(client, **overrides):

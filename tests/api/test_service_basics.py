@@ -120,33 +120,40 @@ def test_plans_survive_a_restart(db_url):
 
 
 def test_time_limit_is_capped_by_settings_and_by_the_deadline(monkeypatch):
-    """plan_for gives the planner the request's budget, at most Settings.max_time_limit_s, and no more
-    than the time left until the deadline (time spent queued for a worker comes off the budget)."""
+    """plan_for gives the planner a Budget: the request's limit, at most Settings.max_time_limit_s, and no
+    more than the time left until the deadline the server set (time spent queued comes off it); the
+    answer reports the limit it kept."""
     import time
 
     import api.tasks.planning
+    from planner.budget import Budget
+    from planner.deadline import least_time_limit_s, transfer_s, wire_reserve_s
+    from wire.convert import to_problem
     from wire.schemas import PlanRequest
 
-    seen: list[float] = []
+    left_s: list[float] = []
     original = api.tasks.planning.plan
 
-    def spy(problem, *budget):
-        seen.append(problem.time_limit_s)
-        return original(problem, *budget)
+    def spy(problem, budget):
+        left_s.append(budget.remaining_s())
+        assert problem.time_limit_s == PlanRequest.model_validate(small_request()).options.time_limit_s \
+            or problem.time_limit_s in (3600, 0.25), "the problem is the request's, never rewritten"
+        return original(problem, budget)
 
     monkeypatch.setattr(api.tasks.planning, "plan", spy)
-    api.tasks.planning.plan_for(PlanRequest.model_validate(small_request(options={"time_limit_s": 3600})), 0.5)
+    capped = api.tasks.planning.plan_for(PlanRequest.model_validate(small_request(options={"time_limit_s": 3600})), 0.5)
     api.tasks.planning.plan_for(PlanRequest.model_validate(small_request(options={"time_limit_s": 0.25})), 0.5)
-    api.tasks.planning.plan_for(PlanRequest.model_validate(small_request()), 60, time.monotonic() + 0.3)
-    api.tasks.planning.plan_for(PlanRequest.model_validate(small_request()), 60, time.monotonic() - 5)
-    assert seen[:2] == [0.5, 0.25]
-    assert 0.2 < seen[2] <= 0.3
-    # Past the deadline the planner still gets the least an answer takes from there (planner.deadline).
-    from wire.convert import to_problem
-    from planner.deadline import least_time_limit_s, transfer_s
-
+    api.tasks.planning.plan_for(PlanRequest.model_validate(small_request()), 60, Budget(time.monotonic() + 0.3))
+    late = api.tasks.planning.plan_for(PlanRequest.model_validate(small_request()), 60, Budget(time.monotonic() - 5))
     problem = to_problem(PlanRequest.model_validate(small_request()))
-    assert seen[3] == pytest.approx(least_time_limit_s(problem) - transfer_s(problem))
+    reserve_s = wire_reserve_s(problem)
+    assert capped.solver.time_limit_s == 0.5
+    assert 0.5 - reserve_s - 0.1 < left_s[0] <= 0.5 - reserve_s
+    assert left_s[1] <= 0.25 - reserve_s
+    assert left_s[2] <= 0.3 - reserve_s
+    # Past the deadline the planner still gets the least an answer takes from there (planner.deadline).
+    assert left_s[3] == pytest.approx(least_time_limit_s(problem) - transfer_s(problem) - reserve_s, abs=0.05)
+    assert any("started" in note or "left" in note for note in late.solver.notes), late.solver.notes
 
 
 def test_the_server_caps_a_requests_time_limit(tmp_path):

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.deps import PoolDep
 from api.core.settings import Settings
+from api.deps import PoolDep
 from tests.api import pool_tasks
 from tests.api.support import small_request, verify_plan
 

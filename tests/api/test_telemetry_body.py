@@ -10,7 +10,11 @@ import tracemalloc
 import pytest
 
 import api.tasks.telemetry_body
-from api.tasks.telemetry_body import MAX_REPORTED_ERRORS, BodyValidationError, parse_detect_body
+from api.tasks.telemetry_body import (
+    MAX_REPORTED_ERRORS,
+    BodyValidationError,
+    parse_detect_body,
+)
 from detector import Microbatch, TelemetryItem
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from wire.convert import to_problem
-from wire.schemas import PlanRequest
 from benchmarks.closed_loop import (
     GLOBAL_BATCH,
     SEQ_LENGTH,
@@ -16,6 +14,8 @@ from benchmarks.closed_loop import (
     windowed_goodput,
 )
 from planner.plan import plan
+from wire.convert import to_problem
+from wire.schemas import PlanRequest
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from cli import main
-from wire.schemas import Plan
 from tests.api.support import EXAMPLES_DIR, estimate_request, small_request, verify_plan
+from wire.schemas import Plan
 
 
 def write(tmp_path: Path, body, name: str = "request.json") -> str:
@@ -216,8 +216,8 @@ def test_the_table_prints_a_plans_text_as_text(tmp_path, capsys):
     assert json.loads(out)["model"] == hostile["model"]
     from rich.console import Console
 
-    from wire.schemas import Plan as WirePlan
     from render.table import render_table
+    from wire.schemas import Plan as WirePlan
 
     console = Console(file=io.StringIO(), width=200, force_terminal=True, color_system=None)
     render_table(WirePlan.model_validate(hostile), console)

@@ -7,8 +7,6 @@ import time
 
 import pytest
 
-from wire.convert import resolve_model
-from wire.schemas import DetectRequest, EstimateRequest, Plan
 from api.tasks.planning import estimate_for
 from benchmarks.detection import (
     QUICK,
@@ -39,6 +37,8 @@ from detector import (
     layout_from_stages,
 )
 from tests.api.support import assert_detail, assert_validation, small_request
+from wire.convert import resolve_model
+from wire.schemas import DetectRequest, EstimateRequest, Plan
 
 
 @pytest.fixture(scope="module")

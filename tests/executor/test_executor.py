@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.tasks.planning import plan_for
 from executor import layout as executor_layout
 from executor import model as executor_model
 from executor import run as executor_run
-from wire.schemas import Plan, PlanRequest
-from api.tasks.planning import plan_for
 from tests.executor.support import (
     LR,
     REQUESTS,
@@ -34,6 +33,7 @@ from tests.executor.support import (
     tiny,
     used_devices,
 )
+from wire.schemas import Plan, PlanRequest
 
 TOLERANCE = 1e-5  # relative, fp32
 STEPS = 3

@@ -8,15 +8,14 @@ bisection with an IndexError: a 500 to the client).
 
 from __future__ import annotations
 
-import time
-
-from wire.schemas import PlanRequest
 from api.tasks.planning import plan_for
-from planner.nonuniform.allocation.search import solve_allocation
+from planner.budget import Budget
 from planner.nonuniform.allocation.model import UNKNOWN, FeasibilityModel
+from planner.nonuniform.allocation.search import solve_allocation
 from planner.nonuniform.search import search_nonuniform
 from tests.api.support import small_request, verify_plan
 from tests.planner.helpers import small_problem
+from wire.schemas import PlanRequest
 
 
 def test_plan_survives_every_feasibility_probe_timing_out(monkeypatch):
@@ -35,7 +34,7 @@ def test_timed_out_probes_leave_the_search_unfinished(monkeypatch):
 
     monkeypatch.setattr(FeasibilityModel, "solve", timed_out)
     problem = small_problem(num_nodes=3, failed=("0:0",), slow=(("2:3", 0.25),))
-    found = search_nonuniform(problem, float("inf"), time.monotonic() + 30)
+    found = search_nonuniform(problem, float("inf"), Budget.starting_now(30))
     assert probes, "the case needs CP-SAT probes"
     assert not found.exhausted
     assert found.bound_ms < float("inf")
@@ -48,4 +47,4 @@ def test_allocation_without_templates_is_none():
     from planner.nonuniform.partitions import StageType
 
     data = AllocationInput([], StageType(1, 1.0), 4, [], [], 8, 1, 1)
-    assert solve_allocation(data, 1.0, 0) is None
+    assert solve_allocation(data, Budget.starting_now(1.0), 0) is None

@@ -14,9 +14,9 @@ import pytest
 
 from cost_models.layout import ParallelShape
 from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
-from planner.uniform.candidates import Candidate
 from planner.devices import slot_inventory
 from planner.errors import InfeasibleError
+from planner.uniform.candidates import Candidate
 from planner.uniform.search import evaluate, search
 from tests.planner.helpers import small_problem
 

@@ -12,18 +12,18 @@ from dataclasses import replace
 
 import pytest
 
-from wire.convert import to_problem
-from wire.schemas import PlanRequest
 from api.tasks.planning import plan_for
 from planner.assemble import assemble_plan
 from planner.budget import Budget
-from planner.uniform.candidates import ranked_candidates, uniform_floor_ms
 from planner.deadline import least_time_limit_s
 from planner.schedules.for_plan import with_schedules
+from planner.uniform.candidates import ranked_candidates, uniform_floor_ms
 from planner.uniform.search import UniformSearch, search
 from tests.api.support import small_request, verify_plan
 from tests.planner.helpers import small_problem
 from tests.planner.test_brute_force import CASES, brute_force_ms
+from wire.convert import to_problem
+from wire.schemas import PlanRequest
 
 DAMAGED = {"failures": {"failed": ["0:3"], "slow": [{"device": "1:1", "speed": 0.5}, {"device": "1:6", "speed": 0.7}]}}
 
@@ -84,7 +84,7 @@ def test_a_plan_whose_deadline_passed_in_the_queue_is_valid_bounded_and_says_why
     request = PlanRequest.model_validate(body)
     unhurried = plan_for(request)
     assert unhurried.solver.status == "OPTIMAL"
-    late = plan_for(request, 60.0, time.monotonic() - 5.0)
+    late = plan_for(request, 60.0, Budget(time.monotonic() - 5.0))
     verify_plan(late.model_dump(mode="json"), body)
     assert any("were left when the planner started" in note for note in late.solver.notes), late.solver.notes
     # The layout is at best the optimum, and the bound it reports is no more than the optimum.
@@ -126,7 +126,7 @@ def test_the_search_counts_the_timeline_ops_its_best_layout_will_need():
                       schedules=frozenset({"1f1b"}))
     uniform = UniformSearch(problem)
     while uniform.next_bound_ms() < uniform.best_ms:
-        uniform.step(float("inf"))
+        uniform.step(Budget.unlimited())
     result = with_schedules(problem, assemble_plan(problem, uniform.result()), Budget.unlimited())
     simulated = sum(len(ops) for timeline in result.pipeline_schedule.replicas for ops in timeline.simulation.timelines)
     assert uniform.best_timeline_ops() == simulated

@@ -8,11 +8,11 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wire.convert import resolve_hardware, resolve_model
-from wire.schemas import PlanRequest
 from api.tasks.planning import plan_for
 from planner.errors import InfeasibleError, PlanningError
 from tests.invariants import check_invariants
+from wire.convert import resolve_hardware, resolve_model
+from wire.schemas import PlanRequest
 
 ARCHITECTURES = [
     {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 688, "num_attention_heads": 8, "num_kv_heads": 2,

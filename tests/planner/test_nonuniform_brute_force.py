@@ -13,21 +13,20 @@ counts ZeRO memory and gradient sync are computed for).
 from __future__ import annotations
 
 import itertools
-import time
 from collections import Counter
 
 import pytest
 
 from cost_models.pipeline import pipeline_time_ms
 from cost_models.stage_costs import max_layers_fitting
-from planner.uniform.candidates import tensor_parallel_sizes
+from planner.budget import Budget
+from planner.nonuniform.partitions import StageType, damaged_classes
 from planner.nonuniform.search import (
     _inventory,
     _memory_replicas,
     outer_choices,
     search_nonuniform,
 )
-from planner.nonuniform.partitions import StageType, damaged_classes
 from planner.nonuniform.templates import (
     TermsCache,
     arrange,
@@ -35,6 +34,7 @@ from planner.nonuniform.templates import (
     pipeline_lengths,
     template_costs,
 )
+from planner.uniform.candidates import tensor_parallel_sizes
 from tests.planner.helpers import small_problem
 
 INF = float("inf")
@@ -184,7 +184,7 @@ CASES = {
 def test_nonuniform_search_matches_brute_force(case):
     problem = small_problem(**case)
     expected = brute_force_nonuniform_ms(problem)
-    found = search_nonuniform(problem, INF, time.monotonic() + 60)
+    found = search_nonuniform(problem, INF, Budget.starting_now(60))
     assert found.exhausted
     assert found.layout is not None
     assert found.layout.iteration_ms == pytest.approx(expected, rel=1e-5, abs=1e-3)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import bisect
 import random
-import time
 
 import pytest
 
+from planner.budget import Budget
 from planner.nonuniform.allocation.search import AllocationInput, AllocationSearch
-from planner.uniform.candidates import tensor_parallel_sizes
 from planner.nonuniform.search import (
     _inventory,
     _link_replicas,
@@ -28,6 +27,7 @@ from planner.nonuniform.templates import (
     pipeline_lengths,
     split_within,
 )
+from planner.uniform.candidates import tensor_parallel_sizes
 from tests.planner.helpers import small_problem
 from tests.planner.test_nonuniform_brute_force import CASES
 
@@ -104,7 +104,7 @@ def test_allocation_bound_is_below_the_allocation_found(case):
     for outer, inventory, memory, templates in _outer_choices_with_templates(problem):
         search = AllocationSearch(_allocation_input(problem, outer, inventory, memory, templates), random_seed=0)
         bound = search.front_ms()
-        found = search.solve(30.0)
+        found = search.solve(Budget.starting_now(30.0))
         if found is None:
             assert bound == float("inf") or search.front_ms() == float("inf")
             continue
@@ -119,14 +119,14 @@ def test_allocation_search_refines_one_set_at_a_time():
     outer, inventory, memory, templates = next(iter(_outer_choices_with_templates(problem)))
     data = _allocation_input(problem, outer, inventory, memory, templates)
     stepped = AllocationSearch(data, random_seed=0)
-    deadline = time.monotonic() + 30
+    budget = Budget.starting_now(30)
     fronts = []
     while (front := stepped.front_ms()) < float("inf"):
         fronts.append(front)
-        stepped.advance(deadline)
+        stepped.advance(budget)
     # The bound only rises, and stepping ends where solving in one call does.
     assert fronts == sorted(fronts)
-    once = AllocationSearch(data, random_seed=0).solve(30.0)
+    once = AllocationSearch(data, random_seed=0).solve(Budget.starting_now(30.0))
     assert (once is None) == (stepped.allocation() is None)
     if once is not None:
         assert stepped.allocation().objective_ms == pytest.approx(once.objective_ms)

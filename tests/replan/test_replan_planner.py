@@ -6,12 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from wire.convert import to_problem
-from wire.schemas import PlanRequest
+from cost_models.device import device_id
 from cost_models.migration import MigrationCost, unit_params
-from planner.devices import device_id
-from planner.replan.holdings import device_holdings, placed_layout
-from planner.replan.placement import matched_device_map, relabel
 from planner.plan import plan
 from planner.replan.choice import (
     ReplanCandidate,
@@ -21,6 +17,10 @@ from planner.replan.choice import (
     replan,
     running_plan,
 )
+from planner.replan.holdings import device_holdings, placed_layout
+from planner.replan.placement import matched_device_map, relabel
+from wire.convert import to_problem
+from wire.schemas import PlanRequest
 
 
 def _problem(failed=(), slow=()):

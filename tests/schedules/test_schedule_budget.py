@@ -12,8 +12,18 @@ from hypothesis import strategies as st
 
 from planner.assemble import assemble_plan
 from planner.budget import Budget
-from planner.plan import MAX_OPTIMIZE_S_PER_REPLICA, plan, schedule_budget_s, schedule_time_s
-from planner.schedules.for_plan import SHARED_TIMELINES_NOTE, _handcrafted_within, first_choice, with_schedules
+from planner.plan import (
+    MAX_OPTIMIZE_S_PER_REPLICA,
+    plan,
+    schedule_budget_s,
+    schedule_time_s,
+)
+from planner.schedules.for_plan import (
+    SHARED_TIMELINES_NOTE,
+    _handcrafted_within,
+    first_choice,
+    with_schedules,
+)
 from planner.schedules.handcrafted import handcrafted_schedules
 from planner.schedules.ops import ChunkTimes, PipelineSpec
 from planner.schedules.simulator import simulate
@@ -53,17 +63,15 @@ def test_with_time_every_allowed_handcrafted_schedule_is_simulated():
 
 
 def test_schedule_time_is_the_budget_normally_and_never_past_the_limit():
-    problem = replace(small_problem(), time_limit_s=10.0)
-    assert schedule_budget_s(problem) == 1.0
+    assert schedule_budget_s(10.0) == 1.0
     # A search that used 2 s of 10 leaves 8: the schedule step still gets its 1 s budget.
-    assert schedule_time_s(problem, left_s=8.0) == 1.0
-    short = replace(problem, time_limit_s=1.0)
-    # A search that finished early leaves more than the 0.1 s budget: list schedules may use it ...
-    assert schedule_time_s(short, left_s=0.4) == 0.4
+    assert schedule_time_s(10.0, left_s=8.0) == 1.0
+    # A search that finished early leaves more than the 0.1 s budget of a 1 s answer: list schedules may use it ...
+    assert schedule_time_s(1.0, left_s=0.4) == 0.4
     # ... up to one CP-SAT schedule's cap, and never past the limit.
-    assert schedule_time_s(replace(problem, time_limit_s=60.0), left_s=30.0) == MAX_OPTIMIZE_S_PER_REPLICA
-    assert schedule_time_s(short, left_s=0.05) == 0.05
-    assert schedule_time_s(short, left_s=-0.2) == 0.0
+    assert schedule_time_s(60.0, left_s=30.0) == MAX_OPTIMIZE_S_PER_REPLICA
+    assert schedule_time_s(1.0, left_s=0.05) == 0.05
+    assert schedule_time_s(1.0, left_s=-0.2) == 0.0
 
 
 def test_a_plan_with_no_time_left_still_has_a_simulated_timeline_per_replica():

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from wire.convert import schedule_to_wire
-from wire.schemas import Plan
 from planner.schedules.ops import (
     BACKWARD,
     FORWARD,
@@ -18,6 +16,8 @@ from planner.schedules.ops import (
 )
 from planner.schedules.result import ReplicaTimeline, ScheduleChoice
 from planner.schedules.simulator import simulate
+from wire.convert import schedule_to_wire
+from wire.schemas import Plan
 
 
 def one_f_one_b(num_stages: int, num_microbatches: int, split_backward: bool = False) -> Schedule:

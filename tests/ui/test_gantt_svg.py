@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from render.gantt_svg import LEGEND_WRAP_PX, MARGIN_PX, MAX_STYLED_CHUNKS, device_range, nice_step_ms, render
 from adapters.registry import ExportError, export_format
+from render.gantt_svg import (
+    LEGEND_WRAP_PX,
+    MARGIN_PX,
+    MAX_STYLED_CHUNKS,
+    device_range,
+    nice_step_ms,
+    render,
+)
 from tests.ui.plans import interleaved_plan, large_plan, small_plan
 from tests.ui.svg_support import SVG, classes, find_class, parse_svg, text_of
 

@@ -19,10 +19,10 @@ from render.gantt_svg import render as gantt_render
 from render.gantt_zoom_script import GANTT_ZOOM_JS
 from render.markup import REPLACEMENT, safe_chars, xml_text
 from render.plan_page import plan_page_html
-from wire.schemas import Plan
 from tests.ui.html_support import parse_html
 from tests.ui.plans import small_plan
 from tests.ui.svg_support import SVG, find_class, inline_svgs, parse_svg, text_of
+from wire.schemas import Plan
 
 FRAGMENTS = [
     "</script><script>alert(1)</script>", "<svg onload=alert(1)>", '"', "'", "$(touch /tmp/pwned)", "`id`",

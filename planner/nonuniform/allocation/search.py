@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import time
 from dataclasses import dataclass
 
+from planner.budget import Budget
 from planner.nonuniform.allocation.input import (
     TIME_QUANTUM_MS,
     AllocationInput,
@@ -149,7 +149,7 @@ class AllocationSearch:
         # Less the rounding slack: ticks may overstate the exact figures the caller compares with.
         return (queue[0][0] - self._slack()) * TIME_QUANTUM_MS / self._data.virtual_stages
 
-    def advance(self, deadline: float, ceiling_ms: float = float("inf")) -> None:
+    def advance(self, time_budget: Budget, ceiling_ms: float = float("inf")) -> None:
         """Refine or settle the set at the front once. A set whose probe ran out of time leaves
         the queue, its key kept as `unsettled_ms`: trying it again could only spin."""
         if self.front_ms(ceiling_ms) == float("inf"):
@@ -157,7 +157,7 @@ class AllocationSearch:
         key, index, stage, low = heapq.heappop(self._queue)
         if stage == _ANY_TEMPLATES:
             self._refine(key, index, stage, low)
-        elif self._settle(self._sets[index], low, deadline):
+        elif self._settle(self._sets[index], low, time_budget):
             self.settled += 1
         else:
             self._unsettled = key if self._unsettled is None else min(self._unsettled, key)
@@ -189,12 +189,11 @@ class AllocationSearch:
             status="OPTIMAL" if optimal else "FEASIBLE",
         )
 
-    def solve(self, time_limit_s: float, ceiling_ms: float = float("inf")) -> Allocation | None:
-        """The optimal allocation (the best found when time runs out), or None if none beats
+    def solve(self, time_budget: Budget, ceiling_ms: float = float("inf")) -> Allocation | None:
+        """The optimal allocation (the best found when `time_budget` runs out), or None if none beats
         `ceiling_ms`."""
-        deadline = time.monotonic() + time_limit_s
-        while self.front_ms(ceiling_ms) < float("inf") and time.monotonic() < deadline:
-            self.advance(deadline)
+        while self.front_ms(ceiling_ms) < float("inf") and not time_budget.expired():
+            self.advance(time_budget)
         return self.allocation()
 
     def _bar(self) -> float:
@@ -254,7 +253,7 @@ class AllocationSearch:
         if own is not None:
             heapq.heappush(self._queue, (own + v * tail_set.tail, index, _OWN_LP, own))
 
-    def _settle(self, tail_set: _TailSet, low: int, deadline: float) -> bool:
+    def _settle(self, tail_set: _TailSet, low: int, time_budget: Budget) -> bool:
         """F(A) by feasibility probes from the LP least budget up; False if time ran out."""
         data, v = self._data, self._data.virtual_stages
         budgets = breakpoints_between([data.templates[k] for k in tail_set.members], v, data.microbatches,
@@ -263,7 +262,7 @@ class AllocationSearch:
             return True
         # The LP least budget is most often feasible; if not, the largest useful one decides
         # whether bisecting between them can pay.
-        found = self._probe(budgets[0], tail_set, deadline)
+        found = self._probe(budgets[0], tail_set, time_budget)
         if found == UNKNOWN:
             return False
         if found is not None:
@@ -271,7 +270,7 @@ class AllocationSearch:
             return True
         if len(budgets) == 1:
             return True
-        top = self._probe(budgets[-1], tail_set, deadline)
+        top = self._probe(budgets[-1], tail_set, time_budget)
         if top == UNKNOWN:
             return False
         if top is None:
@@ -279,7 +278,7 @@ class AllocationSearch:
         lo, hi, best = 0, len(budgets) - 1, top  # budgets[lo] infeasible, budgets[hi] feasible
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            found = self._probe(budgets[mid], tail_set, deadline)
+            found = self._probe(budgets[mid], tail_set, time_budget)
             if found == UNKNOWN:
                 self._offer(budgets[hi], best)
                 return False
@@ -290,7 +289,7 @@ class AllocationSearch:
         self._offer(budgets[hi], best)
         return True
 
-    def _probe(self, budget: int, tail_set: _TailSet, deadline: float) -> Found | str | None:
+    def _probe(self, budget: int, tail_set: _TailSet, time_budget: Budget) -> Found | str | None:
         capacities = self._capacities(budget)
         healthy = self._relaxation.healthy_template(capacities, tail_set.members)
         if healthy is not None:
@@ -300,7 +299,7 @@ class AllocationSearch:
             return Found(tuple(replicas if j == k else 0 for j in range(len(self._data.templates))), counts)
         if self._model is None:
             self._model = FeasibilityModel(self._data, self._seed)
-        return self._model.solve(capacities, tail_set.members, deadline - time.monotonic())
+        return self._model.solve(capacities, tail_set.members, time_budget.remaining_s())
 
     def _tail(self, found: Found) -> int:
         """The tail an allocation actually pays: resharded sync only if its replicas differ in sharding."""
@@ -331,7 +330,7 @@ def _distribute(data: AllocationInput, found: Found, budget: int) -> tuple[int, 
 
 def solve_allocation(
     data: AllocationInput,
-    time_limit_s: float,
+    time_budget: Budget,
     random_seed: int,
     floor_ms: float = 0.0,
     ceiling_ms: float = float("inf"),
@@ -343,4 +342,4 @@ def solve_allocation(
     """
     if not data.templates:
         return None
-    return AllocationSearch(data, random_seed, floor_ms, ceiling_ms).solve(time_limit_s)
+    return AllocationSearch(data, random_seed, floor_ms, ceiling_ms).solve(time_budget)
