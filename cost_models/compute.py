@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_models.choices import Recompute
 from cost_models.comm import NVLINK_STEP_LATENCY_S, ring_all_reduce_s
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.flops import BACKWARD_TO_FORWARD, layer_attention_forward_flops
@@ -150,10 +151,10 @@ def layer_time(
     )
     comm_ms = 2.0 * tp_all_reduce_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency)
     backward_comm_ms = comm_ms
-    if recompute == "full":
+    if recompute == Recompute.FULL:
         backward_compute_s += forward_compute_s
         backward_comm_ms += comm_ms
-    elif recompute == "selective":
+    elif recompute == Recompute.SELECTIVE:
         backward_compute_s += attention_s
     return LayerTime(
         forward_compute_ms=1e3 * forward_compute_s,

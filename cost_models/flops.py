@@ -7,6 +7,7 @@ time accounts for that separately (`layer_time`).
 
 from __future__ import annotations
 
+from cost_models.choices import Recompute
 from cost_models.model_spec import ModelSpec
 
 
@@ -58,8 +59,8 @@ def recompute_extra_flops(model: ModelSpec, seq_length: int, global_batch: int, 
     full: a whole forward of every layer; selective: the attention core
     (Korthikanti et al. 2022); none: nothing.
     """
-    if recompute == "full":
+    if recompute == Recompute.FULL:
         return model.num_layers * layer_forward_flops(model, seq_length, 1) * global_batch
-    if recompute == "selective":
+    if recompute == Recompute.SELECTIVE:
         return model.num_layers * layer_attention_forward_flops(model, seq_length, 1) * global_batch
     return 0.0

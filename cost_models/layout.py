@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from cost_models.hardware import GpuSpec
 from cost_models.model_spec import ModelSpec
 
-SCHEDULES = ("1f1b", "interleaved")
-
 
 @dataclass(frozen=True)
 class Hardware:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from cost_models.choices import Recompute, ScheduleName
 from cost_models.efficiency import SoftwareConfig
 from cost_models.model_spec import ModelSpec
 from cost_models.pipeline import interleaved_group_sizes
@@ -22,8 +23,6 @@ RESERVED_BYTES = 2.0 * 1024**3
 # PyTorch's caching allocator fragments memory that is freed and reallocated
 # every microbatch (activations); a plan at 99% of HBM by the books OOMs.
 ACTIVATION_FRAGMENTATION = 0.10
-
-RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 def state_bytes_per_param(zero_stage: int, data_parallel: int) -> float:
@@ -71,11 +70,11 @@ def layer_activation_bytes(
     """
     sbh = float(seq_length * micro_batch * model.hidden_size)
     sp_divisor = tp if software.sequence_parallel else 1
-    if recompute == "full":
+    if recompute == Recompute.FULL:
         return 2.0 * sbh / sp_divisor
     replicated, sharded, score_per_s = _layer_activation_terms(model, software)
     linear = sbh * (replicated / sp_divisor + sharded / tp)
-    if recompute == "selective":
+    if recompute == Recompute.SELECTIVE:
         return linear
     heads = model.num_attention_heads
     scores = score_per_s * heads * seq_length * seq_length * micro_batch / tp
@@ -110,9 +109,9 @@ def in_flight_row(
     """`in_flight_microbatches` of each stage in `positions` (default: every stage); a whole row
     finds the interleaved first group once."""
     positions = range(stages) if positions is None else positions
-    if schedule == "gpipe":
+    if schedule == ScheduleName.GPIPE:
         return [float(microbatches) for _ in positions]
-    if schedule == "interleaved" and virtual_stages > 1:
+    if schedule == ScheduleName.INTERLEAVED and virtual_stages > 1:
         first_group = interleaved_group_sizes(microbatches, stages)[0]
         most = microbatches * virtual_stages
         warm_up = (virtual_stages - 1) * first_group + 1

@@ -18,9 +18,9 @@ time; only ratios between microbatches of one role matter.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from cost_models.compute import (
     CAUSAL_EXECUTED_FRACTION,
@@ -180,8 +180,26 @@ def layout_from_stages(
     return DetectionLayout(roles=roles, role_of=role_of)
 
 
-def layout_from_plan(plan: Any, model: ModelSpec, *, efficiency_weighted: bool = True) -> DetectionLayout:
-    """From anything shaped like API.md's Plan: replicas[*].stages[*].{layers, tp, devices} and recompute."""
+class _Stage(Protocol):
+    layers: Sequence[int]
+    tp: int
+    devices: Sequence[str]
+
+
+class _Replica(Protocol):
+    stages: Sequence[_Stage]
+
+
+class PlanStages(Protocol):
+    """What the detector reads of API.md's Plan (wire.schemas.Plan, which the detector does not import):
+    replicas[*].stages[*].{layers, tp, devices} and recompute."""
+
+    replicas: Sequence[_Replica]
+    recompute: str
+
+
+def layout_from_plan(plan: PlanStages, model: ModelSpec, *, efficiency_weighted: bool = True) -> DetectionLayout:
+    """The roles of a plan's devices (see `layout_from_stages`)."""
     stages = [(stage.layers, stage.tp, stage.devices) for replica in plan.replicas for stage in replica.stages]
     recompute = getattr(plan, "recompute", None) or "selective"
     return layout_from_stages(model, stages, recompute, efficiency_weighted=efficiency_weighted)

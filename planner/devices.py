@@ -90,11 +90,6 @@ class SlotInventory:
     def total(self) -> int:
         return self.full_speed_count + len(self.degraded)
 
-    def speeds_of_first(self, count: int) -> list[float]:
-        """Speeds of the `count` fastest slots (full-speed first)."""
-        extra = max(0, count - self.full_speed_count)
-        return [1.0] * min(count, self.full_speed_count) + [s.speed for s in self.degraded[:extra]]
-
 
 def slot_inventory(cluster: ClusterState, tp: int) -> SlotInventory:
     """The cluster's slots for TP size `tp`; computed once per cluster state and size."""

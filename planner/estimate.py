@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+from cost_models.choices import Recompute, ScheduleName
 from cost_models.hardware import GIB
 from cost_models.layout import ParallelShape
 from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
@@ -28,7 +29,7 @@ class FixedLayout:
     micro_batch_size: int = 1
     virtual_stages: int = 1
     schedule: str = "1f1b"
-    recompute: str = "selective"
+    recompute: str = Recompute.SELECTIVE
     layers_per_stage: tuple[int, ...] | None = None
     dp: int | None = None
 
@@ -44,9 +45,9 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
         raise PlanningError(
             f"tp {layout.tp} must divide the {model.num_attention_heads} attention heads and {model.num_kv_heads} KV heads"
         )
-    if layout.schedule == "1f1b" and layout.virtual_stages != 1:
+    if layout.schedule == ScheduleName.ONE_F_ONE_B and layout.virtual_stages != 1:
         raise PlanningError("schedule 1f1b runs one model chunk per stage: set virtual_stages to 1 or use interleaved")
-    if layout.schedule == "interleaved" and (layout.virtual_stages < 2 or layout.pp < 2):
+    if layout.schedule == ScheduleName.INTERLEAVED and (layout.virtual_stages < 2 or layout.pp < 2):
         raise PlanningError("the interleaved schedule needs pp >= 2 and virtual_stages >= 2")
     if layout.pp > layers:
         raise PlanningError(f"pp {layout.pp} exceeds the model's {layers} layers")
@@ -123,6 +124,6 @@ def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult
         candidates_solved=0,
     )
     # The layout names its schedule: simulate exactly that one, no search.
-    allowed = frozenset({"interleaved" if layout.virtual_stages > 1 else layout.schedule})
+    allowed = frozenset({ScheduleName.INTERLEAVED if layout.virtual_stages > 1 else layout.schedule})
     return with_schedules(replace(problem, schedules=allowed), assemble_plan(problem, found), Budget.unlimited(),
                           optional_s=0.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cost_models.choices import Recompute
 from cost_models.hardware import GIB
 from cost_models.layout import ParallelShape
 from cost_models.memory import (
@@ -29,7 +30,7 @@ def _leanest_layout(problem: PlanningProblem) -> tuple[float, ParallelShape] | N
         if slots == 0:
             continue
         pp = min(layers, slots)
-        shape = ParallelShape(tp, pp, 1, 1, "full" if "full" in problem.recompute_modes else problem.recompute_modes[0])
+        shape = ParallelShape(tp, pp, 1, 1, Recompute.FULL if Recompute.FULL in problem.recompute_modes else problem.recompute_modes[0])
         terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
         base, extra = divmod(layers, pp)
         need = max(stage_memory_bytes(terms, i, base + (1 if i < extra else 0)) for i in range(pp))

@@ -12,16 +12,17 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from cost_models.choices import ScheduleName
 from cost_models.pipeline import pipeline_time_ms
 from planner.assemble import assemble_plan, finish_plan
 from planner.budget import Budget
+from planner.config import DEFAULT_CONFIG, PlannerConfig
 from planner.deadline import finish_reserve_s, ops_cost_s
 from planner.errors import InfeasibleError
 from planner.gc_pause import gc_paused
 from planner.infeasibility import explain_infeasible, obvious_infeasibility
 from planner.nonuniform.assemble import assemble_replicas
 from planner.nonuniform.search import (
-    PRUNE_TOLERANCE,
     NonUniformLayout,
     NonUniformResult,
     NonUniformSearch,
@@ -30,23 +31,20 @@ from planner.nonuniform.search import (
 from planner.nonuniform.templates import stage_timings
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
-from planner.schedules.for_plan import MAX_OPTIMIZE_S_PER_REPLICA, with_schedules
+from planner.schedules.for_plan import with_schedules
 from planner.uniform.search import SearchResult, UniformSearch, search
 
-# Share of the time limit kept for choosing schedules once the layout is known.
-SCHEDULE_TIME_SHARE = 0.1
 
-
-def schedule_budget_s(total_s: float) -> float:
+def schedule_budget_s(total_s: float, config: PlannerConfig = DEFAULT_CONFIG) -> float:
     """What the schedule step is kept of an answer's `total_s` seconds."""
-    return min(MAX_OPTIMIZE_S_PER_REPLICA, SCHEDULE_TIME_SHARE * total_s)
+    return min(config.max_optimize_s_per_replica, config.schedule_time_share * total_s)
 
 
-def schedule_time_s(total_s: float, left_s: float) -> float:
+def schedule_time_s(total_s: float, left_s: float, config: PlannerConfig = DEFAULT_CONFIG) -> float:
     """The schedule step's time: its budget, or what the layout search left of the `total_s` when
     that is more (a search that finished early leaves time for list schedules), never more than one
     CP-SAT schedule's cap and never past the deadline."""
-    return min(max(schedule_budget_s(total_s), left_s), MAX_OPTIMIZE_S_PER_REPLICA, max(0.0, left_s))
+    return min(max(schedule_budget_s(total_s, config), left_s), config.max_optimize_s_per_replica, max(0.0, left_s))
 
 
 def plan_uniform(problem: PlanningProblem, budget: Budget | None = None) -> PlanResult:
@@ -73,8 +71,8 @@ def _within_time_limit(problem: PlanningProblem, budget: Budget,
     """The layout search, then schedules, both by the budget's deadline: the search gets the budget
     less the schedule step's share (of the time left now) and the finishing reserve."""
     total_s = budget.remaining_s()
-    layout = layout_search(budget.less(schedule_budget_s(total_s) + finish_reserve_s(problem)))
-    return with_schedules(problem, layout, budget, optional_s=schedule_time_s(total_s, budget.remaining_s()))
+    layout = layout_search(budget.less(schedule_budget_s(total_s, problem.config) + finish_reserve_s(problem)))
+    return with_schedules(problem, layout, budget, optional_s=schedule_time_s(total_s, budget.remaining_s(), problem.config))
 
 
 def _plan_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:
@@ -91,7 +89,7 @@ def _plan_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:
         if incumbent < float("inf") and budget.remaining_s() <= finishing.seconds(incumbent):
             break
         next_uniform, next_nonuniform = uniform.next_bound_ms(), nonuniform.next_bound_ms()
-        if min(next_uniform, next_nonuniform) >= incumbent * (1 - PRUNE_TOLERANCE):
+        if min(next_uniform, next_nonuniform) >= incumbent * (1 - problem.config.prune_tolerance):
             break
         if next_uniform <= next_nonuniform:
             uniform.step(budget)
@@ -186,7 +184,7 @@ def _assemble_nonuniform(
         problem, tuple(replicas), used, layout.iteration_ms, _breakdown(problem, layout),
         _solver(layout.iteration_ms, bound, optimal, started, total, solved),
         micro_batch_size=outer.micro_batch_size,
-        schedule="interleaved" if outer.virtual_stages > 1 else "1f1b",
+        schedule=ScheduleName.INTERLEAVED if outer.virtual_stages > 1 else ScheduleName.ONE_F_ONE_B,
         virtual_stages=outer.virtual_stages,
         recompute=outer.recompute,
     )

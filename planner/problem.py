@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from cost_models.choices import Recompute, ScheduleName
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.layout import Hardware, Workload
+from planner.config import DEFAULT_CONFIG, PlannerConfig
 
-RECOMPUTE_CHOICES = ("none", "selective", "full")
-MICRO_BATCH_CHOICES = (1, 2, 4, 8)
-MAX_VIRTUAL_STAGES = 8
-STOCK_SCHEDULES = frozenset({"gpipe", "1f1b", "interleaved"})  # what Megatron-LM and DeepSpeed run unchanged
-CHUNKED_SCHEDULES = frozenset({"interleaved", "optimized"})  # schedules for v > 1 model chunks per stage
-SINGLE_CHUNK_SCHEDULES = frozenset({"gpipe", "1f1b", "zb-h1", "zb-h2", "optimized"})
+RECOMPUTE_CHOICES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+STOCK_SCHEDULES = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED})  # what Megatron-LM and DeepSpeed run unchanged
+CHUNKED_SCHEDULES = frozenset({ScheduleName.INTERLEAVED, ScheduleName.OPTIMIZED})  # schedules for v > 1 model chunks per stage
+SINGLE_CHUNK_SCHEDULES = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.ZB_H1, ScheduleName.ZB_H2, ScheduleName.OPTIMIZED})
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class PlanningProblem:
     schedules: frozenset[str] | None = None  # pipeline schedules allowed; None: all (stock ones if stock_layouts_only)
     efficiency: EfficiencyParams = field(default_factory=EfficiencyParams)
     software: SoftwareConfig = field(default_factory=SoftwareConfig)
+    config: PlannerConfig = DEFAULT_CONFIG  # the planner's tuning (planner.config)
 
     @property
     def recompute_modes(self) -> tuple[str, ...]:
@@ -94,7 +95,7 @@ class PlanningProblem:
         if self.recompute != "auto":
             return (self.recompute,)
         if self.software.flash_attention:
-            return tuple(mode for mode in RECOMPUTE_CHOICES if mode != "selective")
+            return tuple(mode for mode in RECOMPUTE_CHOICES if mode != Recompute.SELECTIVE)
         return RECOMPUTE_CHOICES
 
     @property
@@ -115,4 +116,4 @@ class PlanningProblem:
     def micro_batch_sizes(self) -> tuple[int, ...]:
         if self.micro_batch_size is not None:
             return (self.micro_batch_size,)
-        return tuple(b for b in MICRO_BATCH_CHOICES if b <= self.workload.global_batch_size)
+        return tuple(b for b in self.config.micro_batch_sizes if b <= self.workload.global_batch_size)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from cost_models.resharding import nonuniform_iteration_ms
 from planner.budget import Budget
+from planner.config import PlannerConfig
 from planner.nonuniform.allocation.search import (
     Allocation,
     AllocationInput,
@@ -38,10 +39,8 @@ from planner.nonuniform.templates import (
     pipeline_lengths,
     template_costs,
 )
-from planner.problem import MAX_VIRTUAL_STAGES, PlanningProblem
+from planner.problem import PlanningProblem
 from planner.uniform.candidates import tensor_parallel_sizes
-
-PRUNE_TOLERANCE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -139,25 +138,6 @@ def _ends_in_layers(cache: TermsCache, tps: list[int]) -> float:
     return min(ratios)
 
 
-def shortest_fitting_length(
-    problem: PlanningProblem, outer: OuterChoice, cache: TermsCache, memo: dict | None = None
-) -> int | None:
-    """Fewest stages (see `pipeline_lengths`) of a base-only template that fits memory; lower-TP stages
-    need more memory at every position, so no template is shorter. None if none fits.
-    `memo` shares the per-length answer between outer choices of one search."""
-    memo = {} if memo is None else memo
-    units = problem.workload.model.num_layers // outer.virtual_stages
-    for stages in pipeline_lengths(outer.pp):
-        key = (outer.tp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, stages, cache.memory_replicas)
-        if key not in memo:
-            caps = cache.layer_caps(outer.tp, stages, problem.hardware.gpu.memory_bytes)
-            unit_caps = [min(c // outer.virtual_stages, units) for c in caps]
-            memo[key] = min(unit_caps) >= 1 and sum(unit_caps) >= units >= stages
-        if memo[key]:
-            return stages
-    return None
-
-
 @dataclass(frozen=True)
 class _Capacity:
     """Per-layer figures of one (tp, micro-batch size, recompute): they do not depend on pp or v.
@@ -210,10 +190,10 @@ def _memory_replicas(problem: PlanningProblem, outer: OuterChoice, inventory: _I
     return max(1, min(microbatches, inventory.healthy_base_groups // outer.pp))
 
 
-def _link_replicas(outer: OuterChoice, inventory: _Inventory) -> int:
+def _link_replicas(outer: OuterChoice, inventory: _Inventory, config: PlannerConfig) -> int:
     """The most replicas an outer choice can build: gradient sync and pipeline links are costed
     for this many during the search (more replicas never make either cheaper)."""
-    return max(1, inventory.group_count_bound() // pipeline_lengths(outer.pp)[0])
+    return max(1, inventory.group_count_bound() // pipeline_lengths(outer.pp, config)[0])
 
 
 def recost(problem: PlanningProblem, layout: NonUniformLayout) -> NonUniformLayout:
@@ -236,7 +216,7 @@ def outer_choices(problem: PlanningProblem) -> list[OuterChoice]:
             if batch % mbs:
                 continue
             for pp in range(1, layers + 1):
-                chunks = [1] + [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if pp >= 2 and layers % v == 0 and layers // v >= pp]
+                chunks = [1] + [v for v in range(2, problem.config.max_virtual_stages + 1) if pp >= 2 and layers % v == 0 and layers // v >= pp]
                 for v in filter(problem.allows_virtual_stages, chunks):
                     for recompute in problem.recompute_modes:
                         out.append(OuterChoice(tp, pp, mbs, recompute, v))
@@ -296,7 +276,7 @@ def _strong_lower_bound_ms(
     v = outer.virtual_stages
     fill = capacity.work * capacity.fastest / v
     bottlenecks = {}
-    for stages in pipeline_lengths(outer.pp):
+    for stages in pipeline_lengths(outer.pp, problem.config):
         bottleneck = _base_bottleneck_ms(problem, outer, cache, stages, memo)
         if bottleneck is not None:
             bottlenecks[stages] = bottleneck
@@ -364,14 +344,14 @@ class NonUniformSearch:
         queue = []
         for index, outer in enumerate(outer_choices(problem)):
             inventory = self._inventories[outer.tp]
-            if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
+            if pipeline_lengths(outer.pp, problem.config)[0] > inventory.group_count_bound():
                 continue  # not even the shortest allowed pipeline finds enough TP groups
             key = (outer.tp, outer.micro_batch_size, outer.recompute)
             if key not in self._capacities:
                 self._capacities[key] = _capacity_summary(problem, outer, inventory)
             # The shortest allowed length keeps this bound valid whatever fits; whether anything
             # fits memory is checked when the outer choice reaches the front of the queue.
-            shortest = pipeline_lengths(outer.pp)[0]
+            shortest = pipeline_lengths(outer.pp, problem.config)[0]
             queue.append((_lower_bound_ms(problem, outer, inventory, self._capacities[key], shortest), index, _CHEAP, outer))
         heapq.heapify(queue)
         return queue
@@ -398,7 +378,7 @@ class NonUniformSearch:
         """What was found; exhausted when nothing left could beat `incumbent_ms` (or the layout found)."""
         incumbent_ms = min(incumbent_ms, self.best_ms)
         left = min(self.next_bound_ms(), self._unsettled_ms)
-        exhausted = left >= incumbent_ms * (1 - PRUNE_TOLERANCE)
+        exhausted = left >= incumbent_ms * (1 - self._problem.config.prune_tolerance)
         return NonUniformResult(self._best, left, exhausted, self._considered, self._solved)
 
     def step(self, budget: Budget, incumbent_ms: float = float("inf")) -> None:
@@ -408,11 +388,10 @@ class NonUniformSearch:
         lower, index, stage, outer = heapq.heappop(self._queue)
         inventory = self._inventories[outer.tp]
         memory_replicas = _memory_replicas(problem, outer, inventory)
-        link_replicas = _link_replicas(outer, inventory)
+        link_replicas = _link_replicas(outer, inventory, problem.config)
         cache = TermsCache(problem, outer, memory_replicas, link_replicas, self._shared)
         if stage == _CHEAP:
-            # The strong bound is infinite when no base-only pipeline fits memory, so it also drops
-            # what `shortest_fitting_length` would.
+            # The strong bound is infinite when no base-only pipeline fits memory: such outer choices drop here.
             capacity = self._capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
             tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity, self._bottlenecks))
             if tighter < float("inf"):
@@ -473,7 +452,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, budget: Bud
     """Best non-uniform layout better than `incumbent_ms`, or none; bound over what was not excluded
     (see `NonUniformSearch`)."""
     search = NonUniformSearch(problem)
-    while search.next_bound_ms() < min(incumbent_ms, search.best_ms) * (1 - PRUNE_TOLERANCE):
+    while search.next_bound_ms() < min(incumbent_ms, search.best_ms) * (1 - problem.config.prune_tolerance):
         if budget.expired():
             break
         search.step(budget, incumbent_ms)

@@ -19,11 +19,11 @@ Both steps are exact.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from cost_models.choices import ScheduleName
 from cost_models.compute import LayerTime
 from cost_models.iteration import (
     StageTime,
@@ -41,22 +41,20 @@ from cost_models.stage_costs import (
     pipeline_p2p_ms,
     stage_cost_terms,
 )
+from planner.config import DEFAULT_CONFIG, PlannerConfig
 from planner.nonuniform.partitions import StageType
 from planner.problem import PlanningProblem
 
-SHORTER_PIPELINES = 2  # degraded templates: pp - 2 .. pp stages
-MIXED_LENGTHS = 6  # base-only templates: at most this many stages shorter than pp
 
-
-def pipeline_lengths(pp: int) -> range:
+def pipeline_lengths(pp: int, config: PlannerConfig = DEFAULT_CONFIG) -> range:
     """Stage counts a replica may have under nominal `pp`: base-only pipelines as short as
     pp - max(2, min(pp // 4, 6)) (so replicas of whole healthy groups can mix lengths, as
-    Oobleck's templates do); templates with degraded stages pp - 2 .. pp."""
-    return range(max(1, pp - max(SHORTER_PIPELINES, min(pp // 4, MIXED_LENGTHS))), pp + 1)
+    Oobleck's templates do); templates with degraded stages pp - 2 .. pp (`config`'s lengths)."""
+    return range(max(1, pp - max(config.shorter_pipelines, min(pp // 4, config.mixed_lengths))), pp + 1)
 
 
-def degraded_lengths(pp: int) -> range:
-    return range(max(1, pp - SHORTER_PIPELINES), pp + 1)
+def degraded_lengths(pp: int, config: PlannerConfig = DEFAULT_CONFIG) -> range:
+    return range(max(1, pp - config.shorter_pipelines), pp + 1)
 
 
 @dataclass(frozen=True)
@@ -92,9 +90,6 @@ class Template:
     @cached_property
     def degraded_map(self) -> dict[StageType, int]:
         return dict(self.degraded)
-
-    def degraded_counts(self) -> Counter[StageType]:
-        return Counter(self.degraded_map)
 
 
 class TermsCache:
@@ -187,7 +182,7 @@ class TermsCache:
             problem, outer = self._problem, self._outer
             shape = ParallelShape(
                 tp, stages, self._replicas, outer.micro_batch_size, outer.recompute,
-                "interleaved" if outer.virtual_stages > 1 else "1f1b", outer.virtual_stages,
+                ScheduleName.INTERLEAVED if outer.virtual_stages > 1 else ScheduleName.ONE_F_ONE_B, outer.virtual_stages,
             )
             parts = self._part_set(tp)
             terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software, parts)
@@ -463,7 +458,7 @@ def enumerate_templates(
         return most_groups is None or needed <= most_groups.get(stage_type, 0)
 
     out = []
-    for stages in reversed(pipeline_lengths(outer.pp)):
+    for stages in reversed(pipeline_lengths(outer.pp, problem.config)):
         # Every template of this length reads the rows of the base type and of its degraded type.
         rows = {}
 
@@ -474,7 +469,7 @@ def enumerate_templates(
 
         # Forms: base groups only, one degraded stage among base groups, every stage one degraded type.
         forms = [(_BASE_ONLY, base)] if buildable(stages, base) else []
-        if stages in degraded_lengths(outer.pp):
+        if stages in degraded_lengths(outer.pp, problem.config):
             if buildable(stages - 1, base):
                 forms += [(_ONE_DEGRADED, stage_type) for stage_type in sorted(degraded_types)]
             if stages > 1:

@@ -25,20 +25,22 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from cost_models.device import device_id, device_order
 from cost_models.migration import Holding, MigrationCost, migration_cost, unit_params
 from planner.budget import Budget
 from planner.plan import plan
 from planner.problem import PlanningProblem
-from planner.replan.holdings import PlacedLayout, device_holdings, placed_layout
+from planner.replan.holdings import (
+    PlacedLayout,
+    PlanShape,
+    device_holdings,
+    placed_layout,
+)
 from planner.replan.placement import matched_device_map, relabel
 from planner.result import PlanResult
 
 DEFAULT_AMORTIZE_ITERATIONS = 500
-# Share of the time limit kept for placing the new layout on the running one's devices.
-PLACEMENT_TIME_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,9 @@ class RunningPlan:
     optimizer_s: float = 0.0
 
 
-def running_plan(plan: Any, slow: Mapping[str, float]) -> RunningPlan:
-    """From a PlanResult or anything shaped like API.md's Plan, with the slow devices it knew of."""
+def running_plan(plan: PlanShape, slow: Mapping[str, float]) -> RunningPlan:
+    """From a PlanResult or API.md's Plan (whose stages also carry `forward_ms`, `backward_ms` and whose
+    replicas `num_microbatches`, and a `predicted` iteration), with the slow devices it knew of."""
     replicas = sorted(plan.replicas, key=lambda r: r.id)
     busy = tuple(
         tuple(r.num_microbatches * (s.forward_ms + s.backward_ms) for s in r.stages)
@@ -138,7 +141,7 @@ def migration_between(problem: PlanningProblem, held: Mapping[str, Holding],
                           problem.hardware.intra_node_bandwidth_gb_s, problem.hardware.inter_node_bandwidth_gb_s)
 
 
-def plan_migration(problem: PlanningProblem, old: Any, new: Any) -> MigrationCost:
+def plan_migration(problem: PlanningProblem, old: PlanShape, new: PlanShape) -> MigrationCost:
     """Moving from plan `old` to plan `new` (PlanResults or wire Plans)."""
     return migration_between(problem, device_holdings(placed_layout(old)), device_holdings(placed_layout(new)))
 
@@ -159,8 +162,8 @@ def replan(problem: PlanningProblem, running: RunningPlan,
         return ReplanCandidate(name, iteration_s, migration, objective_ms(iteration_s, migration, amortize_iterations))
 
     started = time.monotonic()
-    scratch = plan(problem, budget.share(1 - PLACEMENT_TIME_SHARE))
-    placed = relabel(scratch, matched_device_map(scratch, cluster, held, units))
+    scratch = plan(problem, budget.share(1 - problem.config.placement_time_share))
+    placed = relabel(scratch, matched_device_map(scratch, cluster, held, units, problem.config))
     placed = replace(placed, solver=replace(placed.solver, wall_time_s=round(time.monotonic() - started, 3)))
     iteration_s = scratch.predicted.iteration_time_s
     candidates = [candidate("replan", iteration_s, cost_of(placed)), candidate("scratch", iteration_s, cost_of(scratch))]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from cost_models.migration import Holding, ShardBlock
 
@@ -22,6 +22,38 @@ class PlacedStage:
     layers: tuple[int, int]  # half-open, over the transformer layers
 
 
+class StageShape(Protocol):
+    """What placement reads of a stage: a PlanResult's StageResult and a wire Stage both have it."""
+
+    @property
+    def devices(self) -> Sequence[str]: ...
+
+    @property
+    def layers(self) -> Sequence[int]: ...  # half-open [first, last)
+
+
+class ReplicaShape(Protocol):
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def stages(self) -> Sequence[StageShape]: ...
+
+
+class PlanShape(Protocol):
+    """The layout part of a plan, as a PlanResult and API.md's Plan (wire.schemas.Plan) both carry it; the
+    planner reads stored plans through this, never through the wire models it must not import."""
+
+    @property
+    def replicas(self) -> Sequence[ReplicaShape]: ...
+
+    @property
+    def virtual_stages(self) -> int: ...
+
+    @property
+    def zero_stage(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class PlacedLayout:
     replicas: tuple[tuple[PlacedStage, ...], ...]
@@ -30,8 +62,8 @@ class PlacedLayout:
     num_layers: int
 
 
-def placed_layout(result: Any) -> PlacedLayout:
-    """From a PlanResult or anything shaped like API.md's Plan."""
+def placed_layout(result: PlanShape) -> PlacedLayout:
+    """From a PlanResult or API.md's Plan."""
     replicas = tuple(
         tuple(PlacedStage(tuple(stage.devices), (stage.layers[0], stage.layers[1])) for stage in replica.stages)
         for replica in sorted(result.replicas, key=lambda r: r.id)

@@ -9,7 +9,7 @@ layout: per class of alike nodes, a min-cost assignment of the new layout's
 node roles to physical nodes, each pair priced by the best assignment of the
 role's GPUs to the node's GPUs of equal speed. Both assignments are exact.
 
-Classes larger than MAX_EXACT_NODES nodes are not matched node to node
+Classes larger than `PlannerConfig.max_exact_nodes` nodes are not matched node to node
 (quadratic in the class size); there each role stays on its node and only
 its GPUs are matched.
 """
@@ -24,11 +24,11 @@ from ortools.graph.python import linear_sum_assignment
 
 from cost_models.device import device_id, device_order
 from cost_models.migration import Holding, UnitParams, missing_bytes
+from planner.config import DEFAULT_CONFIG, PlannerConfig
 from planner.problem import ClusterState
 from planner.replan.holdings import device_holdings, placed_layout
 from planner.result import PlanResult, ReplicaResult
 
-MAX_EXACT_NODES = 128
 # Assignment costs are integers: bytes in MiB lose nothing that matters.
 _COST_UNIT_BYTES = 2**20
 
@@ -81,7 +81,7 @@ class _Matcher:
 
 
 def matched_device_map(result: PlanResult, cluster: ClusterState, held: Mapping[str, Holding],
-                       units: UnitParams) -> dict[str, str]:
+                       units: UnitParams, config: PlannerConfig = DEFAULT_CONFIG) -> dict[str, str]:
     """Planner device -> physical device, a cost-neutral relabelling that moves the fewest bytes."""
     needed = device_holdings(placed_layout(result))
     matcher = _Matcher(cluster, held, units)
@@ -91,7 +91,7 @@ def matched_device_map(result: PlanResult, cluster: ClusterState, held: Mapping[
     device_map: dict[str, str] = {}
     for nodes in classes.values():
         roles = {node: tuple(needed.get(device_id(node, g)) for g in range(cluster.gpus_per_node)) for node in nodes}
-        if len(nodes) > MAX_EXACT_NODES:
+        if len(nodes) > config.max_exact_nodes:
             chosen = {a: (a, matcher.gpu_mapping(roles[a], matcher.speeds(a), a)[0]) for a in nodes}
         else:
             pairs = [[matcher.gpu_mapping(roles[a], matcher.speeds(a), b) for b in nodes] for a in nodes]

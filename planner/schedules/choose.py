@@ -12,21 +12,14 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from cost_models.choices import ScheduleName
+from planner.config import DEFAULT_CONFIG, PlannerConfig
 from planner.errors import PlanningError
 from planner.schedules.bounds import lower_bound_ms
 from planner.schedules.handcrafted import handcrafted_schedules
 from planner.schedules.ops import PipelineSpec, Schedule
 from planner.schedules.optimal import OPTIMIZED, optimize_schedule
 from planner.schedules.simulator import SimulationResult, simulate
-
-# The CP-SAT model grows with p * m * v; past this many ops it rarely beats the hint in seconds.
-MAX_OPTIMIZED_OPS = 6_000
-# Gains below this fraction of the makespan are not worth a second model.
-MIN_GAIN_FRACTION = 1e-3
-# CP-SAT stops once its order is this close to the bound.
-OPTIMALITY_GAP = 2e-3
-# When `optimized` is the only schedule allowed it runs even without a plan budget.
-MIN_REQUIRED_OPTIMIZE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -36,7 +29,7 @@ class ChosenSchedule:
     candidates_ms: tuple[tuple[str, float], ...]
 
 
-TIE_PREFERENCE = ("1f1b", "interleaved", "zb-h1", "zb-h2", "gpipe", OPTIMIZED)
+TIE_PREFERENCE = (ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED, ScheduleName.ZB_H1, ScheduleName.ZB_H2, ScheduleName.GPIPE, OPTIMIZED)
 
 
 def preference(name: str) -> int:
@@ -58,6 +51,7 @@ def choose_schedule(
     simulated: Sequence[tuple[Schedule, SimulationResult]] | None = None,
     use_solver: bool = True,
     start: Schedule | None = None,
+    config: PlannerConfig = DEFAULT_CONFIG,
 ) -> ChosenSchedule:
     """The fastest allowed schedule whose activations fit; ties go to the one holding less memory.
 
@@ -87,22 +81,22 @@ def choose_schedule(
         optimize_allowed
         and (optimize_time_limit_s > 0 or not tried)
         and spec.num_stages > 1
-        and (ops <= MAX_OPTIMIZED_OPS or not tried)
+        and (ops <= config.max_optimized_ops or not tried)
         and _fits(best[1], spec)
-        and (best[1].makespan_ms - lower_bound_ms(spec) > max(min_gain_ms, MIN_GAIN_FRACTION * best[1].makespan_ms)
+        and (best[1].makespan_ms - lower_bound_ms(spec) > max(min_gain_ms, config.min_gain_fraction * best[1].makespan_ms)
              or not tried)
     )
     if worth_optimizing:
         optimized = optimize_schedule(
-            spec, time_limit_s=optimize_time_limit_s if tried else max(optimize_time_limit_s, MIN_REQUIRED_OPTIMIZE_S),
+            spec, time_limit_s=optimize_time_limit_s if tried else max(optimize_time_limit_s, config.min_required_optimize_s),
             split_backward=True,
-            hint=start or best[0], seed=seed, relative_gap_limit=OPTIMALITY_GAP, use_solver=use_solver,
+            hint=start or best[0], seed=seed, relative_gap_limit=config.optimality_gap, use_solver=use_solver,
             warm_start=start is None,
         )
         if optimized is not None:
             simulation = simulate(optimized.schedule, spec)
             tried.append((optimized.schedule, simulation))
-            gains = simulation.makespan_ms < best[1].makespan_ms * (1 - MIN_GAIN_FRACTION)
+            gains = simulation.makespan_ms < best[1].makespan_ms * (1 - config.min_gain_fraction)
             if _fits(simulation, spec) and (gains or not best_allowed):
                 best, best_allowed = (optimized.schedule, simulation), True
     if not best_allowed:

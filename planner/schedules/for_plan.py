@@ -42,12 +42,6 @@ from planner.schedules.optimal import OPTIMIZED
 from planner.schedules.result import ReplicaTimeline, ScheduleChoice
 from planner.schedules.simulator import SimulationResult, simulate, validate
 
-# A single replica's CP-SAT schedule gets at most this long, whatever the plan's budget.
-MAX_OPTIMIZE_S_PER_REPLICA = 1.0
-# Building the model alone takes a few tenths of a second at p = 9, m = 37: less time left is wasted.
-MIN_OPTIMIZE_S = 0.25
-# CP-SAT is worth its seconds only if it can shorten the iteration by more than this share.
-MIN_ITERATION_GAIN = 5e-3
 SHARED_TIMELINES_NOTE = (
     "replicas alike but for their stages' speeds share one timeline, their envelope's (each op as long as in "
     "the slowest of them), to answer in time: predicted.iteration_time_s is an upper bound"
@@ -80,8 +74,8 @@ def with_schedules(
     # What the timelines cost to carry to the client comes off the time for better schedules.
     budget = budget.less(TIMELINE_WIRE_SHARE * timeline_cost_s(specs.values())).capped(optional_s)
     handcrafted = _handcrafted_within(specs, allowed, budget)
-    min_gain_ms = MIN_ITERATION_GAIN * result.predicted.iteration_time_s * 1e3
-    chosen = {key: choose_schedule(spec, allowed=allowed, simulated=handcrafted[key]) for key, spec in specs.items()}
+    min_gain_ms = problem.config.min_iteration_gain * result.predicted.iteration_time_s * 1e3
+    chosen = {key: choose_schedule(spec, allowed=allowed, simulated=handcrafted[key], config=problem.config) for key, spec in specs.items()}
     # Greedy list schedules first, for the slowest replica again and again (the plan waits only for
     # it): milliseconds each, and often at the lower bound already, so CP-SAT has less left to gain.
     # On long pipelines (p = 32, m = 128) they take tenths of a second: only while the budget lasts.
@@ -92,24 +86,24 @@ def with_schedules(
     ):
         listed.add(slowest)
         chosen[slowest] = choose_schedule(
-            specs[slowest], allowed=allowed, optimize_time_limit_s=MIN_OPTIMIZE_S, min_gain_ms=min_gain_ms,
-            seed=problem.random_seed, simulated=handcrafted[slowest], use_solver=False,
+            specs[slowest], allowed=allowed, optimize_time_limit_s=problem.config.min_optimize_s, min_gain_ms=min_gain_ms,
+            seed=problem.random_seed, simulated=handcrafted[slowest], use_solver=False, config=problem.config,
         )
     bounds = {key: lower_bound_ms(spec) for key, spec in specs.items()}
 
     # CP-SAT only pays where it lowers the iteration: on the slowest replica, again and again, while
     # the plan's pipeline is more than the gain threshold above what every replica's bound allows.
     optimized: set[Key] = set()
-    while (remaining := budget.remaining_s()) > MIN_OPTIMIZE_S:
+    while (remaining := budget.remaining_s()) > problem.config.min_optimize_s:
         slowest = max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)
         if slowest in optimized or chosen[slowest].simulation.makespan_ms - max(bounds.values()) <= min_gain_ms:
             break
         optimized.add(slowest)
         current = chosen[slowest].schedule
         chosen[slowest] = choose_schedule(
-            specs[slowest], allowed=allowed, optimize_time_limit_s=min(remaining, MAX_OPTIMIZE_S_PER_REPLICA),
+            specs[slowest], allowed=allowed, optimize_time_limit_s=min(remaining, problem.config.max_optimize_s_per_replica),
             min_gain_ms=min_gain_ms, seed=problem.random_seed, simulated=handcrafted[slowest],
-            start=current if current.name == OPTIMIZED else None,
+            start=current if current.name == OPTIMIZED else None, config=problem.config,
         )
     scheduled = _apply(problem, result, groups, chosen)
     # The solver's wall time covers the whole answer: layout search and schedules.

@@ -18,6 +18,7 @@ the first stage down.
 
 from __future__ import annotations
 
+from cost_models.choices import ScheduleName
 from cost_models.pipeline import interleaved_group_sizes
 from planner.schedules.ops import (
     BACKWARD,
@@ -43,7 +44,7 @@ def gpipe(stages: int, microbatches: int) -> Schedule:
     """
     _check_shape(stages, microbatches)
     order = tuple(Op(FORWARD, k) for k in range(microbatches)) + tuple(Op(BACKWARD, k) for k in range(microbatches))
-    return Schedule("gpipe", (order,) * stages)
+    return Schedule(ScheduleName.GPIPE, (order,) * stages)
 
 
 def _one_f_one_b_order(microbatches: int, forwards_first: int, split: bool, weight_lag: int = 0) -> tuple[Op, ...]:
@@ -82,7 +83,7 @@ def one_f_one_b(stages: int, microbatches: int) -> Schedule:
     """
     _check_shape(stages, microbatches)
     orders = tuple(_one_f_one_b_order(microbatches, min(stages - s, microbatches), split=False) for s in range(stages))
-    return Schedule("1f1b", orders)
+    return Schedule(ScheduleName.ONE_F_ONE_B, orders)
 
 
 def zb_h1(stages: int, microbatches: int) -> Schedule:
@@ -109,7 +110,7 @@ def zb_h1(stages: int, microbatches: int) -> Schedule:
     """
     _check_shape(stages, microbatches)
     orders = tuple(_one_f_one_b_order(microbatches, min(stages - s, microbatches), split=True) for s in range(stages))
-    return Schedule("zb-h1", orders)
+    return Schedule(ScheduleName.ZB_H1, orders)
 
 
 def zb_h2(stages: int, microbatches: int) -> Schedule:
@@ -129,7 +130,7 @@ def zb_h2(stages: int, microbatches: int) -> Schedule:
         _one_f_one_b_order(microbatches, min(2 * (stages - s) - 1, microbatches), split=True, weight_lag=s)
         for s in range(stages)
     )
-    return Schedule("zb-h2", orders)
+    return Schedule(ScheduleName.ZB_H2, orders)
 
 
 def interleaved_1f1b(stages: int, microbatches: int, virtual_stages: int) -> Schedule:
@@ -172,22 +173,22 @@ def interleaved_1f1b(stages: int, microbatches: int, virtual_stages: int) -> Sch
             ops += [forwards[warmup + k], backwards[k]]
         ops += backwards[total - warmup:]
         orders.append(tuple(ops))
-    return Schedule("interleaved", tuple(orders))
+    return Schedule(ScheduleName.INTERLEAVED, tuple(orders))
 
 
-SINGLE_CHUNK_NAMES = ("gpipe", "1f1b", "zb-h1", "zb-h2")
+SINGLE_CHUNK_NAMES = (ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.ZB_H1, ScheduleName.ZB_H2)
 
 
 def handcrafted_names(virtual_stages: int) -> tuple[str, ...]:
     """Names of the handcrafted schedules for stages of `virtual_stages` chunks, in `handcrafted_schedules` order."""
-    return ("interleaved",) if virtual_stages > 1 else SINGLE_CHUNK_NAMES
+    return (ScheduleName.INTERLEAVED,) if virtual_stages > 1 else SINGLE_CHUNK_NAMES
 
 
 def handcrafted_schedule(name: str, stages: int, microbatches: int, virtual_stages: int) -> Schedule:
     """One handcrafted schedule by name (see `handcrafted_names`)."""
-    if name == "interleaved":
+    if name == ScheduleName.INTERLEAVED:
         return interleaved_1f1b(stages, microbatches, virtual_stages)
-    builders = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2}
+    builders = {ScheduleName.GPIPE: gpipe, ScheduleName.ONE_F_ONE_B: one_f_one_b, ScheduleName.ZB_H1: zb_h1, ScheduleName.ZB_H2: zb_h2}
     if name not in builders or virtual_stages > 1:
         raise ScheduleError(f"no handcrafted schedule {name!r} for {virtual_stages} chunks per stage")
     return builders[name](stages, microbatches)

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
-FORWARD = "F"
-BACKWARD = "B"  # full backward: input and weight gradients together
-INPUT_GRAD = "I"  # backward for the activations' gradient only (zero-bubble B)
-WEIGHT_GRAD = "W"  # the deferred weight-gradient half
-OP_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD)
+
+class OpKind(StrEnum):
+    """What one op of a schedule computes; the letter is its label's first character (`F3`, `I3.1`)."""
+
+    FORWARD = "F"
+    BACKWARD = "B"  # full backward: input and weight gradients together
+    INPUT_GRAD = "I"  # backward for the activations' gradient only (zero-bubble B)
+    WEIGHT_GRAD = "W"  # the deferred weight-gradient half
+
+
+FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD = OpKind
+OP_KINDS = tuple(OpKind)
 _GIB_UNITS = 1_000_000  # memory units per GiB when a stage's chunks hold different activations
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
+from cost_models.choices import ScheduleName
+from planner.cp_sat import new_solver
 from planner.schedules.bounds import lower_bound_ms, sequential_ms
 from planner.schedules.list_scheduling import Start, warm_starts, with_backward
 from planner.schedules.ops import (
@@ -38,9 +40,9 @@ from planner.schedules.ops import (
     TimedOp,
     op_kinds,
 )
-from planner.schedules.simulator import simulate
+from planner.schedules.simulator import SimulationResult, simulate
 
-OPTIMIZED = "optimized"
+OPTIMIZED = ScheduleName.OPTIMIZED
 _MAX_HORIZON_TICKS = 10_000_000
 _TICKS_PER_MS = tuple(10.0**k for k in range(-3, 4))  # 1 tick = 1 s ... 1 us
 
@@ -72,11 +74,6 @@ class OptimizedSchedule:
     @property
     def optimal(self) -> bool:
         return self.status == "OPTIMAL" and self.exact
-
-    @property
-    def ratio_to_lower_bound(self) -> float:
-        return self.makespan_ms / self.lower_bound_ms if self.lower_bound_ms > 0 else 1.0
-
 
 
 # --------------------------------------------------------------------------- ticks
@@ -392,27 +389,19 @@ def optimize_schedule(
     bound = lower_bound_ms(spec, split_backward=split_backward)
     if math.isinf(bound):
         return None  # a stage's cap is below one microbatch's activations
-    release = WEIGHT_GRAD if split_backward else BACKWARD
-
-    # Data: the starting points (the hint, simulated; the list schedules); the best that fits memory.
-    starts = []
-    hinted_start = None
-    if hint is not None:
-        hinted = with_backward(hint, split_backward)
-        run = simulate(hinted, spec)
-        if not run.over_memory(spec):
-            hinted_start = Start(hinted, run.makespan_ms, sum(run.peak_in_flight))
-            starts.append(hinted_start)
-    # A start this close to the bound is returned as it is (below): looking for more would not pay.
     good_enough = bound * (1 + relative_gap_limit)
-    if warm_start and not (starts and starts[0].makespan_ms <= good_enough):
-        starts += warm_starts(spec, split_backward, good_enough)
-    first = min(starts, key=lambda start: (start.makespan_ms, start.peak_sum), default=None)
-    first_name = "" if first is None else "hint" if first is hinted_start else first.schedule.name
+    first, first_name = _starting_point(spec, split_backward, hint, warm_start, good_enough)
 
-    # Data: ticks, the spec in ticks, time windows, the makespan's floor and horizon.
     scale, exact = _choose_ticks_per_ms(spec, first.makespan_ms if first else sequential_ms(spec))
-    if first is not None and (not use_solver or bound < first.makespan_ms <= bound * (1 + relative_gap_limit)):
+
+    def result(schedule: Schedule, makespan: float, objective: float, best_bound: float, status: str,
+               source: str) -> OptimizedSchedule:
+        return OptimizedSchedule(
+            Schedule(OPTIMIZED, schedule.orders), makespan, objective / scale, best_bound / scale, bound, status,
+            time.perf_counter() - started, scale, exact, source,
+        )
+
+    if first is not None and (not use_solver or bound < first.makespan_ms <= good_enough):
         # Close enough to the bound already (the tick model would only confirm it), or no solver wanted.
         status = "OPTIMAL" if first.makespan_ms <= bound else "FEASIBLE"
         return OptimizedSchedule(
@@ -421,45 +410,98 @@ def optimize_schedule(
         )
     if not use_solver:
         return None
+    scaled = _scaled(spec, scale, split_backward, first, hint)
+    if scaled.first_ticks is not None and scaled.first_ticks <= scaled.floor:
+        return result(first.schedule, first.makespan_ms, scaled.first_ticks, scaled.floor, "OPTIMAL", first_name)
+    if scaled.first_ticks is not None and scaled.first_ticks <= scaled.floor * (1 + relative_gap_limit):
+        return result(first.schedule, first.makespan_ms, scaled.first_ticks, scaled.floor, "FEASIBLE", first_name)
+
+    built = _hinted_model(scaled, split_backward)
+    # What is left of the budget, less a margin for reading the solution back and simulating it.
+    solver, status = _solve(built.model, 0.97 * time_limit_s - 0.02 - (time.perf_counter() - started), seed,
+                            workers, relative_gap_limit)
+    best_bound = scaled.floor
+    if status != cp_model.INFEASIBLE:
+        best_bound = max(scaled.floor, math.ceil(solver.best_objective_bound - 1e-6))
+
+    # Report: the solved order, checked by simulation; the starting point if that is better.
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        schedule = _read_back(solver, built, spec.num_stages)
+        makespan = simulate(schedule, spec).makespan_ms
+        if first is None or makespan <= first.makespan_ms:
+            return result(schedule, makespan, round(solver.objective_value), best_bound,
+                          solver.status_name(status), "cp-sat")
+    if first is None:
+        return None
+    objective = scaled.first_ticks if scaled.first_ticks is not None else round(scaled.guide_run.makespan_ms)
+    return result(first.schedule, first.makespan_ms, objective, best_bound, solver.status_name(status), first_name)
+
+
+def _starting_point(spec: PipelineSpec, split_backward: bool, hint: Schedule | None, warm_start: bool,
+                    good_enough_ms: float) -> tuple[Start | None, str]:
+    """The best of the hint (simulated) and, with `warm_start`, the greedy list schedules that fit the
+    memory cap, and its name ("hint" or the list schedule's); (None, "") when nothing fits."""
+    starts = []
+    hinted_start = None
+    if hint is not None:
+        hinted = with_backward(hint, split_backward)
+        run = simulate(hinted, spec)
+        if not run.over_memory(spec):
+            hinted_start = Start(hinted, run.makespan_ms, sum(run.peak_in_flight))
+            starts.append(hinted_start)
+    # A start this close to the bound is returned as it is: looking for more would not pay.
+    if warm_start and not (starts and starts[0].makespan_ms <= good_enough_ms):
+        starts += warm_starts(spec, split_backward, good_enough_ms)
+    first = min(starts, key=lambda start: (start.makespan_ms, start.peak_sum), default=None)
+    return first, "" if first is None else "hint" if first is hinted_start else first.schedule.name
+
+
+@dataclass(frozen=True)
+class _Scaled:
+    """The problem in integer ticks: the spec, time windows, the makespan's floor and horizon, and the
+    starting point simulated in ticks (`first_ticks`: its makespan, if it fits the model's rounded cap)."""
+
+    ticks: PipelineSpec
+    windows: _Windows
+    floor: int
+    horizon: int
+    guide_run: SimulationResult | None
+    first_ticks: int | None
+
+
+def _scaled(spec: PipelineSpec, scale: float, split_backward: bool, first: Start | None,
+            hint: Schedule | None) -> _Scaled:
     ticks = _tick_spec(spec, scale)
     windows = _windows(ticks, split_backward)
     floor = max(windows.floor, math.ceil(lower_bound_ms(ticks, split_backward=split_backward) - 1e-6))
     guide = first.schedule if first else (with_backward(hint, split_backward) if hint is not None else None)
     guide_run = simulate(guide, ticks) if guide is not None else None
-    first_ticks = None  # the starting point's makespan in ticks, if it fits the (rounded) cap of the model
+    first_ticks = None
     if first is not None and _fits_memory(guide_run.timelines, ticks, split_backward):
         first_ticks = round(guide_run.makespan_ms)
     horizon = first_ticks if first_ticks is not None else math.ceil(sequential_ms(ticks))
+    return _Scaled(ticks, windows, floor, horizon, guide_run, first_ticks)
 
-    def result(schedule: Schedule, makespan: float, objective: int, best_bound: int, status: str, source: str):
-        return OptimizedSchedule(
-            Schedule(OPTIMIZED, schedule.orders), makespan, objective / scale, best_bound / scale, bound, status,
-            time.perf_counter() - started, scale, exact, source,
-        )
 
-    if first_ticks is not None and first_ticks <= floor:
-        return result(first.schedule, first.makespan_ms, first_ticks, floor, "OPTIMAL", first_name)
-    if first_ticks is not None and first_ticks <= floor * (1 + relative_gap_limit):
-        return result(first.schedule, first.makespan_ms, first_ticks, floor, "FEASIBLE", first_name)
+def _hinted_model(scaled: _Scaled, split_backward: bool) -> _Model:
+    """Variables, constraints, objective (`_build_model`), with the starting point's times as the hint."""
+    built = _build_model(scaled.ticks, split_backward, scaled.windows, scaled.horizon, scaled.floor)
+    if scaled.guide_run is None:
+        return built
+    release = WEIGHT_GRAD if split_backward else BACKWARD
+    hinted_starts = _canonical_starts(scaled.guide_run.timelines)
+    for key, start in hinted_starts.items():
+        built.model.add_hint(built.starts[key], start)
+    for (mb, s, c), length in built.alive.items():
+        end = hinted_starts[release, mb, s, c] + int(scaled.ticks.chunks[s][c].duration_ms(release))
+        built.model.add_hint(length, end - hinted_starts[FORWARD, mb, s, c])
+    built.model.add_hint(built.makespan, round(scaled.guide_run.makespan_ms))
+    return built
 
-    # Variables, constraints, objective (see `_build_model`); the starting point as the hint.
-    built = _build_model(ticks, split_backward, windows, horizon, floor)
-    model = built.model
-    if guide_run is not None:
-        hinted_starts = _canonical_starts(guide_run.timelines)
-        for key, start in hinted_starts.items():
-            model.add_hint(built.starts[key], start)
-        for (mb, s, c), length in built.alive.items():
-            end = hinted_starts[release, mb, s, c] + int(ticks.chunks[s][c].duration_ms(release))
-            model.add_hint(length, end - hinted_starts[FORWARD, mb, s, c])
-        model.add_hint(built.makespan, round(guide_run.makespan_ms))
 
-    # Solve.
-    solver = cp_model.CpSolver()
-    # What is left of the budget, less a margin for reading the solution back and simulating it.
-    solver.parameters.max_time_in_seconds = max(0.01, 0.97 * time_limit_s - 0.02 - (time.perf_counter() - started))
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = seed
+def _solve(model: cp_model.CpModel, time_limit_s: float, seed: int, workers: int,
+           relative_gap_limit: float) -> tuple[cp_model.CpSolver, int]:
+    solver = new_solver(time_limit_s, seed, workers)
     if workers == 1:
         # One worker follows the model's decision strategy (measured: reaches the optimum of p=8, m=32,
         # slow 1.5, memory cap 8 from the ZB-H1 hint in 1.8 s where the default search stays at 152).
@@ -469,23 +511,15 @@ def optimize_schedule(
     # took ~2 s that the time limit does not interrupt (the solve ran 3.3 s on a 1.6 s limit).
     solver.parameters.linearization_level = 0
     solver.parameters.relative_gap_limit = relative_gap_limit
-    status = solver.solve(model)
-    best_bound = max(floor, math.ceil(solver.best_objective_bound - 1e-6)) if status != cp_model.INFEASIBLE else floor
+    return solver, solver.solve(model)
 
-    # Report: orders by solved start, checked by simulation; the starting point if that is better.
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        timed: list[list[tuple[int, Op]]] = [[] for _ in range(spec.num_stages)]
-        for (kind, mb, stage, c), var in built.starts.items():
-            timed[stage].append((solver.value(var), Op(kind, mb, c)))
-        schedule = Schedule(OPTIMIZED, tuple(tuple(op for _, op in sorted(ops)) for ops in timed))
-        makespan = simulate(schedule, spec).makespan_ms
-        if first is None or makespan <= first.makespan_ms:
-            objective, name = round(solver.objective_value), solver.status_name(status)
-            return result(schedule, makespan, objective, best_bound, name, "cp-sat")
-    if first is None:
-        return None
-    objective = first_ticks if first_ticks is not None else round(guide_run.makespan_ms)
-    return result(first.schedule, first.makespan_ms, objective, best_bound, solver.status_name(status), first_name)
+
+def _read_back(solver: cp_model.CpSolver, built: _Model, num_stages: int) -> Schedule:
+    """Each stage's ops in the order of their solved starts."""
+    timed: list[list[tuple[int, Op]]] = [[] for _ in range(num_stages)]
+    for (kind, mb, stage, c), var in built.starts.items():
+        timed[stage].append((solver.value(var), Op(kind, mb, c)))
+    return Schedule(OPTIMIZED, tuple(tuple(op for _, op in sorted(ops)) for ops in timed))
 
 
 __all__ = ["OPTIMIZED", "OptimizedSchedule", "ScheduleError", "optimize_schedule"]

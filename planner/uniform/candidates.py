@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from cost_models.choices import ScheduleName
 from cost_models.layout import ParallelShape
 from cost_models.stage_costs import (
     PartSet,
@@ -23,7 +24,7 @@ from cost_models.stage_costs import (
 )
 from planner.budget import Budget
 from planner.devices import SlotInventory, slot_inventory
-from planner.problem import MAX_VIRTUAL_STAGES, PlanningProblem
+from planner.problem import PlanningProblem
 
 
 @dataclass(frozen=True)
@@ -120,13 +121,13 @@ def split_fits(shape: ParallelShape, max_layers: tuple[int, ...], layers: int, s
     return sum(min(n, layers) for n in max_layers) >= layers
 
 
-def _schedules(layers: int, pp: int, microbatches: int) -> Iterator[tuple[str, int]]:
-    yield "1f1b", 1
+def _schedules(layers: int, pp: int, microbatches: int, max_virtual_stages: int) -> Iterator[tuple[str, int]]:
+    yield ScheduleName.ONE_F_ONE_B, 1
     if pp < 2 or microbatches % pp:
         return
-    for v in range(2, MAX_VIRTUAL_STAGES + 1):
+    for v in range(2, max_virtual_stages + 1):
         if layers % (pp * v) == 0:
-            yield "interleaved", v
+            yield ScheduleName.INTERLEAVED, v
 
 
 def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, SlotInventory]]:
@@ -145,7 +146,7 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
             for dp in reversed([d for d in _divisors(batch // mbs) if d <= inventory.total]):
                 microbatches = batch // (dp * mbs)
                 for pp in range(min(layers, inventory.total // dp), 0, -1):
-                    for schedule, v in _schedules(layers, pp, microbatches):
+                    for schedule, v in _schedules(layers, pp, microbatches, problem.config.max_virtual_stages):
                         if not problem.allows_virtual_stages(v):
                             continue
                         for recompute in problem.recompute_modes:
@@ -167,7 +168,6 @@ def uniform_shape_count(problem: PlanningProblem) -> int:
 
 
 # Shapes costed between two looks at the clock (~10 us each).
-_SHAPES_PER_CLOCK_CHECK = 512
 
 
 def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) -> tuple[list[Candidate], bool]:
@@ -182,7 +182,7 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
     out: list[Candidate] = []
     complete = True
     for count, (shape, inventory) in enumerate(enumerate_shapes(problem)):
-        if budget is not None and count % _SHAPES_PER_CLOCK_CHECK == 0 and count and budget.expired():
+        if budget is not None and count % problem.config.shapes_per_clock_check == 0 and count and budget.expired():
             complete = False
             break
         key = (shape.tp, shape.micro_batch_size, shape.recompute)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from cost_models.iteration import stage_time
+from planner.config import TIME_QUANTUM_MS
+from planner.cp_sat import new_solver
 from planner.uniform.candidates import Candidate
 
-# One integer unit of time in the model: 1 microsecond.
-TIME_QUANTUM_MS = 1e-3
 # Probe size for reading the slope of the affine gradient-sync time.
 _SYNC_PROBE_PARAMS = 1e9
 
@@ -150,13 +150,9 @@ def solve_split(
     # Objective: v * iteration time.
     model.minimize(pipeline + v * (exposed + optimizer))
 
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
-    solver.parameters.random_seed = random_seed
-    solver.parameters.num_workers = 1
     # Presolve can spend tens of seconds on these few-variable models with large tick-valued
     # coefficients (seen: 25 s vs 0.01 s without it, same optimum).
-    solver.parameters.cp_model_presolve = False
+    solver = new_solver(time_limit_s, random_seed, presolve=False)
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None

@@ -29,9 +29,7 @@ from planner.uniform.layer_split import solve_split
 
 # "This bound cannot beat the incumbent", relatively: CP-SAT's objective is
 # exact only to its 1 us time quantum per coefficient.
-PRUNE_TOLERANCE = 1e-6
 # Candidates (best bounds first) whose even split seeds the incumbent.
-SEED_CANDIDATES = 64
 
 
 @dataclass(frozen=True)
@@ -128,7 +126,7 @@ class UniformSearch:
         """The even split of the best-bounded candidates: a cheap first incumbent (past the
         deadline, only until there is one)."""
         num_layers = self._problem.workload.model.num_layers
-        for index in range(min(len(self._candidates), SEED_CANDIDATES)):
+        for index in range(min(len(self._candidates), self._problem.config.seed_candidates)):
             if self._best is not None and budget.expired():
                 return
             limits = self._memory_caps(index)
@@ -166,7 +164,7 @@ class UniformSearch:
             return None
         value, index, split = self._best
         bound = min(self._bound, value, self.next_bound_ms())
-        optimal = bound >= value * (1 - PRUNE_TOLERANCE)
+        optimal = bound >= value * (1 - self._problem.config.prune_tolerance)
         return SearchResult(
             candidate=self._candidates[index],
             layers_per_stage=split,
@@ -187,7 +185,7 @@ def search(problem: PlanningProblem, budget: Budget | None = None) -> SearchResu
     uniform = UniformSearch(problem, budget)
     # Past the deadline, less what the best layout's timelines take to simulate and send, only until
     # there is a first layout.
-    while uniform.next_bound_ms() < uniform.best_ms * (1 - PRUNE_TOLERANCE) and not (
+    while uniform.next_bound_ms() < uniform.best_ms * (1 - problem.config.prune_tolerance) and not (
         uniform.best_ms < float("inf") and budget.remaining_s() <= ops_cost_s(uniform.best_timeline_ops())
     ):
         uniform.step(budget)

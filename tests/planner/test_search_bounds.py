@@ -39,7 +39,7 @@ def _outer_choices_with_templates(problem):
         inventory = _inventory(problem, outer.tp, sizes)
         if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
             continue
-        memory, links = _memory_replicas(problem, outer, inventory), _link_replicas(outer, inventory)
+        memory, links = _memory_replicas(problem, outer, inventory), _link_replicas(outer, inventory, problem.config)
         cache = TermsCache(problem, outer, memory, links, shared)
         templates = enumerate_templates(problem, outer, cache, inventory.degraded_types(), links)
         if templates:

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from planner.assemble import assemble_plan
 from planner.budget import Budget
+from planner.config import DEFAULT_CONFIG
 from planner.plan import (
-    MAX_OPTIMIZE_S_PER_REPLICA,
     plan,
     schedule_budget_s,
     schedule_time_s,
@@ -69,7 +69,7 @@ def test_schedule_time_is_the_budget_normally_and_never_past_the_limit():
     # A search that finished early leaves more than the 0.1 s budget of a 1 s answer: list schedules may use it ...
     assert schedule_time_s(1.0, left_s=0.4) == 0.4
     # ... up to one CP-SAT schedule's cap, and never past the limit.
-    assert schedule_time_s(60.0, left_s=30.0) == MAX_OPTIMIZE_S_PER_REPLICA
+    assert schedule_time_s(60.0, left_s=30.0) == DEFAULT_CONFIG.max_optimize_s_per_replica
     assert schedule_time_s(1.0, left_s=0.05) == 0.05
     assert schedule_time_s(1.0, left_s=-0.2) == 0.0
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.config import TIME_QUANTUM_MS
 from planner.nonuniform.partitions import NodeClass, Partition, StageType
 from planner.nonuniform.templates import Template
-
-TIME_QUANTUM_MS = 1e-3
 
 
 def ticks(ms: float) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from planner.cp_sat import MIN_SOLVE_S, new_solver
 from planner.nonuniform.allocation.input import AllocationInput
 
 
@@ -69,11 +70,8 @@ class FeasibilityModel:
         self._cover = cover.proto.linear
         self._cover_index = {var: i for i, var in enumerate(self._cover.vars)}
         self._variables = model.proto.variables
-        self._solver = cp_model.CpSolver()
-        self._solver.parameters.random_seed = random_seed
-        self._solver.parameters.num_workers = 1
         # Small models solved many times: presolve and probing cost more than they save.
-        self._solver.parameters.cp_model_presolve = False
+        self._solver = new_solver(None, random_seed, presolve=False)
         self._solver.parameters.cp_model_probing_level = 0
 
     def solve(self, capacities: Sequence[int], members: Collection[int], time_limit_s: float) -> Found | str | None:
@@ -85,7 +83,7 @@ class FeasibilityModel:
             self._variables[variable.index].domain[1] = self._most[k] if usable else 0
             self._cover.coeffs[self._cover_index[variable.index]] = capacities[k] if usable else 0
         solver = self._solver
-        solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
+        solver.parameters.max_time_in_seconds = max(MIN_SOLVE_S, time_limit_s)
         status = solver.solve(self._model)
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return Found(

@@ -1,0 +1,81 @@
+"""The planner's tuning: how much of the space each search covers and how it spends its time.
+
+A `PlanningProblem` carries one (`problem.config`, default `DEFAULT_CONFIG`); functions that have no
+problem at hand take a `config` argument with the same default. Every field says what it is, its unit, and
+why it has this default. The domain of plans (micro-batch sizes, chunks, pipeline lengths) is part of it:
+the README's "How it plans" states the space these values declare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# One tick of every CP-SAT time model, in ms (1 us): times are integers of ticks, so models are exact to it.
+TIME_QUANTUM_MS = 1e-3
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    """Micro-batch sizes tried when the request leaves `micro_batch_size` open (sequences). Powers of two
+    up to 8: what published large-model runs use; larger ones rarely fit activation memory."""
+
+    max_virtual_stages: int = 8
+    """Most model chunks per pipeline stage (interleaved schedules). Beyond 8 the extra pipeline sends
+    outweigh the smaller bubble for every published configuration."""
+
+    prune_tolerance: float = 1e-6
+    """Relative slack under which a bound counts as not beating the incumbent (1e-6 of the iteration time:
+    below the 1 us tick for any iteration over a second), so float noise does not keep a search going."""
+
+    seed_candidates: int = 64
+    """Uniform shapes, best-bounded first, whose even split seeds the incumbent before the search proper:
+    enough to start near the optimum, few enough to cost milliseconds."""
+
+    shorter_pipelines: int = 2
+    """Failure-aware templates with a degraded stage have pp - this .. pp stages: one or two GPUs lost
+    shorten a pipeline by at most a stage or two in every scenario measured."""
+
+    mixed_lengths: int = 6
+    """Base-only templates may be as short as pp - max(shorter_pipelines, min(pp // 4, this)) stages, so
+    replicas of whole healthy groups can mix lengths (Oobleck's templates)."""
+
+    schedule_time_share: float = 0.1
+    """Share of an answer's time kept for choosing pipeline schedules once the layout is known."""
+
+    max_optimize_s_per_replica: float = 1.0
+    """Most seconds the CP-SAT schedule gets for one replica: past a second it rarely gains 0.1%."""
+
+    min_optimize_s: float = 0.25
+    """Least seconds worth starting a CP-SAT schedule with; below it the model is barely built."""
+
+    min_iteration_gain: float = 5e-3
+    """CP-SAT schedules are sought only while the plan's pipeline is more than this share of the iteration
+    above what the replicas' bounds allow."""
+
+    max_optimized_ops: int = 6_000
+    """Most ops (stages x chunks x microbatches x 3) of a replica whose schedule CP-SAT is asked to improve
+    when a handcrafted one runs: bigger models take longer to build than the time they get."""
+
+    min_gain_fraction: float = 1e-3
+    """A schedule must beat the best handcrafted one by this share of its makespan to replace it."""
+
+    optimality_gap: float = 2e-3
+    """CP-SAT schedules stop this close (relative) to the bound: a plan need not pay seconds for the last
+    0.2%."""
+
+    min_required_optimize_s: float = 1.0
+    """Seconds the CP-SAT schedule gets at least when it is the only schedule allowed (`optimized` alone)."""
+
+    placement_time_share: float = 0.1
+    """Share of a replan's time kept for placing the new layout on the devices that hold its state."""
+
+    max_exact_nodes: int = 128
+    """Largest class of alike nodes whose roles are matched node to node (a min-cost assignment, cubic in
+    the class size); larger classes keep roles on their nodes and match GPUs only."""
+
+    shapes_per_clock_check: int = 512
+    """Uniform shapes costed between looks at the clock (a look costs as much as costing a few shapes)."""
+
+
+DEFAULT_CONFIG = PlannerConfig()
