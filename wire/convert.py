@@ -19,6 +19,7 @@ from cost_models.model_spec import (
 )
 from planner.devices import build_cluster_state
 from planner.errors import PlanningError
+from planner.estimate import FixedLayout
 from planner.gc_pause import gc_paused
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
@@ -27,6 +28,7 @@ from wire.schemas import (
     Cluster,
     GpuObject,
     HfConfigModel,
+    Layout,
     ModelArchitecture,
     PipelineSchedule,
     Plan,
@@ -156,6 +158,20 @@ def to_problem(request: PlanRequest) -> PlanningProblem:
 
 
 @gc_paused()
+def to_fixed_layout(layout: Layout) -> FixedLayout:
+    """An estimate request's layout as the planner's fixed layout."""
+    return FixedLayout(
+        tp=layout.tp,
+        pp=layout.pp,
+        micro_batch_size=layout.micro_batch_size,
+        virtual_stages=layout.virtual_stages,
+        schedule=layout.schedule,
+        recompute=layout.recompute,
+        layers_per_stage=tuple(layout.layers_per_stage) if layout.layers_per_stage is not None else None,
+        dp=layout.dp,
+    )
+
+
 def to_wire(result: PlanResult, plan_id: str, **extra) -> Plan:
     # Cyclic collections paused: they rescanned the plan's hundreds of thousands of fresh objects
     # for nothing, half of this function's time at 65,536 GPUs.

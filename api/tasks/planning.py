@@ -15,11 +15,11 @@ from planner.deadline import (
     transfer_s,
     wire_reserve_s,
 )
-from planner.estimate import FixedLayout, estimate_layout
+from planner.estimate import estimate_layout
 from planner.plan import plan
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
-from wire.convert import to_problem, to_wire
+from wire.convert import to_fixed_layout, to_problem, to_wire
 from wire.schemas import EstimateRequest, Plan, PlanRequest
 
 
@@ -105,15 +105,4 @@ def estimate_answer(request: EstimateRequest) -> PlanAnswer:
 
 
 def estimate_for(request: EstimateRequest) -> Plan:
-    layout = request.layout
-    fixed = FixedLayout(
-        tp=layout.tp,
-        pp=layout.pp,
-        micro_batch_size=layout.micro_batch_size,
-        virtual_stages=layout.virtual_stages,
-        schedule=layout.schedule,
-        recompute=layout.recompute,
-        layers_per_stage=tuple(layout.layers_per_stage) if layout.layers_per_stage is not None else None,
-        dp=layout.dp,
-    )
-    return to_wire(estimate_layout(to_problem(request), fixed), new_plan_id())
+    return to_wire(estimate_layout(to_problem(request), to_fixed_layout(request.layout)), new_plan_id())
