@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.api.support import small_request, stage_devices, verify_plan
 from wire.schemas import Plan
 
@@ -41,12 +43,16 @@ def post_plan(client, body) -> Plan:
 
 
 def test_small_preset_plan(client):
-    body = small_request()
+    # A limit far above the fraction of a second this takes: the search finishes and proves its answer.
+    body = small_request(options={"time_limit_s": 60})
     plan = post_plan(client, body)
     assert plan.model == "llama2-7b"
     assert plan.excluded_devices == []
-    assert plan.status in {"optimal", "feasible"}
-    assert plan.predicted.tokens_per_s > 0 and 0 < plan.predicted.mfu < 1
+    assert plan.status == "optimal" and plan.solver.status == "OPTIMAL" and plan.solver.gap == 0.0
+    assert plan.solver.bound_ms <= plan.solver.objective_ms
+    tokens = body["training"]["global_batch_size"] * body["training"]["seq_length"]
+    assert plan.predicted.tokens_per_s == pytest.approx(tokens / plan.predicted.iteration_time_s, rel=1e-3)
+    assert 0 < plan.predicted.mfu < 1
 
 
 def test_custom_gpu_object(client):
@@ -120,7 +126,7 @@ def test_slow_devices_report_their_speed(client):
                          failures={"slow": slow}, training={"global_batch_size": 16, "seq_length": 2048})
     plan = post_plan(client, body)  # checks stage.speed == min(member speeds)
     used_speeds = {stage.speed for replica in plan.replicas for stage in replica.stages}
-    assert used_speeds and max(used_speeds) <= 1.0
+    assert used_speeds and used_speeds <= set(speeds), used_speeds  # each is some member's speed
     assert any(speed < 1.0 for speed in used_speeds), "plan uses only 0:0 yet must report slow members"
 
 

@@ -8,11 +8,11 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.tasks.planning import plan_for
+from api.tasks.planning import estimate_for, plan_for
 from planner.errors import InfeasibleError, PlanningError
 from tests.invariants import check_invariants
 from wire.convert import resolve_hardware, resolve_model
-from wire.schemas import PlanRequest
+from wire.schemas import EstimateRequest, PlanRequest
 
 ARCHITECTURES = [
     {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 688, "num_attention_heads": 8, "num_kv_heads": 2,
@@ -62,6 +62,8 @@ def test_every_plan_satisfies_the_invariants(raw):
     except InfeasibleError as error:
         message = str(error)
         assert re.search(r"\d", message), f"infeasible without numbers: {message}"
+        fitting = _a_memory_frugal_layout_that_runs(raw)
+        assert fitting is None, f"the planner found no layout, yet {fitting} runs: {message}"
         return
     except PlanningError as error:
         message = str(error)
@@ -73,6 +75,31 @@ def test_every_plan_satisfies_the_invariants(raw):
         for replica in plan.replicas:
             middle = [s.layers[1] - s.layers[0] for s in replica.stages[1:-1]]
             assert len(set(middle)) <= 1
+
+
+def _a_memory_frugal_layout_that_runs(raw: dict) -> dict | None:
+    """A fixed layout `/v1/estimate` can run for this request, trying the ones that need the least memory
+    per GPU (widest TP, longest pipelines, micro-batch 1, full recompute); None if none runs. The search
+    claimed nothing fits: a layout that runs means it pruned a feasible one."""
+    model, cluster = raw["model"], raw["cluster"]
+    training = raw["training"]
+    mbs = training.get("micro_batch_size") or 1
+    kv_heads = model["num_kv_heads"] or model["num_attention_heads"]
+    tps = [t for t in range(cluster["gpus_per_node"], 0, -1) if kv_heads % t == 0 and model["num_attention_heads"] % t == 0]
+    for tp in tps:
+        for pp in range(model["num_layers"], 0, -1):
+            layout = {"tp": tp, "pp": pp, "micro_batch_size": mbs, "schedule": "1f1b", "recompute": "full",
+                      "layers_per_stage": _even(model["num_layers"], pp)}
+            try:
+                estimate_for(EstimateRequest.model_validate({**raw, "layout": layout}))
+            except PlanningError:
+                continue
+            return layout
+    return None
+
+
+def _even(layers: int, stages: int) -> list[int]:
+    return [layers // stages + (1 if i < layers % stages else 0) for i in range(stages)]
 
 
 def test_model_that_cannot_fit_reports_numbers():
