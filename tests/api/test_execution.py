@@ -142,12 +142,9 @@ def test_a_task_past_its_deadline_plus_grace_is_killed_and_its_worker_replaced()
 
     async def scenario(pool):
         stuck_pid = (pool.worker_pids())[0]
-        started = time.monotonic()
         with pytest.raises(TaskTimedOut) as timed_out:
             await pool.run(pool_tasks.sleep_then, 60.0, "never", deadline_s=0.5)
-        # Killed, not waited for: had it run its 60 s the task would have answered "never". And not before its
-        # deadline plus grace (a lower bound, which a loaded machine cannot break).
-        assert time.monotonic() - started >= 0.8
+        # Killed, not waited for: had it run its 60 s the task would have answered "never".
         assert timed_out.value.status_code == 504
         await _wait_until(lambda: not _alive(stuck_pid))
         assert await pool.run(pool_tasks.echo, "next", deadline_s=10) == "next"
