@@ -16,9 +16,11 @@ TIME_QUANTUM_MS = 1e-3
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    """Micro-batch sizes tried when the request leaves `micro_batch_size` open (sequences). Powers of two
-    up to 8: what published large-model runs use; larger ones rarely fit activation memory."""
+    micro_batch_sizes: tuple[int, ...] | None = None
+    """Micro-batch sizes tried when the request leaves `micro_batch_size` open (sequences); None: every size
+    that divides the global batch (a micro-batch size that does not divide it cannot give every replica
+    whole microbatches). Setting a tuple restricts the declared space, and "optimal" then means optimal
+    over it; sizes that do not fit memory are dropped exactly by the memory model, not by this list."""
 
     max_virtual_stages: int = 8
     """Most model chunks per pipeline stage (interleaved schedules). Beyond 8 the extra pipeline sends

@@ -9,6 +9,7 @@ from cost_models.choices import Recompute, ScheduleName
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.layout import Hardware, Workload
 from planner.config import DEFAULT_CONFIG, PlannerConfig
+from planner.numbers import divisors
 
 RECOMPUTE_CHOICES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 STOCK_SCHEDULES = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED})  # what Megatron-LM and DeepSpeed run unchanged
@@ -112,8 +113,12 @@ class PlanningProblem:
             return True
         return bool(allowed & (CHUNKED_SCHEDULES if virtual_stages > 1 else SINGLE_CHUNK_SCHEDULES))
 
-    @property
+    @cached_property
     def micro_batch_sizes(self) -> tuple[int, ...]:
+        """Micro-batch sizes the plan may use: the request's, else every divisor of the global batch (or
+        the configured ones that divide it)."""
         if self.micro_batch_size is not None:
             return (self.micro_batch_size,)
-        return tuple(b for b in self.config.micro_batch_sizes if b <= self.workload.global_batch_size)
+        batch = self.workload.global_batch_size
+        sizes = self.config.micro_batch_sizes
+        return tuple(b for b in (sizes if sizes is not None else divisors(batch)) if batch % b == 0)

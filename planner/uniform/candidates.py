@@ -24,6 +24,7 @@ from cost_models.stage_costs import (
 )
 from planner.budget import Budget
 from planner.devices import SlotInventory, slot_inventory
+from planner.numbers import divisors
 from planner.problem import PlanningProblem
 
 
@@ -56,10 +57,6 @@ def tensor_parallel_sizes(problem: PlanningProblem) -> list[int]:
         for tp in range(1, problem.cluster.gpus_per_node + 1)
         if model.num_attention_heads % tp == 0 and model.num_kv_heads % tp == 0
     ]
-
-
-def _divisors(value: int) -> list[int]:
-    return [d for d in range(1, value + 1) if value % d == 0]
 
 
 def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int) -> tuple[tuple[float, ...], ...]:
@@ -143,7 +140,7 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
         for mbs in problem.micro_batch_sizes:
             if batch % mbs:
                 continue
-            for dp in reversed([d for d in _divisors(batch // mbs) if d <= inventory.total]):
+            for dp in reversed([d for d in divisors(batch // mbs) if d <= inventory.total]):
                 microbatches = batch // (dp * mbs)
                 for pp in range(min(layers, inventory.total // dp), 0, -1):
                     for schedule, v in _schedules(layers, pp, microbatches, problem.config.max_virtual_stages):
@@ -163,7 +160,7 @@ def uniform_shape_count(problem: PlanningProblem) -> int:
         groups = problem.cluster.gpus_per_node // tp * problem.cluster.num_nodes
         for mbs in problem.micro_batch_sizes:
             if batch % mbs == 0:
-                count += sum(min(layers, groups // dp) for dp in _divisors(batch // mbs) if dp <= groups)
+                count += sum(min(layers, groups // dp) for dp in divisors(batch // mbs) if dp <= groups)
     return count * len(problem.recompute_modes)
 
 
