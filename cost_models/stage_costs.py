@@ -176,15 +176,20 @@ def pipeline_p2p_ms(
     shape: ParallelShape,
     efficiency: EfficiencyParams,
     software: SoftwareConfig,
+    in_node: bool | None = None,
 ) -> float:
-    """`StageCostTerms.p2p_ms` of `shape` (the planner prices links for another replica count)."""
+    """`StageCostTerms.p2p_ms` of `shape` (the planner prices links for another replica count).
+    `in_node`: whether the sends stay in a node, when the caller knows the job's devices; None: the
+    shape's own device count decides."""
     if shape.pp <= 1:
         return 0.0
     # Megatron's rank order is tp, dp, pp (fastest first): pipeline neighbours cross nodes
     # unless the whole job fits in one.
     mbs, tp = shape.micro_batch_size, shape.tp
     p2p_bytes = 2.0 * workload.seq_length * mbs * workload.model.hidden_size / (tp if software.scatter_gather_p2p else 1)
-    if shape.devices <= hardware.gpus_per_node:
+    if in_node is None:
+        in_node = shape.devices <= hardware.gpus_per_node
+    if in_node:
         bandwidth, latency = hardware.intra_node_bandwidth_gb_s * efficiency.nvlink_fraction, NVLINK_STEP_LATENCY_S
     else:
         bandwidth, latency = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction, NETWORK_STEP_LATENCY_S

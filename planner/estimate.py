@@ -45,8 +45,9 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
         raise PlanningError(
             f"tp {layout.tp} must divide the {model.num_attention_heads} attention heads and {model.num_kv_heads} KV heads"
         )
-    if layout.schedule == ScheduleName.ONE_F_ONE_B and layout.virtual_stages != 1:
-        raise PlanningError("schedule 1f1b runs one model chunk per stage: set virtual_stages to 1 or use interleaved")
+    if layout.schedule != ScheduleName.INTERLEAVED and layout.virtual_stages != 1:
+        raise PlanningError(f"schedule {layout.schedule} runs one model chunk per stage: set virtual_stages to 1 or "
+                            "use interleaved")
     if layout.schedule == ScheduleName.INTERLEAVED and (layout.virtual_stages < 2 or layout.pp < 2):
         raise PlanningError("the interleaved schedule needs pp >= 2 and virtual_stages >= 2")
     if layout.pp > layers:

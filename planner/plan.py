@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from cost_models.choices import ScheduleName
-from cost_models.pipeline import pipeline_time_ms
 from planner.assemble import assemble_plan, finish_plan
 from planner.budget import Budget
 from planner.config import DEFAULT_CONFIG, PlannerConfig
@@ -21,14 +20,13 @@ from planner.deadline import finish_reserve_s, ops_cost_s
 from planner.errors import InfeasibleError
 from planner.gc_pause import gc_paused
 from planner.infeasibility import explain_infeasible, obvious_infeasibility
-from planner.nonuniform.assemble import assemble_replicas
+from planner.nonuniform.assemble import assemble_replicas, breakdown_s
 from planner.nonuniform.search import (
     NonUniformLayout,
     NonUniformResult,
     NonUniformSearch,
     recost,
 )
-from planner.nonuniform.templates import stage_timings
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
 from planner.schedules.for_plan import with_schedules
@@ -150,25 +148,7 @@ def _uniform_with_combined_status(
 
 
 def _breakdown(problem: PlanningProblem, layout: NonUniformLayout) -> dict[str, float]:
-    """Seconds on the slowest replica's bottleneck stage; the parts sum to the iteration."""
-    v = layout.outer.virtual_stages
-    slowest = max(layout.replica_plan(), key=lambda item: pipeline_time_ms(item[0].stage_ms, max(item[1]), v))
-    template, microbatches = slowest
-    m = max(microbatches)
-    pipeline = pipeline_time_ms(template.stage_ms, m, v)
-    k = max(range(len(template.stage_ms)), key=lambda i: template.stage_ms[i])
-    stage = stage_timings(layout.terms_cache(problem), template)[k]
-    sync_and_step = layout.iteration_ms - pipeline
-    used = [t for t, n in zip(layout.templates, layout.allocation.replicas_per_template) if n > 0]
-    optimizer = max(t.optimizer_ms for t in used)
-    return {
-        "compute_s": m * stage.compute_ms / 1e3,
-        "tp_comm_s": m * stage.tp_comm_ms / 1e3,
-        "pp_comm_s": m * stage.p2p_ms / 1e3,
-        "pipeline_bubble_s": (pipeline - m * stage.total_ms) / 1e3,
-        "dp_comm_s": (sync_and_step - optimizer) / 1e3,
-        "optimizer_s": optimizer / 1e3,
-    }
+    return breakdown_s(layout.terms_cache(problem), layout.replica_plan(), layout.outer.virtual_stages, layout.iteration_ms)
 
 
 def _assemble_nonuniform(

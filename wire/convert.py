@@ -6,6 +6,7 @@ from dataclasses import asdict, is_dataclass
 
 from pydantic import ValidationError
 
+from cost_models.device import Device
 from cost_models.efficiency import SoftwareConfig, fitted_efficiency
 from cost_models.hardware import GpuSpec, gpu_preset, gpu_preset_names
 from cost_models.layout import Hardware, Workload
@@ -20,6 +21,7 @@ from cost_models.model_spec import (
 from planner.devices import build_cluster_state
 from planner.errors import PlanningError
 from planner.estimate import FixedLayout
+from planner.estimate_replicas import FixedReplica, FixedStage, ReplicaLayout
 from planner.gc_pause import gc_paused
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
@@ -158,8 +160,26 @@ def to_problem(request: PlanRequest) -> PlanningProblem:
 
 
 @gc_paused()
-def to_fixed_layout(layout: Layout) -> FixedLayout:
-    """An estimate request's layout as the planner's fixed layout."""
+def to_fixed_layout(layout: Layout) -> FixedLayout | ReplicaLayout:
+    """An estimate request's layout as the planner's fixed layout: by shape, or replica by replica."""
+    if layout.replicas is not None:
+        return ReplicaLayout(
+            replicas=tuple(
+                FixedReplica(
+                    num_microbatches=replica.num_microbatches,
+                    stages=tuple(
+                        FixedStage(devices=tuple((d.node, d.gpu) for d in map(Device.parse, stage.devices)),
+                                   layers=tuple(stage.layers))
+                        for stage in replica.stages
+                    ),
+                )
+                for replica in layout.replicas
+            ),
+            micro_batch_size=layout.micro_batch_size,
+            virtual_stages=layout.virtual_stages,
+            schedule=layout.schedule,
+            recompute=layout.recompute,
+        )
     return FixedLayout(
         tp=layout.tp,
         pp=layout.pp,

@@ -232,7 +232,8 @@ class HfConfigModel(_Strict):
 
 
 Recompute = Literal["none", "selective", "full", "auto"]
-Schedule = Literal["1f1b", "interleaved"]
+# What an estimate can price without a search: every handcrafted schedule (`optimized` is a CP-SAT search).
+EstimateSchedule = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"]
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "optimized"]
 
 
@@ -298,15 +299,48 @@ class PlanRequest(_Strict):
     options: Options = Field(default_factory=Options)
 
 
+class LayoutStage(_Strict):
+    devices: list[Annotated[str, Field(max_length=MAX_DEVICE_ID_CHARS)]] = Field(
+        min_length=1, max_length=MAX_GPUS_PER_NODE, description="The stage's TP group, one node's GPUs; tp is their count."
+    )
+    layers: tuple[int, int] = Field(description="Half-open [first, last) transformer layers, as in a plan's stages.")
+
+    @field_validator("devices")
+    @classmethod
+    def _device_form(cls, value: list[str]) -> list[str]:
+        return [_checked_device(device, "layout stage") for device in value]
+
+
+class LayoutReplica(_Strict):
+    num_microbatches: int = Field(ge=1, le=MAX_GLOBAL_BATCH_SEQUENCES)
+    stages: list[LayoutStage] = Field(min_length=1, max_length=1024)
+
+
 class Layout(_Strict):
-    tp: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
-    pp: int = Field(ge=1, le=1024)
+    tp: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_NODE, description="Required unless replicas are given.")
+    pp: int | None = Field(default=None, ge=1, le=1024, description="Required unless replicas are given.")
     micro_batch_size: int = Field(default=1, ge=1, le=4096)
     virtual_stages: int = Field(default=1, ge=1, le=64)
-    schedule: Schedule = "1f1b"
+    schedule: EstimateSchedule = "1f1b"
     recompute: Literal["none", "selective", "full"] = "selective"
     layers_per_stage: list[int] | None = Field(default=None, max_length=1024)
     dp: int | None = Field(default=None, ge=1, description="Replicas; default as many as the healthy devices allow.")
+    replicas: list[LayoutReplica] | None = Field(
+        default=None, min_length=1, max_length=MAX_LIST_LENGTH,
+        description="Every replica spelled out (a plan's `replicas` fit here as they are: extra stage fields are "
+        "not allowed, so send `devices` and `layers` of each stage): any layout the planner can return, "
+        "non-uniform ones included. Instead of tp, pp, dp and layers_per_stage.",
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Layout:
+        if self.replicas is not None:
+            given = [name for name in ("tp", "pp", "dp", "layers_per_stage") if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"give either replicas or {', '.join(given)}, not both: replicas fix every stage")
+        elif self.tp is None or self.pp is None:
+            raise ValueError("give tp and pp (and optionally dp, layers_per_stage), or replicas")
+        return self
 
 
 class EstimateRequest(PlanRequest):

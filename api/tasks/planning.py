@@ -16,6 +16,7 @@ from planner.deadline import (
     wire_reserve_s,
 )
 from planner.estimate import estimate_layout
+from planner.estimate_replicas import ReplicaLayout, estimate_replicas
 from planner.plan import plan
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
@@ -105,4 +106,7 @@ def estimate_answer(request: EstimateRequest) -> PlanAnswer:
 
 
 def estimate_for(request: EstimateRequest) -> Plan:
-    return to_wire(estimate_layout(to_problem(request), to_fixed_layout(request.layout)), new_plan_id())
+    problem, layout = to_problem(request), to_fixed_layout(request.layout)
+    if isinstance(layout, ReplicaLayout):
+        return to_wire(estimate_replicas(problem, layout), new_plan_id())
+    return to_wire(estimate_layout(problem, layout), new_plan_id())

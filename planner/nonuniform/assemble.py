@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from cost_models.device import device_id
 from cost_models.hardware import GIB
+from cost_models.pipeline import pipeline_time_ms
 from planner.nonuniform.partitions import StageType
 from planner.nonuniform.search import NonUniformLayout
-from planner.nonuniform.templates import stage_timings
+from planner.nonuniform.templates import Template, TermsCache, stage_timings
 from planner.problem import PlanningProblem
 from planner.result import ReplicaResult, StageResult, stage_schedule_fields
 
@@ -90,3 +91,25 @@ def assemble_replicas(problem: PlanningProblem, layout: NonUniformLayout) -> tup
                 first += layers
             replicas.append(ReplicaResult(id=len(replicas), num_microbatches=microbatches[r], stages=tuple(stages)))
     return replicas, used
+
+
+def breakdown_s(cache: TermsCache, replica_plan: list[tuple[Template, list[int]]], virtual_stages: int,
+                iteration_ms: float) -> dict[str, float]:
+    """Seconds on the slowest replica's bottleneck stage; the parts sum to the iteration.
+    `replica_plan`: per template used, its replicas' microbatches."""
+    v = virtual_stages
+    template, microbatches = max(replica_plan, key=lambda item: pipeline_time_ms(item[0].stage_ms, max(item[1]), v))
+    m = max(microbatches)
+    pipeline = pipeline_time_ms(template.stage_ms, m, v)
+    k = max(range(len(template.stage_ms)), key=lambda i: template.stage_ms[i])
+    stage = stage_timings(cache, template)[k]
+    sync_and_step = iteration_ms - pipeline
+    optimizer = max(t.optimizer_ms for t, _ in replica_plan)
+    return {
+        "compute_s": m * stage.compute_ms / 1e3,
+        "tp_comm_s": m * stage.tp_comm_ms / 1e3,
+        "pp_comm_s": m * stage.p2p_ms / 1e3,
+        "pipeline_bubble_s": (pipeline - m * stage.total_ms) / 1e3,
+        "dp_comm_s": (sync_and_step - optimizer) / 1e3,
+        "optimizer_s": optimizer / 1e3,
+    }

@@ -53,6 +53,7 @@ class NonUniformLayout:
     iteration_ms: float
     memory_replicas: int  # what the templates' ZeRO memory was computed for
     link_replicas: int  # what the templates' pipeline links were costed for
+    job_devices: int | None = None  # once recosted: the devices the layout uses (its links are priced by them)
 
     def replica_plan(self) -> list[tuple[Template, list[int]]]:
         """Per used template, the microbatches of each of its replicas (balanced, heaviest first)."""
@@ -66,7 +67,7 @@ class NonUniformLayout:
         return out
 
     def terms_cache(self, problem: PlanningProblem) -> TermsCache:
-        return TermsCache(problem, self.outer, self.memory_replicas, self.link_replicas)
+        return TermsCache(problem, self.outer, self.memory_replicas, self.link_replicas, job_devices=self.job_devices)
 
 
 @dataclass(frozen=True)
@@ -200,11 +201,13 @@ def recost(problem: PlanningProblem, layout: NonUniformLayout) -> NonUniformLayo
     """The chosen layout costed with its actual replica count (sync, ZeRO memory, optimizer),
     which is never more than the search's conservative figures."""
     replicas = sum(layout.allocation.replicas_per_template)
-    cache = TermsCache(problem, layout.outer, replicas, layout.link_replicas)
+    devices = sum(count * sum(st.tp for st in t.stage_types)
+                  for t, count in zip(layout.templates, layout.allocation.replicas_per_template))
+    cache = TermsCache(problem, layout.outer, replicas, layout.link_replicas, job_devices=devices)
     base = StageType(layout.outer.tp, 1.0)
     templates = tuple(template_costs(problem, cache, t.stage_types, t.layers_per_stage, base, replicas) for t in layout.templates)
     value = evaluate_layout(templates, layout.allocation, layout.outer.virtual_stages)
-    return replace(layout, templates=templates, iteration_ms=value, memory_replicas=replicas)
+    return replace(layout, templates=templates, iteration_ms=value, memory_replicas=replicas, job_devices=devices)
 
 
 def outer_choices(problem: PlanningProblem) -> list[OuterChoice]:

@@ -109,6 +109,7 @@ class TermsCache:
         memory_replicas: int,
         link_replicas: int | None = None,
         shared: dict | None = None,
+        job_devices: int | None = None,
     ) -> None:
         self._problem = problem
         self._outer = outer
@@ -116,6 +117,7 @@ class TermsCache:
         self._link_replicas = max(memory_replicas, link_replicas or memory_replicas)
         self.memory_replicas = memory_replicas
         self.link_replicas = self._link_replicas
+        self._job_devices = job_devices
         self._shape_key = (outer.micro_batch_size, outer.recompute, outer.virtual_stages)
         # The search pops each outer choice several times, with a new cache each time: whatever
         # depends on less than the whole outer choice is kept in `shared`, keyed by what it
@@ -123,7 +125,7 @@ class TermsCache:
         shared = {} if shared is None else shared
         self._parts: dict[tuple, PartSet] = shared.setdefault("parts", {})
         # Cost terms and per-stage costs: (tp, stages, mbs, recompute, v, both replica counts).
-        self.replicas_key = self._shape_key + (memory_replicas, self._link_replicas)
+        self.replicas_key = self._shape_key + (memory_replicas, self._link_replicas, job_devices)
         self._terms: dict[tuple, StageCostTerms] = shared.setdefault("terms", {})
         self._stage_costs: dict[tuple, tuple[float, float, float, float, float]] = shared.setdefault("stage_costs", {})
         # Stage times: (tp, mbs, recompute, v, stages, position kind, speed) and, through the
@@ -173,7 +175,11 @@ class TermsCache:
         return self._backward[key]
 
     def _links_in_node(self, tp: int, stages: int) -> bool:
-        """Whether pipeline sends stay in a node (`stage_cost_terms`: the job's devices fit one)."""
+        """Whether pipeline sends stay in a node (`stage_cost_terms`: the job's devices fit one). While
+        searching, a job of `link_replicas` pipelines of `stages` groups of `tp` GPUs stands for the
+        layout; once it is known, its device count (`job_devices`) decides for every stage alike."""
+        if self._job_devices is not None:
+            return self._job_devices <= self._problem.hardware.gpus_per_node
         return tp * stages * self._link_replicas <= self._problem.hardware.gpus_per_node
 
     def terms(self, tp: int, stages: int) -> StageCostTerms:
@@ -187,7 +193,10 @@ class TermsCache:
             parts = self._part_set(tp)
             terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software, parts)
             changes = {}
-            if self._link_replicas > self._replicas:
+            if self._job_devices is not None:
+                changes["p2p_ms"] = pipeline_p2p_ms(problem.workload, problem.hardware, shape, problem.efficiency,
+                                                    problem.software, in_node=self._links_in_node(tp, stages))
+            elif self._link_replicas > self._replicas:
                 changes["p2p_ms"] = pipeline_p2p_ms(
                     problem.workload, problem.hardware, replace(shape, dp=self._link_replicas),
                     problem.efficiency, problem.software,
