@@ -8,32 +8,28 @@ from __future__ import annotations
 
 from ortools.sat.python import cp_model
 
+from planner.budget import WALL_SAFETY
+
 # CP-SAT rejects a zero or negative limit; this is the least a probe is given.
 MIN_SOLVE_S = 0.01
-# Wall seconds a solve may take per unit of deterministic time before the safety net stops it: CP-SAT's
-# unit runs at 0.2-1 s on this machine idle, so 4 leaves room for a machine loaded 4-fold.
-WALL_SAFETY = 4.0
+# CP-SAT's deterministic time per second of one idle core of the benchmark machine (measured: 2.1 units
+# in a 1 s solve of a scheduling model), so a limit of s seconds does about s seconds of work.
+DETERMINISTIC_UNITS_PER_S = 2.0
 
 
 def limit_solver(solver: cp_model.CpSolver, time_limit_s: float, wall_limit_s: float | None = None) -> None:
-    """Limit `solver`'s next solve: `time_limit_s` of deterministic time, a wall-time safety net."""
-    solver.parameters.max_deterministic_time = max(MIN_SOLVE_S, time_limit_s)
+    """Limit `solver`'s next solve to about `time_limit_s` seconds of work, counted in CP-SAT's
+    deterministic time (the same work, so the same answer, on a loaded machine), with `wall_limit_s`
+    of wall time as the safety net (default `WALL_SAFETY` x the limit)."""
+    solver.parameters.max_deterministic_time = max(MIN_SOLVE_S, time_limit_s) * DETERMINISTIC_UNITS_PER_S
     wall_s = wall_limit_s if wall_limit_s is not None else WALL_SAFETY * time_limit_s
     solver.parameters.max_time_in_seconds = max(MIN_SOLVE_S, wall_s)
 
 
-def stopped_by_wall(solver: cp_model.CpSolver) -> bool:
-    """Whether the last solve ended at its wall-time safety net (not its deterministic limit, nor done)."""
-    return solver.wall_time >= 0.99 * solver.parameters.max_time_in_seconds and (
-        solver.deterministic_time < 0.99 * solver.parameters.max_deterministic_time)
-
-
 def new_solver(time_limit_s: float | None, seed: int, workers: int = 1, *, presolve: bool = True,
                wall_limit_s: float | None = None) -> cp_model.CpSolver:
-    """A CpSolver limited to `time_limit_s` units of CP-SAT's deterministic time (about seconds on an
-    idle machine; the same work whatever the load, so the same answer), with `wall_limit_s` seconds of
-    wall time as a safety net (default WALL_SAFETY x the deterministic limit). None: no limit; set it
-    per solve instead (`limit_solver`)."""
+    """A CpSolver limited to about `time_limit_s` seconds of work (`limit_solver`; None: no limit, set
+    it per solve instead), with a fixed seed and `workers` workers."""
     solver = cp_model.CpSolver()
     if time_limit_s is not None:
         limit_solver(solver, time_limit_s, wall_limit_s)

@@ -32,6 +32,8 @@ from planner.result import PlanResult, SolverResult
 from planner.schedules.for_plan import with_schedules
 from planner.uniform.search import SearchResult, UniformSearch, search
 
+SEARCH_FINISHED, WORK_BUDGET_STOP, WALL_CLOCK_STOP = "search finished", "work budget", "wall clock"
+
 
 def schedule_budget_s(total_s: float, config: PlannerConfig = DEFAULT_CONFIG) -> float:
     """What the schedule step is kept of an answer's `total_s` seconds."""
@@ -67,10 +69,23 @@ def plan(problem: PlanningProblem, budget: Budget | None = None) -> PlanResult:
 def _within_time_limit(problem: PlanningProblem, budget: Budget,
                        layout_search: Callable[[Budget], PlanResult]) -> PlanResult:
     """The layout search, then schedules, both by the budget's deadline: the search gets the budget
-    less the schedule step's share (of the time left now) and the finishing reserve."""
+    less the schedule step's share (of the time left now) and the finishing reserve. The time left is
+    counted in work (`Budget.of_work`), so a loaded machine gives the same plan; the solver report says
+    which limit, if any, ended the search (`stopped_by`)."""
     total_s = budget.remaining_s()
-    layout = layout_search(budget.less(schedule_budget_s(total_s, problem.config) + finish_reserve_s(problem)))
-    return with_schedules(problem, layout, budget, optional_s=schedule_time_s(total_s, budget.remaining_s(), problem.config))
+    work = Budget.of_work(total_s)
+    layout = layout_search(work.less(schedule_budget_s(total_s, problem.config) + finish_reserve_s(problem)))
+    result = with_schedules(problem, layout, work, optional_s=schedule_time_s(total_s, work.remaining_s(), problem.config))
+    return replace(result, solver=replace(result.solver, stopped_by=stopped_by(result.solver.status, work)))
+
+
+def stopped_by(status: str, work: Budget) -> str:
+    """What ended the search: `wall clock` when the wall clock overtook the work clock (the machine was
+    too loaded for the answer to be the idle machine's), `work budget` when the work ran out before the
+    search proved its answer, else `search finished`."""
+    if work.wall_led:
+        return WALL_CLOCK_STOP
+    return SEARCH_FINISHED if status == "OPTIMAL" else WORK_BUDGET_STOP
 
 
 def _plan_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:

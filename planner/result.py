@@ -52,6 +52,7 @@ class SolverResult:
     # The limit the answer was computed under, when it differs from the request's, and why.
     time_limit_s: float | None = None
     notes: tuple[str, ...] = ()
+    stopped_by: str | None = None  # which limit ended the search (planner.plan.stopped_by); None: no search
 
 
 @dataclass(frozen=True)

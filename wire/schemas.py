@@ -400,6 +400,12 @@ class SolverReport(BaseModel):
         "options.time_limit_s, at most the server's cap, raised to the least this request takes (see notes).")
     notes: list[str] = Field(
         default_factory=list, description="What the answer gave up to arrive in time, or why its limit was raised.")
+    stopped_by: Literal["search finished", "work budget", "wall clock"] | None = Field(
+        default=None, description="What ended the search. `search finished`: it proved its answer. `work budget`: "
+        "the time limit, counted in the planner's own work (CPU time, CP-SAT deterministic time), ran out first; "
+        "the same request gives the same plan on a loaded machine. `wall clock`: the machine was so loaded that "
+        "the wall-clock safety net took over, and the plan may differ from an idle machine's. Null: no search "
+        "(an estimate).")
 
 
 class ReplanCandidate(BaseModel):

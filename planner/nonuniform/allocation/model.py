@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from planner.cp_sat import MIN_SOLVE_S, new_solver
+from planner.cp_sat import limit_solver, new_solver
 from planner.nonuniform.allocation.input import AllocationInput
 
 
@@ -83,7 +83,7 @@ class FeasibilityModel:
             self._variables[variable.index].domain[1] = self._most[k] if usable else 0
             self._cover.coeffs[self._cover_index[variable.index]] = capacities[k] if usable else 0
         solver = self._solver
-        solver.parameters.max_time_in_seconds = max(MIN_SOLVE_S, time_limit_s)
+        limit_solver(solver, time_limit_s)
         status = solver.solve(self._model)
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return Found(
