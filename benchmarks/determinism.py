@@ -53,7 +53,7 @@ started = time.perf_counter()
 plan = plan_for(PlanRequest.model_validate(body))
 wall = time.perf_counter() - started
 data = without_clock(json.loads(plan.model_dump_json()))
-data["solver"].pop("stopped_by")  # which clock ended the search is load, not plan
+data["solver"].pop("stopped_by", None)  # which clock ended the search is load, not plan
 print(json.dumps({"plan": data, "wall_s": wall, "status": plan.solver.status,
                   "stopped_by": plan.solver.stopped_by, "iteration_s": plan.predicted.iteration_time_s}))
 """
