@@ -11,7 +11,7 @@ from __future__ import annotations
 from cost_models.device import device_id
 from cost_models.flops import iteration_model_flops
 from cost_models.hardware import GIB
-from cost_models.iteration import stage_time
+from cost_models.iteration import StageTime, stage_time
 from planner.devices import Slot, damaged_node_slots, slot_inventory
 from planner.problem import PlanningProblem
 from planner.result import (
@@ -63,6 +63,16 @@ def place_slots(problem: PlanningProblem, tp: int, pp: int, dp: int) -> list[lis
     return [[slot for slot in row if slot is not None] for row in grid]
 
 
+def stage_figures(timing: StageTime) -> dict[str, float]:
+    """A stage's figures as a plan reports them (rounded as on the wire; schedules are simulated on these)."""
+    return dict(
+        memory_gib=round(timing.memory_bytes / GIB, 3),
+        forward_ms=round(timing.forward_ms, 3),
+        backward_ms=round(timing.backward_ms, 3),
+        **stage_schedule_fields(timing),
+    )
+
+
 def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
     terms = found.candidate.terms
     shape = terms.shape
@@ -84,13 +94,7 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
         for stage_id, slot in enumerate(row):
             key = (stage_id, slot.speed)
             if key not in figures:
-                timing = stage_time(terms, stage_id, found.layers_per_stage[stage_id], slot.speed)
-                figures[key] = dict(
-                    memory_gib=round(timing.memory_bytes / GIB, 3),
-                    forward_ms=round(timing.forward_ms, 3),
-                    backward_ms=round(timing.backward_ms, 3),
-                    **stage_schedule_fields(timing),
-                )
+                figures[key] = stage_figures(stage_time(terms, stage_id, found.layers_per_stage[stage_id], slot.speed))
             used.update((slot.node, g) for g in slot.devices)
             stages.append(StageResult(
                 id=stage_id,

@@ -31,6 +31,7 @@ from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
 from planner.schedules.for_plan import with_schedules
 from planner.uniform.search import SearchResult, UniformSearch, search
+from planner.uniform.simulated import StockSearch
 
 SEARCH_FINISHED, WORK_BUDGET_STOP, WALL_CLOCK_STOP = "search finished", "work budget", "wall clock"
 
@@ -48,9 +49,40 @@ def schedule_time_s(total_s: float, left_s: float, config: PlannerConfig = DEFAU
 
 
 def plan_uniform(problem: PlanningProblem, budget: Budget | None = None) -> PlanResult:
-    """The best uniform layout on the healthy devices under the cost model, with its schedule."""
+    """The best uniform layout on the healthy devices under the cost model, with its schedule. Stock
+    layouts (`stock_layouts_only`) are searched for the simulated time the plan reports
+    (`planner.uniform.simulated`); other uniform spaces for the bubble model (`planner.uniform.search`)."""
     budget = budget or Budget.starting_now(problem.time_limit_s)
-    return _within_time_limit(problem, budget, lambda layout_budget: assemble_plan(problem, search(problem, layout_budget)))
+    if not problem.stock_layouts_only:
+        return _within_time_limit(problem, budget, lambda layout_budget: assemble_plan(problem, search(problem, layout_budget)))
+    return _as_reported(problem, _within_time_limit(problem, budget, lambda layout_budget: _stock_layout(problem, layout_budget)))
+
+
+def _stock_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:
+    """The stock search's layout, assembled; its solver report carries the bound on reported times."""
+    stock = StockSearch(problem, budget)
+    stock.run(budget)
+    found = stock.result()
+    if found is None:
+        raise InfeasibleError(explain_infeasible(problem))
+    layout, bound_ms = found
+    result = assemble_plan(problem, layout)
+    return replace(result, solver=replace(result.solver, bound_ms=round(bound_ms, 3)))
+
+
+def _as_reported(problem: PlanningProblem, result: PlanResult) -> PlanResult:
+    """The stock plan's solver report in the reported number: objective = 1000 x the predicted
+    iteration, optimal when the search's bound (valid for every allowed schedule) meets it."""
+    objective = round(result.predicted.iteration_time_s * 1e3, 3)
+    bound = min(result.solver.bound_ms, objective)
+    optimal = bound >= objective * (1 - problem.config.prune_tolerance) - 1e-3  # the wire's 1 us rounding
+    stop = result.solver.stopped_by
+    if not optimal and stop == SEARCH_FINISHED:
+        stop = WORK_BUDGET_STOP  # the schedules the search priced were not all simulated in time
+    solver = replace(result.solver, status="OPTIMAL" if optimal else "FEASIBLE", objective_ms=objective,
+                     bound_ms=objective if optimal else bound,
+                     gap=0.0 if optimal else round((objective - bound) / objective, 6), stopped_by=stop)
+    return replace(result, solver=solver, status="optimal" if optimal else "feasible")
 
 
 @gc_paused()

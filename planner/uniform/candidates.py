@@ -82,25 +82,33 @@ def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int) -> tuple[t
     return tuple(dict.fromkeys(vectors))
 
 
-def _lower_bound_ms(terms: StageCostTerms, layers: int) -> float:
+def _lower_bound_ms(terms: StageCostTerms, layers: int, *, fill: bool = True) -> float:
     """A bound below every split, at full speed, plus the sync floors.
 
     The slowest stage takes at least the mean stage time, and at least the
     time of ceil(L / p) layers (some stage holds that many). The pipeline
-    time m M + (W - M) / v grows with M for a fixed total W.
+    time m M + (W - M) / v grows with M for a fixed total W. Without `fill`
+    the pipeline is only m M, the bottleneck stage's own work, which every
+    schedule's simulated makespan is at least (a stage runs its ops one at a
+    time): a bound on what plans report, not only on the bubble model.
     """
     p, m, v = terms.shape.pp, terms.num_microbatches, terms.shape.virtual_stages
     layer_ms = terms.layer.time.forward_ms + terms.layer.time.backward_ms
     ends_ms = sum(part.time.forward_ms + part.time.backward_ms for part in (terms.embedding, terms.head))
     work = layers * layer_ms + ends_ms + p * terms.p2p_ms
     slowest = max(work / p, -(-layers // p) * layer_ms + terms.p2p_ms)
-    pipeline = m * slowest + (work - slowest) / v
+    pipeline = m * slowest + ((work - slowest) / v if fill else 0.0)
     mean_params = (layers * terms.layer.params + terms.embedding.params + terms.head.params) / p
     dp_floor = 0.0
     if terms.shape.dp > 1:
         synced = min(terms.bucket_params, mean_params) if terms.overlap_grad_reduce else mean_params
         dp_floor = terms.dp_sync_ms(synced)
     return pipeline + dp_floor + mean_params * terms.optimizer_ms_per_param
+
+
+def simulation_floor_ms(candidate: Candidate, layers: int) -> float:
+    """`_lower_bound_ms` without the fill and drain: below the reported (simulated) time of every split."""
+    return _lower_bound_ms(candidate.terms, layers, fill=False)
 
 
 def split_fits(shape: ParallelShape, max_layers: tuple[int, ...], layers: int, stock_only: bool) -> bool:

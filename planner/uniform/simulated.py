@@ -1,0 +1,196 @@
+"""The stock uniform space searched for the number a plan reports: its simulated iteration time.
+
+With `allow_non_uniform: false` (stock layouts) a plan's `predicted.iteration_time_s` is the chosen
+schedule's simulated makespan plus the gradient sync and optimizer step, the schedule being the fastest
+allowed handcrafted one that fits memory (`planner.schedules.for_plan`). This search minimizes exactly
+that, by branch and bound:
+
+* Every shape (`ranked_candidates`) starts with `simulation_floor_ms`: m times its bottleneck stage's
+  least time plus the sync floors, below the simulated time of every split and every schedule.
+* Popped, a shape's bound is refined to the least, over every stock split that fits memory (first and
+  last stage free, middle stages equal), of `planner.schedules.bounds.lower_bound_ms` (valid for every
+  schedule of the allowed families: with only full-backward ones, GPipe, 1F1B and interleaved, the
+  tighter full-backward form) plus that split's sync and optimizer.
+* Then its splits are simulated in the order of their bounds, each with every allowed handcrafted
+  schedule, until the next bound is no better than the best simulated plan.
+
+The search stops when no bound in the queue beats the incumbent, so `objective_ms` is optimal over
+the stock space (every shape, every stock split, every allowed handcrafted schedule) under the
+simulator, and `bound_ms` is below every layout of it whichever allowed schedule runs it, CP-SAT's
+`optimized` included when allowed. Budget cuts leave the least bound still queued as the bound.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+from itertools import count
+
+from cost_models.choices import ScheduleName
+from cost_models.iteration import estimate_iteration, stage_time
+from cost_models.pipeline import pipeline_time_ms
+from planner.assemble import stage_figures
+from planner.budget import Budget
+from planner.problem import PlanningProblem
+from planner.result import ReplicaResult, StageResult
+from planner.schedules.bounds import lower_bound_ms
+from planner.schedules.build import replica_spec
+from planner.schedules.handcrafted import handcrafted_names, handcrafted_schedule
+from planner.schedules.ops import PipelineSpec, Schedule
+from planner.schedules.simulator import simulate, validate
+from planner.uniform.candidates import Candidate, ranked_candidates, simulation_floor_ms
+from planner.uniform.search import SearchResult, evaluate
+
+# Schedules whose backward passes are all whole B ops: the full-backward bound holds for them.
+FULL_BACKWARD = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED})
+_FLOOR, _SPLITS = 0, 1
+
+
+def stock_splits(layers: int, pp: int, caps: tuple[int, ...], virtual_stages: int):
+    """Every split stock frameworks run, within the per-stage layer caps: any first and last stage,
+    equal middle stages; equal stages with interleaving (each cut into v chunks)."""
+    if virtual_stages > 1:
+        if layers % (pp * virtual_stages) == 0 and all(layers // pp <= cap for cap in caps):
+            yield (layers // pp,) * pp
+        return
+    if pp == 1:
+        if layers <= caps[0]:
+            yield (layers,)
+        return
+    middle_cap = min(caps[1:-1], default=layers)
+    for middle in range(1, middle_cap + 1) if pp > 2 else (0,):
+        ends = layers - middle * (pp - 2)
+        for first in range(max(1, ends - caps[-1]), min(caps[0], ends - 1) + 1):
+            yield (first, *([middle] * (pp - 2)), ends - first)
+
+
+@dataclass(frozen=True)
+class _Priced:
+    value_ms: float  # the plan's iteration time for this split, as `with_schedules` will report it
+    bound_ms: float
+
+
+class StockSearch:
+    def __init__(self, problem: PlanningProblem, budget: Budget) -> None:
+        self._problem = problem
+        self._started = time.monotonic()
+        self._candidates, complete = ranked_candidates(problem, budget)
+        allowed = problem.allowed_schedules
+        self._names = allowed  # None: every schedule
+        self._split_backward = allowed is None or not allowed <= FULL_BACKWARD
+        self._orders: dict[tuple, Schedule] = {}
+        self._tie = count()
+        layers = problem.workload.model.num_layers
+        self._queue = [(simulation_floor_ms(c, layers), next(self._tie), _FLOOR, i, None)
+                       for i, c in enumerate(self._candidates)]
+        heapq.heapify(self._queue)
+        self._cut_bound = float("inf") if complete else 0.0  # shapes left uncosted are not bounded here
+        self._best: tuple[float, int, tuple[int, ...]] | None = None
+        self._solved = 0
+
+    @property
+    def best_ms(self) -> float:
+        return self._best[0] if self._best is not None else float("inf")
+
+    def next_bound_ms(self) -> float:
+        return self._queue[0][0] if self._queue else float("inf")
+
+    def run(self, budget: Budget) -> None:
+        tolerance = self._problem.config.prune_tolerance
+        while self._queue and self.next_bound_ms() < self.best_ms * (1 - tolerance):
+            if self._best is not None and budget.expired():
+                return
+            bound, _, stage, index, splits = heapq.heappop(self._queue)
+            if stage == _FLOOR:
+                self._refine(index)
+            else:
+                self._simulate_next(bound, index, splits)
+
+    def _refine(self, index: int) -> None:
+        """Every fitting stock split of the shape with its bound, best first, queued at the first."""
+        problem, candidate = self._problem, self._candidates[index]
+        shape = candidate.shape
+        caps = candidate.max_layers(problem.hardware.gpu.memory_bytes)
+        priced = []
+        for split in stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages):
+            bound_ms = self._split_bound(candidate, split)
+            priced.append((bound_ms, split))
+        if not priced:
+            return
+        self._solved += 1
+        priced.sort()
+        heapq.heappush(self._queue, (priced[0][0], next(self._tie), _SPLITS, index, priced))
+
+    def _simulate_next(self, bound_ms: float, index: int, priced: list) -> None:
+        _, split = priced.pop(0)
+        value = self._value(self._candidates[index], split)
+        if value is not None and value < self.best_ms:
+            self._best = (value, index, split)
+        if priced:
+            heapq.heappush(self._queue, (max(bound_ms, priced[0][0]), next(self._tie), _SPLITS, index, priced))
+
+    def _replicas(self, candidate: Candidate, split: tuple[int, ...]) -> list[tuple[PipelineSpec, float, float]]:
+        """(spec, bubble-model pipeline, bubble-model iteration) per distinct replica."""
+        terms, v = candidate.terms, candidate.shape.virtual_stages
+        out = []
+        for speeds in candidate.replica_speeds:
+            stages = tuple(
+                StageResult(id=i, layers=(0, 0), devices=(), tp=candidate.shape.tp, speed=speed,
+                            **stage_figures(stage_time(terms, i, n, speed)))
+                for i, (n, speed) in enumerate(zip(split, speeds))
+            )
+            replica = ReplicaResult(id=0, num_microbatches=terms.num_microbatches, stages=stages)
+            spec = replica_spec(replica, v, self._problem.hardware.gpu.memory_gib)
+            bubble = pipeline_time_ms([s.forward_ms + s.backward_ms for s in stages], terms.num_microbatches, v)
+            out.append((spec, bubble, estimate_iteration(terms, split, speeds).iteration_ms))
+        return out
+
+    def _split_bound(self, candidate: Candidate, split: tuple[int, ...]) -> float:
+        """Below the reported time of this split under every allowed schedule (`_value`'s form)."""
+        replicas = self._replicas(candidate, split)
+        tail = max(it for _, _, it in replicas) - max(b for _, b, _ in replicas)
+        return tail + max(lower_bound_ms(spec, split_backward=self._split_backward) for spec, _, _ in replicas)
+
+    def _value(self, candidate: Candidate, split: tuple[int, ...]) -> float | None:
+        """The iteration time a plan of this split reports (`for_plan._apply`): the bubble-model
+        iteration, moved by how much the slowest replica's fastest fitting handcrafted schedule differs
+        from the bubble model. None when no allowed handcrafted schedule fits."""
+        replicas = self._replicas(candidate, split)
+        makespans = []
+        for spec, _, _ in replicas:
+            runs = [simulate(order, spec, validated=True) for order in self._orders_for(spec)]
+            fitting = [run.makespan_ms for run in runs if not run.over_memory(spec)]
+            if not fitting:
+                return None
+            makespans.append(min(fitting))
+        return max(it for _, _, it in replicas) - max(b for _, b, _ in replicas) + max(makespans)
+
+    def _orders_for(self, spec: PipelineSpec) -> list[Schedule]:
+        out = []
+        for name in handcrafted_names(spec.virtual_stages):
+            if self._names is not None and name not in self._names:
+                continue
+            key = (name, spec.num_stages, spec.num_microbatches, spec.virtual_stages)
+            if key not in self._orders:
+                self._orders[key] = handcrafted_schedule(name, *key[1:])
+                validate(self._orders[key], spec)
+            out.append(self._orders[key])
+        return out
+
+    def result(self) -> tuple[SearchResult, float] | None:
+        """The best layout (its SearchResult carries the bubble-model figures the plan is assembled
+        from) and the bound on the reported time over everything not excluded."""
+        if self._best is None:
+            return None
+        value, index, split = self._best
+        candidate = self._candidates[index]
+        bound = min(value, self._cut_bound, self.next_bound_ms())
+        optimal = bound >= value * (1 - self._problem.config.prune_tolerance)
+        estimate = evaluate(candidate, split)
+        found = SearchResult(
+            candidate=candidate, layers_per_stage=split, estimate=estimate, objective_ms=estimate.iteration_ms,
+            bound_ms=estimate.iteration_ms, optimal=optimal, wall_time_s=time.monotonic() - self._started,
+            candidates_total=len(self._candidates), candidates_solved=self._solved,
+        )
+        return found, (value if optimal else bound)

@@ -1,0 +1,98 @@
+"""An exhaustive oracle for the stock uniform space, written from the wire contract alone.
+
+It builds requests and asks `/v1/estimate` (the cost model applied to one fully specified layout, no
+search) for every uniform layout `allow_non_uniform: false` declares: every tp dividing the heads (at
+most a node), pp, dp, micro-batch size dividing the batch, recompute mode the planner may pick, allowed
+handcrafted schedule (1F1B, GPipe, ZB-H1, ZB-H2, interleaved with every v) and stock layer split (first
+and last stage free, middle stages equal). It imports no planner search code: only the wire schemas, the
+service's estimate and plan entry points, and the planner's error type (what an impossible layout raises).
+Healthy clusters only: there, where a replica's groups sit does not change its time, so the estimate's
+own placement is not a choice the oracle leaves to the planner.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from api.tasks.planning import estimate_for
+from planner.errors import PlanningError
+from wire.schemas import EstimateRequest
+
+SINGLE_CHUNK = ("1f1b", "gpipe", "zb-h1", "zb-h2")
+RECOMPUTE = ("none", "full")  # what `recompute: auto` searches with flash attention (selective stores the same)
+
+
+def _stock_splits(total: int, parts: int):
+    """Layer splits stock Megatron-LM, DeepSpeed and torchtitan run, which is what `allow_non_uniform: false`
+    declares: positive counts summing to `total`, every middle stage (neither first nor last) equal."""
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cuts, total)
+        split = [bounds[i + 1] - bounds[i] for i in range(parts)]
+        if len(set(split[1:-1])) <= 1:
+            yield split
+
+
+# A GPU whose 4 GiB (2 GiB of it reserved) holds few layers: memory decides the layout.
+SMALL_GPU = {"name": "small-4g", "peak_tflops": 100.0, "memory_gib": 4.0}
+HANDCRAFTED = ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"]
+
+
+def instance(rng: random.Random) -> dict:
+    """A small healthy cluster and model: 1-2 nodes of 4 or 8 GPUs, 3-7 layers (GQA or not), an awkward
+    batch (primes included), and either every handcrafted schedule or the stock default ones."""
+    heads = rng.choice([4, 8, 16])
+    kv = rng.choice([h for h in (1, 2, 4, 8, 16) if heads % h == 0])
+    model = {"num_layers": rng.randint(3, 7), "hidden_size": heads * 128, "ffn_hidden_size": heads * 128 * 3,
+             "num_attention_heads": heads, "num_kv_heads": kv, "vocab_size": 32000}
+    options = {"allow_non_uniform": False}
+    if rng.random() < 0.7:
+        options["schedules"] = HANDCRAFTED
+    return {"cluster": {"num_nodes": rng.choice([1, 2]), "gpus_per_node": rng.choice([4, 8]),
+                        "gpu": rng.choice(["A100-40GB", "A100-80GB", "H100-SXM", SMALL_GPU])},
+            "model": model,
+            "training": {"global_batch_size": rng.choice([3, 4, 6, 8, 11, 12, 16]), "seq_length": 2048},
+            "options": options}
+
+
+def allowed_schedules(body: dict) -> list[str]:
+    """The schedules the request allows: its list, or what stock frameworks run (API.md)."""
+    return body["options"].get("schedules") or ["gpipe", "1f1b", "interleaved"]
+
+
+def _layouts(body: dict):
+    model, cluster = body["model"], body["cluster"]
+    layers, batch = model["num_layers"], body["training"]["global_batch_size"]
+    gpus = cluster["num_nodes"] * cluster["gpus_per_node"]
+    allowed = allowed_schedules(body)
+    for tp in range(1, cluster["gpus_per_node"] + 1):
+        if model["num_attention_heads"] % tp or model["num_kv_heads"] % tp:
+            continue
+        for pp in range(1, layers + 1):
+            for dp in range(1, gpus // (tp * pp) + 1):
+                for mbs in (m for m in range(1, batch + 1) if batch % (m * dp) == 0):
+                    microbatches = batch // (mbs * dp)
+                    for recompute in RECOMPUTE:
+                        base = {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": mbs, "recompute": recompute}
+                        for split in _stock_splits(layers, pp):
+                            for schedule in SINGLE_CHUNK if pp > 1 else ("1f1b",):
+                                if schedule in allowed or pp == 1:
+                                    yield {**base, "schedule": schedule, "layers_per_stage": split}
+                        for v in range(2, 9):
+                            if ("interleaved" in allowed and pp > 1 and layers % (pp * v) == 0
+                                    and microbatches % pp == 0):
+                                yield {**base, "schedule": "interleaved", "virtual_stages": v}
+
+
+def oracle_best(body: dict) -> tuple[float, dict | None]:
+    best: tuple[float, dict | None] = (float("inf"), None)
+    for layout in _layouts(body):
+        try:
+            time_s = estimate_for(EstimateRequest.model_validate({**body, "layout": layout})).predicted.iteration_time_s
+        except PlanningError:
+            continue
+        if time_s < best[0]:
+            best = (time_s, layout)
+    return best
+
+
