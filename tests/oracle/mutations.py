@@ -1,0 +1,77 @@
+"""Break the planner on purpose and watch the oracle fail: each mutation applied to a copy of the tree.
+
+    .venv/bin/python -m tests.oracle.mutations [--write]   # --write: into BENCHMARKS.md
+
+Each mutation narrows what the stock search looks at (the kinds of mistake issue 16 found: micro-batch
+sizes cut to powers of two, pipeline lengths dropped, schedules the search does not price, splits it does
+not try). The copy is the working tree as committed (`git worktree` of HEAD) with one text replacement;
+`tests/oracle/test_uniform_oracle.py` runs there, and every mutation must make some of its instances fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.report import write_section
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST = "tests/oracle/test_uniform_oracle.py"
+
+# (name, file, text, replacement)
+MUTATIONS = [
+    ("micro-batch sizes only 1, 2, 4, 8", "planner/config.py",
+     "micro_batch_sizes: tuple[int, ...] | None = None", "micro_batch_sizes: tuple[int, ...] | None = (1, 2, 4, 8)"),
+    ("only the longest pipeline per shape", "planner/uniform/candidates.py",
+     "for pp in range(min(layers, inventory.total // dp), 0, -1):",
+     "for pp in range(min(layers, inventory.total // dp), min(layers, inventory.total // dp) - 1, -1):"),
+    ("the search prices 1F1B only", "planner/uniform/simulated.py",
+     "self._names = allowed  # None: every schedule", "self._names = frozenset({ScheduleName.ONE_F_ONE_B})"),
+    ("only the first stock split of each shape", "planner/uniform/simulated.py",
+     "for split in stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages):",
+     "for split in list(stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages))[:1]:"),
+]
+
+
+def _run(tree: Path) -> str:
+    out = subprocess.run([sys.executable, "-m", "pytest", "--tb=no", "-rN", "-p", "no:cacheprovider", TEST],
+                         cwd=tree, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tree)})
+    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr.strip()[-200:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        tree = Path(scratch) / "tree"
+        subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True)
+        try:
+            rows.append(f"| none (HEAD) | {_run(tree)} |")
+            print(rows[-1], flush=True)
+            for name, file, text, replacement in MUTATIONS:
+                path = tree / file
+                original = path.read_text()
+                if text not in original:
+                    raise SystemExit(f"mutation {name!r}: {file} no longer holds {text!r}")
+                path.write_text(original.replace(text, replacement))
+                rows.append(f"| {name} | {_run(tree)} |")
+                print(rows[-1], flush=True)
+                path.write_text(original)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=True)
+    body = ("`tests/oracle/test_uniform_oracle.py` on a copy of HEAD, unchanged and with one mutation each "
+            "(`tests/oracle/mutations.py` lists them); every mutation must fail some instances.\n\n"
+            "| mutation | oracle test result |\n|---|---|\n" + "\n".join(rows))
+    print(body)
+    if args.write:
+        write_section("Oracle mutation runs", "python -m tests.oracle.mutations --write", body)
+
+
+if __name__ == "__main__":
+    main()
