@@ -74,7 +74,7 @@ def choose_schedule(
             f"none of the schedules {sorted(allowed or ())} runs {spec.virtual_stages} model chunks per stage"
         )
     # Without an allowed handcrafted schedule the best one still seeds CP-SAT.
-    best = _best(tried or handcrafted, spec)
+    best = best_run(tried or handcrafted, spec)
     best_allowed = bool(tried)
     ops = spec.num_stages * spec.virtual_stages * spec.num_microbatches * 3
     worth_optimizing = (
@@ -116,7 +116,9 @@ def handcrafted_runs(spec: PipelineSpec) -> list[tuple[Schedule, SimulationResul
     return [(schedule, simulate(schedule, spec)) for schedule in handcrafted_schedules(spec)]
 
 
-def _best(tried: list[tuple[Schedule, SimulationResult]], spec: PipelineSpec) -> tuple[Schedule, SimulationResult]:
+def best_run(tried: list[tuple[Schedule, SimulationResult]], spec: PipelineSpec) -> tuple[Schedule, SimulationResult]:
+    """The fastest run that fits memory (ties: fewer activations, then the most widely run schedule); when
+    none fits, the one overshooting least. What a plan's replica gets among `tried`."""
     fitting = [item for item in tried if _fits(item[1], spec)]
     if fitting:
         # Equal makespans: the one holding fewer activations, then the most widely run.

@@ -82,22 +82,36 @@ def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int) -> tuple[t
     return tuple(dict.fromkeys(vectors))
 
 
-def _lower_bound_ms(terms: StageCostTerms, layers: int, *, fill: bool = True) -> float:
+def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float | None = None) -> float:
     """A bound below every split, at full speed, plus the sync floors.
 
     The slowest stage takes at least the mean stage time, and at least the
     time of ceil(L / p) layers (some stage holds that many). The pipeline
-    time m M + (W - M) / v grows with M for a fixed total W. Without `fill`
-    the pipeline is only m M, the bottleneck stage's own work, which every
-    schedule's simulated makespan is at least (a stage runs its ops one at a
-    time): a bound on what plans report, not only on the bubble model.
+    time m M + (W - M) / v grows with M for a fixed total W.
+
+    With `prefix_share` a (0 <= a <= 1) the pipeline is instead a bound on
+    every schedule's simulated makespan, when every stage s must also wait
+    for a share a of the stages before it: T >= a P_s + m t_s, P_s the sum of
+    t_u over u < s (`planner.schedules.bounds`: head and drain give a = 1/v
+    for schedules whose backwards are whole B ops; a = 0 holds for all, a
+    stage running its own m t_s one op at a time). Over real splits, the
+    least max_s (a P_s + m t_s) with sum t = W has every term equal, g: then
+    g / a - P_(s+1) = (g / a - P_s)(1 - a / m), so W = (g / a)(1 - (1 - a/m)^p)
+    and g = a W / (1 - (1 - a/m)^p) (m W / p at a = 0). No split does better:
+    were every term below g, induction on s would give P_s below the equal
+    solution's, and P_p below W.
     """
     p, m, v = terms.shape.pp, terms.num_microbatches, terms.shape.virtual_stages
     layer_ms = terms.layer.time.forward_ms + terms.layer.time.backward_ms
     ends_ms = sum(part.time.forward_ms + part.time.backward_ms for part in (terms.embedding, terms.head))
     work = layers * layer_ms + ends_ms + p * terms.p2p_ms
     slowest = max(work / p, -(-layers // p) * layer_ms + terms.p2p_ms)
-    pipeline = m * slowest + ((work - slowest) / v if fill else 0.0)
+    if prefix_share is None:
+        pipeline = m * slowest + (work - slowest) / v
+    elif prefix_share > 0:
+        pipeline = max(m * slowest, prefix_share * work / (1 - (1 - prefix_share / m) ** p))
+    else:
+        pipeline = m * slowest
     mean_params = (layers * terms.layer.params + terms.embedding.params + terms.head.params) / p
     dp_floor = 0.0
     if terms.shape.dp > 1:
@@ -106,9 +120,11 @@ def _lower_bound_ms(terms: StageCostTerms, layers: int, *, fill: bool = True) ->
     return pipeline + dp_floor + mean_params * terms.optimizer_ms_per_param
 
 
-def simulation_floor_ms(candidate: Candidate, layers: int) -> float:
-    """`_lower_bound_ms` without the fill and drain: below the reported (simulated) time of every split."""
-    return _lower_bound_ms(candidate.terms, layers, fill=False)
+def simulation_floor_ms(candidate: Candidate, layers: int, *, full_backward: bool) -> float:
+    """Below the reported (simulated) time of every split (`_lower_bound_ms` with a prefix share): 1/v when
+    every allowed schedule runs whole backward ops, else 0."""
+    share = 1.0 / candidate.shape.virtual_stages if full_backward else 0.0
+    return _lower_bound_ms(candidate.terms, layers, prefix_share=share)
 
 
 def split_fits(shape: ParallelShape, max_layers: tuple[int, ...], layers: int, stock_only: bool) -> bool:

@@ -36,6 +36,7 @@ from planner.problem import PlanningProblem
 from planner.result import ReplicaResult, StageResult
 from planner.schedules.bounds import lower_bound_ms
 from planner.schedules.build import replica_spec
+from planner.schedules.choose import best_run
 from planner.schedules.handcrafted import handcrafted_names, handcrafted_schedule
 from planner.schedules.ops import PipelineSpec, Schedule
 from planner.schedules.simulator import simulate, validate
@@ -82,7 +83,8 @@ class StockSearch:
         self._orders: dict[tuple, Schedule] = {}
         self._tie = count()
         layers = problem.workload.model.num_layers
-        self._queue = [(simulation_floor_ms(c, layers), next(self._tie), _FLOOR, i, None)
+        self._queue = [(simulation_floor_ms(c, layers, full_backward=not self._split_backward), next(self._tie),
+                        _FLOOR, i, None)
                        for i, c in enumerate(self._candidates)]
         heapq.heapify(self._queue)
         self._cut_bound = float("inf") if complete else 0.0  # shapes left uncosted are not bounded here
@@ -125,7 +127,7 @@ class StockSearch:
     def _simulate_next(self, bound_ms: float, index: int, priced: list) -> None:
         _, split = priced.pop(0)
         value = self._value(self._candidates[index], split)
-        if value is not None and value < self.best_ms:
+        if value < self.best_ms:
             self._best = (value, index, split)
         if priced:
             heapq.heappush(self._queue, (max(bound_ms, priced[0][0]), next(self._tie), _SPLITS, index, priced))
@@ -152,25 +154,25 @@ class StockSearch:
         tail = max(it for _, _, it in replicas) - max(b for _, b, _ in replicas)
         return tail + max(lower_bound_ms(spec, split_backward=self._split_backward) for spec, _, _ in replicas)
 
-    def _value(self, candidate: Candidate, split: tuple[int, ...]) -> float | None:
+    def _value(self, candidate: Candidate, split: tuple[int, ...]) -> float:
         """The iteration time a plan of this split reports (`for_plan._apply`): the bubble-model
-        iteration, moved by how much the slowest replica's fastest fitting handcrafted schedule differs
-        from the bubble model. None when no allowed handcrafted schedule fits."""
+        iteration, moved by how much the slowest replica's handcrafted schedule (`best_run`: the fastest
+        that fits, else the least overshoot, as `choose_schedule` picks) differs from the bubble model."""
         replicas = self._replicas(candidate, split)
         makespans = []
         for spec, _, _ in replicas:
-            runs = [simulate(order, spec, validated=True) for order in self._orders_for(spec)]
-            fitting = [run.makespan_ms for run in runs if not run.over_memory(spec)]
-            if not fitting:
-                return None
-            makespans.append(min(fitting))
+            runs = [(order, simulate(order, spec, validated=True)) for order in self._orders_for(spec)]
+            makespans.append(best_run(runs, spec)[1].makespan_ms)
         return max(it for _, _, it in replicas) - max(b for _, b, _ in replicas) + max(makespans)
 
     def _orders_for(self, spec: PipelineSpec) -> list[Schedule]:
+        """The allowed handcrafted orders; all of them when none is allowed (`optimized` alone: they are
+        what CP-SAT starts from, and the plan's schedule is then at least as fast)."""
+        names = handcrafted_names(spec.virtual_stages)
+        if self._names is not None and any(name in self._names for name in names):
+            names = tuple(name for name in names if name in self._names)
         out = []
-        for name in handcrafted_names(spec.virtual_stages):
-            if self._names is not None and name not in self._names:
-                continue
+        for name in names:
             key = (name, spec.num_stages, spec.num_microbatches, spec.virtual_stages)
             if key not in self._orders:
                 self._orders[key] = handcrafted_schedule(name, *key[1:])
