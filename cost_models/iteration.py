@@ -97,6 +97,16 @@ def stage_backward_ms(terms: StageCostTerms, stage: int, layers: int, speed: flo
     return _backward_ms(_stage_parts(terms, stage, layers), speed, terms.p2p_ms / 2.0)
 
 
+def stage_forward_ms(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.0) -> float:
+    """`stage_time(...).forward_ms` alone."""
+    return _forward_ms(_stage_parts(terms, stage, layers), speed, terms.p2p_ms / 2.0)
+
+
+def stage_weight_grad_ms(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.0) -> float:
+    """`stage_time(...).weight_grad_ms` alone."""
+    return sum(part.time.weight_grad_ms * count for part, count in _stage_parts(terms, stage, layers)) / speed
+
+
 def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.0) -> StageTime:
     """Stage `stage` holding `layers` layers; compute slows with `speed`, links do not."""
     parts = _stage_parts(terms, stage, layers)

@@ -45,6 +45,21 @@ class PlannerConfig:
     schedule_time_share: float = 0.1
     """Share of an answer's time kept for choosing pipeline schedules once the layout is known."""
 
+    stock_units_per_step: float = 2.0
+    """A failure-aware answer's stock search (`planner.plan`, pass 2: it checks more than it finds) may cost this
+    many units (a split bounded or a layout simulated) per refinement the bubble-model searches made, and at
+    least `min_checking_units`; counted, not timed, so the answer does not depend on the machine's load."""
+
+    floor_steps_per_step: float = 1.0
+    """Likewise the simulation-floor search (pass 3: it proves more than it finds), in its own refinements."""
+
+    min_checking_units: int = 1500
+    """Least units each checking search gets: small clusters finish within it."""
+
+    bubble_search_share: float = 0.5
+    """Most of a failure-aware answer's layout time the bubble-model searches may take (`planner.plan`); the
+    stock search and the simulation-floor search get what they leave. Small clusters need a fraction of it."""
+
     max_optimize_s_per_replica: float = 1.0
     """Most seconds the CP-SAT schedule gets for one replica: past a second it rarely gains 0.1%."""
 

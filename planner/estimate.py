@@ -15,6 +15,7 @@ from planner.devices import slot_inventory
 from planner.errors import InfeasibleError, PlanningError
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
+from planner.reported import as_fixed_layout
 from planner.schedules.for_plan import with_schedules
 from planner.uniform.candidates import Candidate
 from planner.uniform.search import SearchResult, evaluate
@@ -126,5 +127,5 @@ def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult
     )
     # The layout names its schedule: simulate exactly that one, no search.
     allowed = frozenset({ScheduleName.INTERLEAVED if layout.virtual_stages > 1 else layout.schedule})
-    return with_schedules(replace(problem, schedules=allowed), assemble_plan(problem, found), Budget.unlimited(),
-                          optional_s=0.0)
+    return as_fixed_layout(with_schedules(replace(problem, schedules=allowed), assemble_plan(problem, found), Budget.unlimited(),
+                          optional_s=0.0))

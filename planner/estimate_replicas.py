@@ -37,6 +37,7 @@ from planner.result import (
     StageResult,
     stage_schedule_fields,
 )
+from planner.reported import as_fixed_layout
 from planner.schedules.for_plan import with_schedules
 
 
@@ -182,5 +183,5 @@ def estimate_replicas(problem: PlanningProblem, layout: ReplicaLayout) -> PlanRe
         solver, micro_batch_size=layout.micro_batch_size, schedule=layout.schedule,
         virtual_stages=layout.virtual_stages, recompute=layout.recompute,
     )
-    return with_schedules(replace(problem, schedules=frozenset({layout.schedule})), result, Budget.unlimited(),
-                          optional_s=0.0)
+    return as_fixed_layout(with_schedules(replace(problem, schedules=frozenset({layout.schedule})), result, Budget.unlimited(),
+                          optional_s=0.0))

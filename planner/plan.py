@@ -1,9 +1,12 @@
 """Planner entry points: problem in, plan out.
 
-`plan` searches the uniform space (`search.py`) and, when non-uniform layouts
-are allowed, the failure-aware non-uniform space (`nonuniform.py`), the two
-interleaved by bound with one shared incumbent; the answer is the better of
-the two, optimal over their union when both searches finish.
+With `stock_layouts_only`, `plan` runs the stock search (`uniform/simulated.py`), exact for the
+simulated time a plan reports. Otherwise (failure-aware) it runs the uniform and non-uniform
+bubble-model searches (`uniform/search.py`, `nonuniform/`), interleaved by bound with one shared
+incumbent, and the stock search beside them; each layout found gets its simulated schedules and the
+answer is the one whose reported time is least, so a failure-aware plan is never slower than the stock
+plan. Every solver report is in the reported number (`reported.py`): objective = 1000 x
+`predicted.iteration_time_s`, and the bound holds for that number.
 """
 
 from __future__ import annotations
@@ -26,14 +29,16 @@ from planner.nonuniform.search import (
     NonUniformResult,
     NonUniformSearch,
     recost,
+    search_nonuniform,
 )
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
-from planner.schedules.for_plan import with_schedules
+from planner.schedules.for_plan import handcrafted_cost_s, handcrafted_reported_ms, with_schedules
 from planner.uniform.search import SearchResult, UniformSearch, search
+from planner.uniform.candidates import Candidate, ranked_candidates
 from planner.uniform.simulated import StockSearch
+from planner.reported import SEARCH_FINISHED, WALL_CLOCK_STOP, WORK_BUDGET_STOP, as_reported
 
-SEARCH_FINISHED, WORK_BUDGET_STOP, WALL_CLOCK_STOP = "search finished", "work budget", "wall clock"
 
 
 def schedule_budget_s(total_s: float, config: PlannerConfig = DEFAULT_CONFIG) -> float:
@@ -55,7 +60,8 @@ def plan_uniform(problem: PlanningProblem, budget: Budget | None = None) -> Plan
     budget = budget or Budget.starting_now(problem.time_limit_s)
     if not problem.stock_layouts_only:
         return _within_time_limit(problem, budget, lambda layout_budget: assemble_plan(problem, search(problem, layout_budget)))
-    return _as_reported(problem, _within_time_limit(problem, budget, lambda layout_budget: _stock_layout(problem, layout_budget)))
+    result = _within_time_limit(problem, budget, lambda layout_budget: _stock_layout(problem, layout_budget))
+    return as_reported(problem, result, result.solver.bound_ms, exact_search=True)
 
 
 def _stock_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:
@@ -70,21 +76,6 @@ def _stock_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:
     return replace(result, solver=replace(result.solver, bound_ms=round(bound_ms, 3)))
 
 
-def _as_reported(problem: PlanningProblem, result: PlanResult) -> PlanResult:
-    """The stock plan's solver report in the reported number: objective = 1000 x the predicted
-    iteration, optimal when the search's bound (valid for every allowed schedule) meets it."""
-    objective = round(result.predicted.iteration_time_s * 1e3, 3)
-    bound = min(result.solver.bound_ms, objective)
-    optimal = bound >= objective * (1 - problem.config.prune_tolerance) - 1e-3  # the wire's 1 us rounding
-    stop = result.solver.stopped_by
-    if not optimal and stop == SEARCH_FINISHED:
-        stop = WORK_BUDGET_STOP  # the schedules the search priced were not all simulated in time
-    solver = replace(result.solver, status="OPTIMAL" if optimal else "FEASIBLE", objective_ms=objective,
-                     bound_ms=objective if optimal else bound,
-                     gap=0.0 if optimal else round((objective - bound) / objective, 6), stopped_by=stop)
-    return replace(result, solver=solver, status="optimal" if optimal else "feasible")
-
-
 @gc_paused()
 def plan(problem: PlanningProblem, budget: Budget | None = None) -> PlanResult:
     """The best layout for the cluster as it is now (uniform only when `stock_layouts_only`), by the
@@ -95,7 +86,76 @@ def plan(problem: PlanningProblem, budget: Budget | None = None) -> PlanResult:
         raise InfeasibleError(obvious)
     if problem.stock_layouts_only:
         return plan_uniform(problem, budget)
-    return _within_time_limit(problem, budget, lambda layout_budget: _plan_layout(problem, layout_budget))
+    return _plan_failure_aware(problem, budget)
+
+
+def _plan_failure_aware(problem: PlanningProblem, budget: Budget) -> PlanResult:
+    """The least reported time of three passes, reported against a bound on the reported time of every
+    layout in the failure-aware space (`stock` and non-uniform template layouts; see README, "What a plan
+    decides"):
+
+    1. the bubble-model searches (uniform with any contiguous split, and non-uniform, by bound with one
+       incumbent): fast to prove within their own model, which 1F1B's simulation never exceeds;
+    2. the stock search, exact for reported times over stock layouts, which the failure-aware space holds:
+       the answer is never slower than `allow_non_uniform: false` would give on the same budget;
+    3. the non-uniform search again, every template priced by its simulation floor under the allowed
+       schedules (`floor_pieces`) and every allocation it finds valued by simulating its handcrafted
+       schedules, with the best time so far as incumbent: its bound holds for reported times.
+
+    Layouts of pass 1 outside the two spaces (uniform ones with splits of other forms) are answers, not
+    part of the proof."""
+    started = time.monotonic()
+    total_s = budget.remaining_s()
+    work = Budget.of_work(total_s)
+    layout_budget = work.less(schedule_budget_s(total_s, problem.config) + finish_reserve_s(problem))
+    ranked = ranked_candidates(problem, layout_budget)
+    caches: dict = {}  # templates and stage costs, shared by the two non-uniform searches
+    steps: list[int] = []
+    try:
+        layout = _plan_layout(problem, layout_budget.share(problem.config.bubble_search_share), ranked, caches, steps)
+    except InfeasibleError:
+        layout = None
+    # The checking passes below are sized by the refinements the first made, counted, not timed, so that
+    # a loaded machine gives the same answer; the time limit stays the safety net. Past the deadline the
+    # stock search goes on only while there is no layout at all.
+    config = problem.config
+    stock_units = max(config.min_checking_units, config.stock_units_per_step * len(steps))
+    floor_steps = max(config.min_checking_units, config.floor_steps_per_step * len(steps))
+    # With no time left after the first pass (a short limit at scale) the others only bound the answer.
+    hurried = layout is not None and layout_budget.remaining_s() <= handcrafted_cost_s(problem, layout)
+    stock = StockSearch(problem, layout_budget, ranked)
+    if not hurried:
+        stock.run(layout_budget, until_a_layout=layout is None, max_units=stock_units)
+    # Candidates are compared by their handcrafted schedules (what every search values layouts by); only
+    # the answer is given list and CP-SAT schedules.
+    candidates: list[tuple[float, PlanResult]] = []
+    if layout is not None:
+        candidates.append((0.0 if hurried else handcrafted_reported_ms(problem, layout), layout))
+    found = stock.result()
+    if found is not None:
+        candidates.append((stock.best_ms, assemble_plan(problem, found[0])))
+    if not candidates:
+        raise InfeasibleError(explain_infeasible(problem))
+    incumbent_ms = min(value for value, _ in candidates)
+    simulated = search_nonuniform(problem, incumbent_ms, layout_budget, max_steps=0 if hurried else floor_steps,
+                                  value_of=lambda found: handcrafted_reported_ms(problem, nonuniform_plan(problem, found)),
+                                  caches=caches)
+    if simulated.layout is not None and simulated.layout_value_ms < incumbent_ms:
+        candidates.append((simulated.layout_value_ms, nonuniform_plan(problem, simulated.layout)))
+    # Ties go to the earliest: the bubble-model layout, then the stock one.
+    chosen = min(range(len(candidates)), key=lambda i: (candidates[i][0], i))
+    answer = with_schedules(problem, candidates[chosen][1], work,
+                            optional_s=schedule_time_s(total_s, work.remaining_s(), problem.config))
+    searched = layout.solver if layout is not None else answer.solver
+    finished = simulated.exhausted and stock.finished()
+    solver = replace(answer.solver, wall_time_s=round(time.monotonic() - started, 3),
+                     candidates_total=searched.candidates_total + simulated.outer_total,
+                     candidates_solved=searched.candidates_solved + simulated.outer_solved,
+                     stopped_by=WALL_CLOCK_STOP if work.wall_led else (SEARCH_FINISHED if finished else WORK_BUDGET_STOP))
+    # Below every stock layout, and every non-uniform one the simulation-floor search did not value.
+    stock_bound_ms = found[1] if found is not None else stock.next_bound_ms()
+    return as_reported(problem, replace(answer, solver=solver), min(stock_bound_ms, simulated.bound_ms),
+                       exact_search=False)
 
 
 def _within_time_limit(problem: PlanningProblem, budget: Budget,
@@ -120,13 +180,17 @@ def stopped_by(status: str, work: Budget) -> str:
     return SEARCH_FINISHED if status == "OPTIMAL" else WORK_BUDGET_STOP
 
 
-def _plan_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:
-    """Both searches interleaved best bound first, sharing one incumbent: neither spends time on
-    layouts the other has already beaten, and together they stop as soon as no bound in either
-    beats the best layout found. Past the deadline they go on only until there is a first layout."""
+def _plan_layout(problem: PlanningProblem, budget: Budget, ranked: tuple[list[Candidate], bool],
+                 caches: dict | None = None, steps: list[int] | None = None) -> PlanResult:
+    """Both bubble-model searches interleaved best bound first, sharing one incumbent: neither spends
+    time on layouts the other has already beaten, and together they stop as soon as no bound in either
+    beats the best layout found. Past the deadline they go on only until there is a first layout.
+    The layout's solver report is in the bubble model (OPTIMAL when both searches finished). `steps`, when
+    given, gets one item per refinement made: the work the checking passes are sized by."""
+    steps = [] if steps is None else steps
     started = time.monotonic()
-    uniform = UniformSearch(problem, budget)
-    nonuniform = NonUniformSearch(problem)
+    uniform = UniformSearch(problem, budget, ranked)
+    nonuniform = NonUniformSearch(problem, caches=caches)
     finishing = _FinishingCost(uniform, nonuniform)
     while True:
         incumbent = min(uniform.best_ms, nonuniform.best_ms)
@@ -136,6 +200,7 @@ def _plan_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:
         next_uniform, next_nonuniform = uniform.next_bound_ms(), nonuniform.next_bound_ms()
         if min(next_uniform, next_nonuniform) >= incumbent * (1 - problem.config.prune_tolerance):
             break
+        steps.append(1)
         if next_uniform <= next_nonuniform:
             uniform.step(budget)
         else:
@@ -196,6 +261,22 @@ def _uniform_with_combined_status(
 
 def _breakdown(problem: PlanningProblem, layout: NonUniformLayout) -> dict[str, float]:
     return breakdown_s(layout.terms_cache(problem), layout.replica_plan(), layout.outer.virtual_stages, layout.iteration_ms)
+
+
+def nonuniform_plan(problem: PlanningProblem, found: NonUniformLayout, solver: SolverResult | None = None) -> PlanResult:
+    """A non-uniform layout, recosted for its own replica count and assembled onto devices (predicted in
+    the bubble model until `with_schedules`)."""
+    layout = recost(problem, found)
+    replicas, used = assemble_replicas(problem, layout)
+    outer = layout.outer
+    solver = solver or _solver(layout.iteration_ms, 0.0, False, time.monotonic(), 0, 0)
+    return finish_plan(
+        problem, tuple(replicas), used, layout.iteration_ms, _breakdown(problem, layout), solver,
+        micro_batch_size=outer.micro_batch_size,
+        schedule=ScheduleName.INTERLEAVED if outer.virtual_stages > 1 else ScheduleName.ONE_F_ONE_B,
+        virtual_stages=outer.virtual_stages,
+        recompute=outer.recompute,
+    )
 
 
 def _assemble_nonuniform(

@@ -87,6 +87,15 @@ def check_invariants(plan: Plan, request: PlanRequest, model: ModelSpec, gpu: Gp
     floor_s = flops / peak
     assert plan.predicted.iteration_time_s >= floor_s * (1 - 1e-9), f"iteration {plan.predicted.iteration_time_s} s below floor {floor_s} s"
 
+    # 8. The solver report is in the number the plan reports (issue 16), in both modes: objective =
+    # 1000 x predicted, the bound at most that, OPTIMAL exactly when the bound meets it.
+    solver, reported_ms = plan.solver, plan.predicted.iteration_time_s * 1e3
+    assert abs(solver.objective_ms - reported_ms) <= 5e-3 * reported_ms, f"objective {solver.objective_ms} ms, reported {reported_ms} ms"
+    assert solver.bound_ms <= solver.objective_ms + 1e-3, f"bound {solver.bound_ms} above objective {solver.objective_ms}"
+    proven = solver.bound_ms >= solver.objective_ms * (1 - 1e-6) - 1e-3
+    assert (solver.status == "OPTIMAL") == proven == (plan.status == "optimal"), f"status {solver.status} with bound {solver.bound_ms}, objective {solver.objective_ms}"
+    assert (solver.gap == 0.0) == proven, f"gap {solver.gap} with bound {solver.bound_ms}, objective {solver.objective_ms}"
+
     check_schedule(plan, gpu)
 
 

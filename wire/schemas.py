@@ -391,8 +391,12 @@ class SolverReport(BaseModel):
     status: str
     wall_time_s: float
     gap: float
-    objective_ms: float | None = None
-    bound_ms: float | None = None
+    objective_ms: float | None = Field(
+        default=None, description="1000 x predicted.iteration_time_s: the number the search minimizes and reports.")
+    bound_ms: float | None = Field(
+        default=None, description="A lower bound on objective_ms over every layout of the searched space (README, "
+        "\"What a plan decides\") under every allowed schedule; status is OPTIMAL, gap 0, exactly when it meets "
+        "objective_ms.")
     candidates_total: int | None = None
     candidates_solved: int | None = None
     time_limit_s: float | None = Field(
@@ -401,7 +405,8 @@ class SolverReport(BaseModel):
     notes: list[str] = Field(
         default_factory=list, description="What the answer gave up to arrive in time, or why its limit was raised.")
     stopped_by: Literal["search finished", "work budget", "wall clock"] | None = Field(
-        default=None, description="What ended the search. `search finished`: it proved its answer. `work budget`: "
+        default=None, description="What ended the search. `search finished`: it ran to its end (the answer is "
+        "proven where bound_ms meets objective_ms; a remaining gap is what the bounds could not close). `work budget`: "
         "the time limit, counted in the planner's own work (CPU time, CP-SAT deterministic time), ran out first; "
         "the same request gives the same plan on a loaded machine. `wall clock`: the machine was so loaded that "
         "the wall-clock safety net took over, and the plan may differ from an idle machine's. Null: no search "

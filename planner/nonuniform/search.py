@@ -13,6 +13,7 @@ still beat the incumbent, templates are built and CP-SAT allocates them.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from cost_models.resharding import nonuniform_iteration_ms
@@ -36,10 +37,12 @@ from planner.nonuniform.templates import (
     TermsCache,
     best_split,
     enumerate_templates,
+    floor_pieces,
     pipeline_lengths,
     template_costs,
 )
 from planner.problem import PlanningProblem
+from planner.schedules.bounds import full_backward_only
 from planner.uniform.candidates import tensor_parallel_sizes
 
 
@@ -77,6 +80,7 @@ class NonUniformResult:
     exhausted: bool
     outer_total: int
     outer_solved: int
+    layout_value_ms: float = float("inf")  # what the search valued the layout at (`NonUniformSearch.best_ms`)
 
 
 def evaluate_layout(layout_templates, allocation: Allocation, virtual_stages: int) -> float:
@@ -183,6 +187,31 @@ def _lower_bound_ms(problem: PlanningProblem, outer: OuterChoice, inventory: _In
     return max(balanced, throughput, busiest)
 
 
+def _simulation_floor_ms(problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory, capacity: _Capacity,
+                         shortest: int, full_backward: bool) -> float:
+    """Below the reported (simulated) time of every layout of `outer`, whatever allowed schedule each
+    replica runs; the bounds above price the 1F1B bubble model instead, which a zero-bubble schedule beats.
+
+    A stage runs its own ops one at a time, so replica r with m_r microbatches takes at least m_r M_r:
+    summed as in `_lower_bound_ms`, T >= N (L + E) / C. The busiest replica runs m >= ceil(N / R)
+    microbatches on at most pp stages whose work W is at least (L + E) a_min, so T >= m W / pp; and when
+    every allowed schedule runs whole backward ops, each stage s also waits for 1/v of the work of the
+    stages before it (`planner.schedules.bounds`), T >= P_s / v + m t_s, whose least over all splits of W
+    into p stages is g = (W / v) / (1 - (1 - 1 / (v m))^p) (`planner.uniform.candidates._lower_bound_ms`),
+    larger for larger m and W and smaller for larger p: valid at m = ceil(N / R), W = (L + E) a_min, p = pp.
+    Gradient sync and optimizer steps are left out (>= 0)."""
+    if capacity.throughput <= 0:
+        return float("inf")
+    total = problem.workload.global_batch_size // outer.micro_batch_size
+    work_ms = capacity.work * capacity.fastest
+    busiest = -(-total // max(1, min(total, inventory.group_count_bound() // shortest)))
+    floor = max(total * capacity.work / capacity.throughput, busiest * work_ms / outer.pp)
+    if full_backward:
+        share = 1.0 / outer.virtual_stages
+        floor = max(floor, share * work_ms / (1 - (1 - share / busiest) ** outer.pp))
+    return floor
+
+
 def _memory_replicas(problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory) -> int:
     """Replicas ZeRO-1 memory is computed for; the allocation must build at least this many."""
     if problem.workload.zero_stage < 1:
@@ -258,7 +287,7 @@ def _base_bottleneck_uncached(problem: PlanningProblem, outer: OuterChoice, cach
 
 def _strong_lower_bound_ms(
     problem: PlanningProblem, outer: OuterChoice, inventory: _Inventory, cache: TermsCache, capacity: _Capacity,
-    memo: dict | None = None,
+    memo: dict | None = None, simulated: bool = False,
 ) -> float:
     """A tighter bound from each allowed length's exact base bottleneck M(p).
 
@@ -273,7 +302,8 @@ def _strong_lower_bound_ms(
     (min(1/M(p), (p - 1 + rho)/K) - (p - 1) mu). As S_r >= M_r, also
     T >= m_r M_r, so N <= T sum_r 1/M_r without the per-replica 1/v. With the
     busiest replica (ceil(N / R) microbatches, rate at most max_p 1/M(p)) this
-    gives three bounds.
+    gives three bounds. `simulated`: only those without the bubble model's fill (T >= m_r M_r holds for
+    every schedule, a stage running its own work one op at a time): below every reported time.
     """
     total = problem.workload.global_batch_size // outer.micro_batch_size
     v = outer.virtual_stages
@@ -306,6 +336,8 @@ def _strong_lower_bound_ms(
     balanced = fill + max(0.0, total - most_replicas / v) / rate
     # S_r >= M_r also gives T >= m_r M_r: no free fill per replica, however many there are.
     throughput = total / rate
+    if simulated:
+        return max(throughput, -(-total // most_replicas) * min(bottlenecks.values()))
     busiest = fill + (-(-total // most_replicas) - 1 / v) * min(bottlenecks.values())
     return max(balanced, throughput, busiest)
 
@@ -326,14 +358,31 @@ class NonUniformSearch:
     uniform one, always refining the smaller bound.
     """
 
-    def __init__(self, problem: PlanningProblem) -> None:
+    def __init__(self, problem: PlanningProblem, value_of: Callable[[NonUniformLayout], float] | None = None,
+                 caches: dict | None = None) -> None:
+        """Priced by the bubble model; with `value_of` (a layout's reported iteration time, ms), priced by
+        simulation floors instead (`floor_pieces`): every bound then holds for the reported time, each
+        allocation found is valued by `value_of`, and `best_ms` is that value. `caches`, a dict another
+        search of the same problem filled, saves building its templates and stage costs again."""
         self._problem = problem
-        sizes = tensor_parallel_sizes(problem)
-        self._inventories = {tp: _inventory(problem, tp, sizes) for tp in sizes}
-        self._capacities: dict[tuple[int, int, str], _Capacity] = {}
-        self._bottlenecks: dict[tuple, float | None] = {}
-        self._shared: dict = {}  # memory caps and stage times shared by every TermsCache of this search
-        self._template_memo: dict[tuple, Template | None] = {}
+        self._value_of = value_of
+        self._full_backward = full_backward_only(problem.allowed_schedules)
+        self._best_value = float("inf")
+        # Least floor of an outer choice left with its floor-optimal allocation valued above that floor:
+        # another of its allocations could still lie between the two.
+        self._residual_ms = float("inf")
+        self._pieces: dict[tuple[int, int], tuple[Template, tuple]] = {}  # the template kept: its id stays its own
+        # What does not depend on the pricing is kept in `caches`, which two searches of one problem share.
+        caches = {} if caches is None else caches
+        if "inventories" not in caches:
+            sizes = tensor_parallel_sizes(problem)
+            caches["inventories"] = {tp: _inventory(problem, tp, sizes) for tp in sizes}
+        self._inventories: dict[int, _Inventory] = caches["inventories"]
+        self._capacities: dict[tuple[int, int, str], _Capacity] = caches.setdefault("capacities", {})
+        self._bottlenecks: dict[tuple, float | None] = caches.setdefault("bottlenecks", {})
+        # Memory caps and stage times shared by every TermsCache, and templates shared by outer choices.
+        self._shared: dict = caches.setdefault("terms", {})
+        self._template_memo: dict[tuple, Template | None] = caches.setdefault("templates", {})
         self._built: dict[int, list[Template]] = {}
         self._searches: dict[int, AllocationSearch] = {}
         self._queue = self._initial_queue()
@@ -355,13 +404,18 @@ class NonUniformSearch:
             # The shortest allowed length keeps this bound valid whatever fits; whether anything
             # fits memory is checked when the outer choice reaches the front of the queue.
             shortest = pipeline_lengths(outer.pp, problem.config)[0]
-            queue.append((_lower_bound_ms(problem, outer, inventory, self._capacities[key], shortest), index, _CHEAP, outer))
+            if self._value_of is not None:
+                bound = _simulation_floor_ms(problem, outer, inventory, self._capacities[key], shortest, self._full_backward)
+            else:
+                bound = _lower_bound_ms(problem, outer, inventory, self._capacities[key], shortest)
+            queue.append((bound, index, _CHEAP, outer))
         heapq.heapify(queue)
         return queue
 
     @property
     def best_ms(self) -> float:
-        return self._best.iteration_ms if self._best is not None else float("inf")
+        """The best layout's value: its bubble-model iteration, or with `value_of` its reported time."""
+        return self._best_value
 
     def best_timeline_ops(self) -> int:
         """Ops of the first-choice timelines the best layout so far needs: replicas of one template
@@ -381,8 +435,11 @@ class NonUniformSearch:
         """What was found; exhausted when nothing left could beat `incumbent_ms` (or the layout found)."""
         incumbent_ms = min(incumbent_ms, self.best_ms)
         left = min(self.next_bound_ms(), self._unsettled_ms)
+        # The search is over when nothing queued or cut short can beat the incumbent; an outer choice's
+        # residual floor is a bound on what it did not value, not work left.
         exhausted = left >= incumbent_ms * (1 - self._problem.config.prune_tolerance)
-        return NonUniformResult(self._best, left, exhausted, self._considered, self._solved)
+        return NonUniformResult(self._best, min(left, self._residual_ms), exhausted, self._considered, self._solved,
+                                self._best_value)
 
     def step(self, budget: Budget, incumbent_ms: float = float("inf")) -> None:
         """Refine the front of the queue once; `incumbent_ms` is the best layout known anywhere."""
@@ -396,7 +453,8 @@ class NonUniformSearch:
         if stage == _CHEAP:
             # The strong bound is infinite when no base-only pipeline fits memory: such outer choices drop here.
             capacity = self._capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
-            tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity, self._bottlenecks))
+            tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity, self._bottlenecks,
+                                                        simulated=self._value_of is not None))
             if tighter < float("inf"):
                 heapq.heappush(self._queue, (tighter, index, _STRONG, outer))
             return
@@ -412,12 +470,14 @@ class NonUniformSearch:
             return
         if stage == _TEMPLATED:
             data = AllocationInput(
-                templates=self._built.pop(index), base=inventory.base,
+                templates=self._built[index], base=inventory.base,
                 healthy_base_groups=inventory.healthy_base_groups,
                 classes=list(inventory.classes), partitions=[list(p) for p in inventory.partitions],
                 microbatches=problem.workload.global_batch_size // outer.micro_batch_size,
                 virtual_stages=outer.virtual_stages, min_replicas=memory_replicas,
+                priced_pieces=self._floor_pieces(self._built[index], outer.virtual_stages),
             )
+            del self._built[index]
             allocation_search = AllocationSearch(data, problem.random_seed, floor_ms=lower, ceiling_ms=best_ms)
         else:
             # Its tail sets are refined and settled one at a time, each time it is the front.
@@ -436,6 +496,28 @@ class NonUniformSearch:
         if front < float("inf"):
             self._searches[index] = allocation_search
             heapq.heappush(self._queue, (max(lower, front), index, _BOUNDED, outer))
+        elif self._value_of is not None:
+            self._leave_residual(allocation_search, best_ms)
+
+    def _floor_pieces(self, templates: list[Template], virtual_stages: int) -> tuple | None:
+        """Each template's floor pieces (None: priced by the bubble model); templates are shared between
+        outer choices (`_template_memo`), so are their pieces."""
+        if self._value_of is None:
+            return None
+        out = []
+        for template in templates:
+            key = (id(template), virtual_stages)
+            if key not in self._pieces:
+                self._pieces[key] = (template, floor_pieces(template, virtual_stages, self._full_backward))
+            out.append(self._pieces[key][1])
+        return tuple(out)
+
+    def _leave_residual(self, allocation_search: AllocationSearch, best_ms: float) -> None:
+        """An outer choice leaving the queue priced by floors: every allocation of it not found is no
+        better than its best floor, which bounds what is left unless a layout found reaches it."""
+        floor_ms = allocation_search.best_floor_ms()
+        if floor_ms < min(best_ms, self._best_value) * (1 - self._problem.config.prune_tolerance):
+            self._residual_ms = min(self._residual_ms, floor_ms)
 
     def _offer(self, outer: OuterChoice, inventory: _Inventory, allocation_search: AllocationSearch,
                memory_replicas: int, link_replicas: int, best_ms: float) -> None:
@@ -443,22 +525,28 @@ class NonUniformSearch:
         if allocation is None:
             return
         templates = allocation_search.data.templates
-        value = evaluate_layout(templates, allocation, outer.virtual_stages)
+        layout = NonUniformLayout(
+            outer, tuple(templates), allocation, inventory.classes, inventory.partitions,
+            evaluate_layout(templates, allocation, outer.virtual_stages), memory_replicas, link_replicas,
+        )
+        value = layout.iteration_ms if self._value_of is None else self._value_of(layout)
         if value < best_ms:
-            self._best = NonUniformLayout(
-                outer, tuple(templates), allocation, inventory.classes, inventory.partitions, value,
-                memory_replicas, link_replicas,
-            )
+            self._best, self._best_value = layout, value
 
 
-def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, budget: Budget) -> NonUniformResult:
+def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, budget: Budget,
+                      value_of: Callable[[NonUniformLayout], float] | None = None,
+                      caches: dict | None = None, max_steps: int | None = None) -> NonUniformResult:
     """Best non-uniform layout better than `incumbent_ms`, or none; bound over what was not excluded
-    (see `NonUniformSearch`)."""
-    search = NonUniformSearch(problem)
+    (see `NonUniformSearch`; `value_of` prices by simulation floors and values layouts by it), after at
+    most `max_steps` refinements."""
+    search = NonUniformSearch(problem, value_of, caches)
+    steps = 0
     while search.next_bound_ms() < min(incumbent_ms, search.best_ms) * (1 - problem.config.prune_tolerance):
-        if budget.expired():
+        if budget.expired() or (max_steps is not None and steps >= max_steps):
             break
         search.step(budget, incumbent_ms)
+        steps += 1
     return search.result(incumbent_ms)
 
 

@@ -28,7 +28,9 @@ from cost_models.compute import LayerTime
 from cost_models.iteration import (
     StageTime,
     stage_backward_ms,
+    stage_forward_ms,
     stage_time,
+    stage_weight_grad_ms,
     stage_total_ms,
 )
 from cost_models.layout import ParallelShape
@@ -41,7 +43,7 @@ from cost_models.stage_costs import (
     pipeline_p2p_ms,
     stage_cost_terms,
 )
-from planner.config import DEFAULT_CONFIG, PlannerConfig
+from planner.config import DEFAULT_CONFIG, TIME_QUANTUM_MS, PlannerConfig
 from planner.nonuniform.partitions import StageType
 from planner.problem import PlanningProblem
 
@@ -81,6 +83,11 @@ class Template:
     optimizer_ms: float
     base_groups: int
     degraded: tuple[tuple[StageType, int], ...]
+    # Per stage and microbatch at full speed, below the same at any speed (`floor_pieces`): forward,
+    # backward, and the weight-gradient part of the backward.
+    forward_floor_ms: tuple[float, ...] = ()
+    backward_floor_ms: tuple[float, ...] = ()
+    weight_grad_floor_ms: tuple[float, ...] = ()
 
     @property
     def sharding(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -369,7 +376,8 @@ def _stage_costs(
     sync_replicas: int,
 ) -> tuple[float, float, float, float, float]:
     """(time per microbatch, parameters per GPU, exposed uniform sync, exposed resharded sync,
-    optimizer step) of one stage; memoized, since base stages repeat across templates."""
+    optimizer step, and at full speed forward, backward and weight gradient per microbatch) of one stage;
+    memoized, since base stages repeat across templates."""
     kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
     key = (stage_type, stages, kind, layers, sync_replicas) + cache.replicas_key
     memo = cache._stage_costs
@@ -394,7 +402,9 @@ def _stage_costs(
         resharded_sync_ms(params, layers, sync_replicas, terms.grad_bytes_per_param, network), backward,
         resharded_sync_ms(bucket_params, 1, sync_replicas, terms.grad_bytes_per_param, network), overlap,
     )
-    memo[key] = (layers * per_layer + fixed, params, uniform, resharded, params * terms.optimizer_ms_per_param)
+    full_speed = (stage_forward_ms(terms, position, layers), stage_backward_ms(terms, position, layers),
+                  stage_weight_grad_ms(terms, position, layers))
+    memo[key] = (layers * per_layer + fixed, params, uniform, resharded, params * terms.optimizer_ms_per_param, *full_speed)
     return memo[key]
 
 
@@ -433,7 +443,52 @@ def template_costs(
         optimizer_ms=max(c[4] for c in costs),
         base_groups=sum(1 for st in stage_types if st == base),
         degraded=tuple(sorted(degraded.items())),
+        forward_floor_ms=tuple(c[5] for c in costs),
+        backward_floor_ms=tuple(c[6] for c in costs),
+        weight_grad_floor_ms=tuple(c[7] for c in costs),
     )
+
+
+def floor_pieces(template: Template, virtual_stages: int, full_backward: bool) -> tuple[tuple[int, int], ...]:
+    """A template's price under every allowed schedule, as allocation pieces (v-times ticks, offsets
+    rounded down): no schedule runs q microbatches on it faster than the largest of these terms of
+    `planner.schedules.bounds.lower_bound_ms` (latencies and memory caps left out). Per stage s, with t_s
+    its time per microbatch at its speed and f, b = i + w (input and weight gradient) at full speed, below
+    any slower stage's; chunk c of stage u is virtual stage c p + u, each chunk taking 1/v of its stage
+    (chunk 0 of stage 0 also holds the embedding, the last chunk of the last stage the head, so the
+    chunks named below take at least that):
+
+    * q t_s + h_s / v: stage s runs its own ops one at a time, after its first forward waited for chunk 0
+      of every stage before it; with whole backward ops only (GPipe, 1F1B, interleaved) its last B is
+      followed by the B chain down to stage 0, so h_s sums f + b over u < s, else f alone.
+    * q b_s + sum f + a_s / v: no backward of s starts before a forward has gone through every virtual
+      stage and the gradient back through the last chunks of the stages after s (a_s sums i, or b, over
+      u > s); with whole backward ops the last B is followed by the chain down to stage 0 (a_s also sums
+      b over u < s).
+    * split backward only, q i_s + sum f + (sum over u != s of i_u + w_0) / v: after its last I, stage s
+      still owes the I chain down to stage 0 and the W there.
+    """
+    v, p = virtual_stages, len(template.stage_ms)
+    forwards, backwards = template.forward_floor_ms, template.backward_floor_ms
+    inputs = [b - w for b, w in zip(backwards, template.weight_grad_floor_ms)]
+    chain = v * sum(forwards)
+    ms: list[tuple[float, float]] = []
+    for s in range(p):
+        before = sum(forwards[:s]) + (sum(backwards[:s]) if full_backward else 0.0)
+        ms.append((template.stage_ms[s], before))
+        if full_backward:
+            ms.append((backwards[s], chain + sum(backwards) - backwards[s]))
+        else:
+            ms.append((backwards[s], chain + sum(inputs[s + 1:])))
+            ms.append((inputs[s], chain + sum(inputs) - inputs[s] + template.weight_grad_floor_ms[0]))
+    pieces = [(v * round(slope / TIME_QUANTUM_MS), math.floor(offset / TIME_QUANTUM_MS)) for slope, offset in ms]
+    # A piece no steeper and no higher than another never sets the price: keep the others, steepest first.
+    kept, highest = [], -math.inf
+    for slope, offset in sorted(set(pieces), key=lambda piece: (-piece[0], -piece[1])):
+        if offset > highest:
+            kept.append((slope, offset))
+            highest = offset
+    return tuple(kept)
 
 
 def stage_timings(cache: TermsCache, template: Template) -> list[StageTime]:

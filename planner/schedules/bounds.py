@@ -8,7 +8,17 @@ from __future__ import annotations
 
 import math
 
+from cost_models.choices import ScheduleName
 from planner.schedules.ops import ChunkTimes, PipelineSpec
+
+# Schedules whose backward passes are all whole B ops: `lower_bound_ms(split_backward=False)` holds for them.
+FULL_BACKWARD = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED})
+
+
+def full_backward_only(allowed: frozenset[str] | None) -> bool:
+    """Whether every schedule in `allowed` (None: every schedule, split backward and CP-SAT's included)
+    runs whole backward ops, so that the tighter full-backward bounds hold."""
+    return allowed is not None and allowed <= FULL_BACKWARD
 
 
 def _virtual_times(spec: PipelineSpec) -> list[ChunkTimes]:
@@ -117,4 +127,4 @@ def sequential_ms(spec: PipelineSpec) -> float:
     return spec.num_microbatches * round_trip
 
 
-__all__ = ["lower_bound_ms", "sequential_ms"]
+__all__ = ["FULL_BACKWARD", "full_backward_only", "lower_bound_ms", "sequential_ms"]

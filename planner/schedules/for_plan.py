@@ -35,7 +35,7 @@ from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
 from planner.schedules.bounds import lower_bound_ms
 from planner.schedules.build import replica_spec, timeline_signature
-from planner.schedules.choose import ChosenSchedule, choose_schedule, preference
+from planner.schedules.choose import ChosenSchedule, best_run, choose_schedule, preference
 from planner.schedules.handcrafted import handcrafted_names, handcrafted_schedule
 from planner.schedules.ops import PipelineSpec, Schedule
 from planner.schedules.optimal import OPTIMIZED
@@ -112,6 +112,47 @@ def with_schedules(
         solver = replace(solver, status="FEASIBLE")
         scheduled = replace(scheduled, status="feasible")
     return replace(scheduled, solver=replace(solver, notes=(*solver.notes, *notes)))
+
+
+def handcrafted_reported_ms(problem: PlanningProblem, result: PlanResult) -> float:
+    """The iteration time `with_schedules` reports for `result` when every distinct replica runs its
+    best allowed handcrafted schedule (`best_run`, as `choose_schedule` picks; every handcrafted one
+    seeds CP-SAT when only `optimized` is allowed): what a layout search prices a layout at before
+    giving it list or CP-SAT schedules, which can only lower it."""
+    allowed = problem.allowed_schedules
+    groups = _exact_groups(result.replicas)
+    orders: dict[tuple, Schedule] = {}
+    slowest_ms = 0.0
+    for members in groups.values():
+        spec = replica_spec(members[0], result.virtual_stages, problem.hardware.gpu.memory_gib)
+        names = handcrafted_names(spec.virtual_stages)
+        if allowed is not None and any(name in allowed for name in names):
+            names = tuple(name for name in names if name in allowed)
+        runs = []
+        for name in names:
+            shape = (name, spec.num_stages, spec.num_microbatches, spec.virtual_stages)
+            if shape not in orders:
+                orders[shape] = handcrafted_schedule(name, *shape[1:])
+                validate(orders[shape], spec)
+            runs.append((orders[shape], simulate(orders[shape], spec, validated=True)))
+        slowest_ms = max(slowest_ms, best_run(runs, spec)[1].makespan_ms)
+    return result.predicted.iteration_time_s * 1e3 + slowest_ms - _bubble_model_ms(result)
+
+
+def handcrafted_cost_s(problem: PlanningProblem, result: PlanResult) -> float:
+    """About what `handcrafted_reported_ms` takes: every allowed handcrafted schedule of each distinct replica."""
+    allowed = problem.allowed_schedules
+    names = handcrafted_names(result.virtual_stages)
+    runs = max(1, sum(1 for name in names if allowed is None or name in allowed))
+    ops = sum(2 * len(members[0].stages) * result.virtual_stages * members[0].num_microbatches
+              for members in _exact_groups(result.replicas).values())
+    return ops_cost_s(runs * ops)
+
+
+def _bubble_model_ms(result: PlanResult) -> float:
+    """The slowest replica's pipeline under the 1F1B bubble model, which `predicted` was priced at."""
+    return max(pipeline_time_ms([s.forward_ms + s.backward_ms for s in r.stages], r.num_microbatches, result.virtual_stages)
+               for r in result.replicas if r.num_microbatches > 0)
 
 
 def _overrun_note(specs: Collection[PipelineSpec], cost_s: float, left_s: float) -> str:
@@ -202,7 +243,6 @@ def _apply(
     groups: dict[Key, list[ReplicaResult]],
     chosen: dict[Key, ChosenSchedule],
 ) -> PlanResult:
-    v = result.virtual_stages
     key_of = {replica.id: key for key, members in groups.items() for replica in members}
     replicas = []
     for replica in result.replicas:
@@ -213,10 +253,7 @@ def _apply(
         )
         replicas.append(replace(replica, stages=stages))
 
-    def bubble_model_ms(replica: ReplicaResult) -> float:
-        return pipeline_time_ms([s.forward_ms + s.backward_ms for s in replica.stages], replica.num_microbatches, v)
-
-    modelled_ms = max(bubble_model_ms(r) for r in result.replicas if r.num_microbatches > 0)
+    modelled_ms = _bubble_model_ms(result)
     slowest_key = max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)
     slowest = chosen[slowest_key]
     shift_ms = slowest.simulation.makespan_ms - modelled_ms

@@ -82,11 +82,13 @@ class UniformSearch:
     """The branch and bound of `search`, one candidate at a time, so that another search can
     share its incumbent (`plan` interleaves it with the non-uniform one by bound)."""
 
-    def __init__(self, problem: PlanningProblem, budget: Budget | None = None) -> None:
+    def __init__(self, problem: PlanningProblem, budget: Budget | None = None,
+                 ranked: tuple[list[Candidate], bool] | None = None) -> None:
+        """`ranked`, `ranked_candidates(problem, ...)` when the caller has them already."""
         self._problem = problem
         self._started = time.monotonic()
         budget = budget or Budget.unlimited()
-        self._candidates, complete = ranked_candidates(problem, budget)
+        self._candidates, complete = ranked if ranked is not None else ranked_candidates(problem, budget)
         # Shapes the deadline left uncosted are bounded all together.
         self._bound = float("inf") if complete else uniform_floor_ms(problem)  # and by CP-SAT splits cut short
         self._caps: dict[int, tuple[int, ...] | None] = {}

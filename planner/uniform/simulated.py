@@ -27,14 +27,13 @@ import time
 from dataclasses import dataclass
 from itertools import count
 
-from cost_models.choices import ScheduleName
 from cost_models.iteration import estimate_iteration, stage_time
 from cost_models.pipeline import pipeline_time_ms
 from planner.assemble import stage_figures
 from planner.budget import Budget
 from planner.problem import PlanningProblem
 from planner.result import ReplicaResult, StageResult
-from planner.schedules.bounds import lower_bound_ms
+from planner.schedules.bounds import full_backward_only, lower_bound_ms
 from planner.schedules.build import replica_spec
 from planner.schedules.choose import best_run
 from planner.schedules.handcrafted import handcrafted_names, handcrafted_schedule
@@ -43,8 +42,6 @@ from planner.schedules.simulator import simulate, validate
 from planner.uniform.candidates import Candidate, ranked_candidates, simulation_floor_ms
 from planner.uniform.search import SearchResult, evaluate
 
-# Schedules whose backward passes are all whole B ops: the full-backward bound holds for them.
-FULL_BACKWARD = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED})
 _FLOOR, _SPLITS = 0, 1
 
 
@@ -73,13 +70,15 @@ class _Priced:
 
 
 class StockSearch:
-    def __init__(self, problem: PlanningProblem, budget: Budget) -> None:
+    def __init__(self, problem: PlanningProblem, budget: Budget,
+                 ranked: tuple[list[Candidate], bool] | None = None) -> None:
+        """`ranked`, `ranked_candidates(problem, ...)` when the caller has them already."""
         self._problem = problem
         self._started = time.monotonic()
-        self._candidates, complete = ranked_candidates(problem, budget)
+        self._candidates, complete = ranked if ranked is not None else ranked_candidates(problem, budget)
         allowed = problem.allowed_schedules
         self._names = allowed  # None: every schedule
-        self._split_backward = allowed is None or not allowed <= FULL_BACKWARD
+        self._split_backward = not full_backward_only(allowed)
         self._orders: dict[tuple, Schedule] = {}
         self._tie = count()
         layers = problem.workload.model.num_layers
@@ -90,6 +89,7 @@ class StockSearch:
         self._cut_bound = float("inf") if complete else 0.0  # shapes left uncosted are not bounded here
         self._best: tuple[float, int, tuple[int, ...]] | None = None
         self._solved = 0
+        self._units = 0  # splits bounded and simulated: the work `run(max_units=...)` counts
 
     @property
     def best_ms(self) -> float:
@@ -98,10 +98,16 @@ class StockSearch:
     def next_bound_ms(self) -> float:
         return self._queue[0][0] if self._queue else float("inf")
 
-    def run(self, budget: Budget) -> None:
+
+    def run(self, budget: Budget, *, until_a_layout: bool = True, max_units: int | None = None) -> None:
+        """Refine and simulate until nothing queued beats the best layout or the budget ends; past the
+        deadline only until there is a first layout, unless `until_a_layout` is off (the caller has one).
+        `max_units` also ends it, counted in splits bounded and splits simulated: the same on any machine."""
         tolerance = self._problem.config.prune_tolerance
         while self._queue and self.next_bound_ms() < self.best_ms * (1 - tolerance):
-            if self._best is not None and budget.expired():
+            if (self._best is not None or not until_a_layout) and budget.expired():
+                return
+            if max_units is not None and self._units >= max_units and (self._best is not None or not until_a_layout):
                 return
             bound, _, stage, index, splits = heapq.heappop(self._queue)
             if stage == _FLOOR:
@@ -118,6 +124,7 @@ class StockSearch:
         for split in stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages):
             bound_ms = self._split_bound(candidate, split)
             priced.append((bound_ms, split))
+        self._units += max(1, len(priced))
         if not priced:
             return
         self._solved += 1
@@ -126,6 +133,7 @@ class StockSearch:
 
     def _simulate_next(self, bound_ms: float, index: int, priced: list) -> None:
         _, split = priced.pop(0)
+        self._units += 1
         value = self._value(self._candidates[index], split)
         if value < self.best_ms:
             self._best = (value, index, split)
@@ -179,6 +187,10 @@ class StockSearch:
                 validate(self._orders[key], spec)
             out.append(self._orders[key])
         return out
+
+    def finished(self) -> bool:
+        """Whether no bound left in the queue beats the best layout: the search has proven it."""
+        return self.next_bound_ms() >= self.best_ms * (1 - self._problem.config.prune_tolerance) and self._cut_bound > 0
 
     def result(self) -> tuple[SearchResult, float] | None:
         """The best layout (its SearchResult carries the bubble-model figures the plan is assembled

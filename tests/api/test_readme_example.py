@@ -24,4 +24,7 @@ def test_readme_example_plans_and_satisfies_the_invariants(client):
     used = {d for r in plan.replicas for s in r.stages for d in s.devices}
     # A half-speed GPU would set the pace of its whole TP group and pipeline.
     assert "0:3" not in used
-    assert plan.status == "optimal" and plan.solver.gap == 0.0
+    # What the README shows: the stock search's single-GPU stages, 3.681 s, faster than the 3.829 s mixed-TP
+    # layout the bubble-model search alone chose.
+    assert {s.tp for r in plan.replicas for s in r.stages} == {1}
+    assert plan.predicted.iteration_time_s <= 3.829442 * (1 - 0.03)

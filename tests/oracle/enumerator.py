@@ -55,6 +55,19 @@ def instance(rng: random.Random) -> dict:
             "options": options}
 
 
+def with_failures(rng: random.Random, body: dict) -> dict:
+    """`body` with 0-2 of its GPUs failed or slow (speeds 0.3-0.9)."""
+    cluster = body["cluster"]
+    devices = [f"{node}:{gpu}" for node in range(cluster["num_nodes"]) for gpu in range(cluster["gpus_per_node"])]
+    failures: dict[str, list] = {"failed": [], "slow": []}
+    for device in rng.sample(devices, rng.randint(0, 2)):
+        if rng.random() < 0.4:
+            failures["failed"].append(device)
+        else:
+            failures["slow"].append({"device": device, "speed": round(rng.uniform(0.3, 0.9), 2)})
+    return {**body, "failures": failures}
+
+
 def allowed_schedules(body: dict) -> list[str]:
     """The schedules the request allows: its list, or what stock frameworks run (API.md)."""
     return body["options"].get("schedules") or ["gpipe", "1f1b", "interleaved"]

@@ -4,8 +4,9 @@
 
 Each mutation narrows what the stock search looks at (the kinds of mistake issue 16 found: micro-batch
 sizes cut to powers of two, pipeline lengths dropped, schedules the search does not price, splits it does
-not try). The copy is the working tree as committed (`git worktree` of HEAD) with one text replacement;
-`tests/oracle/test_uniform_oracle.py` runs there, and every mutation must make some of its instances fail.
+not try), or breaks what a failure-aware plan's report rests on (the stock search beside the bubble-model
+ones, simulation floors that are floors). The copy is the working tree as committed (`git worktree` of
+HEAD) with one text replacement; the mutation's tests run there, and every mutation must make some fail.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from pathlib import Path
 from benchmarks.report import write_section
 
 ROOT = Path(__file__).resolve().parents[2]
-TEST = "tests/oracle/test_uniform_oracle.py"
+ORACLE = "tests/oracle/test_uniform_oracle.py"
+FAILURE_AWARE = "tests/planner/test_failure_aware_reported.py"
+FLOORS = "tests/planner/test_floor_pieces.py"
 
-# (name, file, text, replacement)
+# (name, file, text, replacement[, tests]); tests default to the uniform oracle.
 MUTATIONS = [
     ("micro-batch sizes only 1, 2, 4, 8", "planner/config.py",
      "micro_batch_sizes: tuple[int, ...] | None = None", "micro_batch_sizes: tuple[int, ...] | None = (1, 2, 4, 8)"),
@@ -34,13 +37,23 @@ MUTATIONS = [
     ("only the first stock split of each shape", "planner/uniform/simulated.py",
      "for split in stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages):",
      "for split in list(stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages))[:1]:"),
+    ("failure-aware: no stock search beside the bubble-model ones", "planner/plan.py",
+     "        candidates.append((stock.best_ms, assemble_plan(problem, found[0])))", "        pass",
+     (FAILURE_AWARE, ORACLE)),
+    ("failure-aware: the floor search priced by the bubble model", "planner/nonuniform/search.py",
+     "        if self._value_of is None:\n            return None\n        out = []",
+     "        if True:\n            return None\n        out = []", (FAILURE_AWARE, ORACLE)),
+    ("floors count the backward chain under zero-bubble schedules", "planner/nonuniform/templates.py",
+     "before = sum(forwards[:s]) + (sum(backwards[:s]) if full_backward else 0.0)",
+     "before = sum(forwards[:s]) + sum(backwards[:s])", (FLOORS, FAILURE_AWARE, ORACLE)),
 ]
 
 
-def _run(tree: Path) -> str:
-    out = subprocess.run([sys.executable, "-m", "pytest", "--tb=no", "-rN", "-p", "no:cacheprovider", TEST],
+def _run(tree: Path, tests: tuple[str, ...]) -> str:
+    out = subprocess.run([sys.executable, "-m", "pytest", "--tb=no", "-rN", "-p", "no:cacheprovider", *tests],
                          cwd=tree, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tree)})
-    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr.strip()[-200:]
+    result = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr.strip()[-200:]
+    return f"{', '.join(Path(test).name for test in tests)}: {result}"
 
 
 def main() -> None:
@@ -52,22 +65,22 @@ def main() -> None:
         tree = Path(scratch) / "tree"
         subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True)
         try:
-            rows.append(f"| none (HEAD) | {_run(tree)} |")
+            rows.append(f"| none (HEAD) | {_run(tree, (ORACLE, FAILURE_AWARE, FLOORS))} |")
             print(rows[-1], flush=True)
-            for name, file, text, replacement in MUTATIONS:
+            for name, file, text, replacement, *tests in MUTATIONS:
                 path = tree / file
                 original = path.read_text()
                 if text not in original:
                     raise SystemExit(f"mutation {name!r}: {file} no longer holds {text!r}")
                 path.write_text(original.replace(text, replacement))
-                rows.append(f"| {name} | {_run(tree)} |")
+                rows.append(f"| {name} | {_run(tree, tests[0] if tests else (ORACLE,))} |")
                 print(rows[-1], flush=True)
                 path.write_text(original)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=True)
-    body = ("`tests/oracle/test_uniform_oracle.py` on a copy of HEAD, unchanged and with one mutation each "
-            "(`tests/oracle/mutations.py` lists them); every mutation must fail some instances.\n\n"
-            "| mutation | oracle test result |\n|---|---|\n" + "\n".join(rows))
+    body = ("The oracle and checking tests on a copy of HEAD, unchanged and with one mutation each "
+            "(`tests/oracle/mutations.py` lists them and which tests each runs); every mutation must fail some.\n\n"
+            "| mutation | tests run: result |\n|---|---|\n" + "\n".join(rows))
     print(body)
     if args.write:
         write_section("Oracle mutation runs", "python -m tests.oracle.mutations --write", body)

@@ -52,7 +52,8 @@ def test_the_work_clock_never_falls_more_than_the_overrun_behind_the_wall_clock(
 def test_the_solver_report_says_which_limit_ended_the_search():
     problem = small_problem(num_nodes=1, gpus_per_node=4, global_batch=8, failed=("0:1",))
     finished = plan(problem)
-    assert (finished.solver.status, finished.solver.stopped_by) == ("OPTIMAL", SEARCH_FINISHED)
+    # Failure-aware: the searches finished; whether the answer is proven is the bound's business.
+    assert finished.solver.stopped_by == SEARCH_FINISHED
     # No time at all: the first layout found, cut short by the work budget, and the report says so.
     cut = plan(problem, Budget(time.monotonic() - 1.0))
     assert (cut.solver.status, cut.solver.stopped_by) == ("FEASIBLE", WORK_BUDGET_STOP)

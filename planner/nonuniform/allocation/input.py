@@ -1,13 +1,17 @@
 """What the allocation of one outer choice works on, and its figures in integer ticks.
 
-For a pipeline budget P (v times the pipeline time, in ticks) a replica of
-template t runs at most cap_t(P) = floor((P + M_t - S_t) / (v M_t))
-microbatches; capacities change only at the breakpoints (q v - 1) M_t + S_t.
+A template's pipeline price is convex and piecewise affine in its microbatches q: in v-times ticks, a
+replica running q microbatches needs the budget max_k (q a_k + c_k) over its pieces (a_k, c_k). Priced
+by the bubble model there is one piece, (v M_t, S_t - M_t), the 1F1B formula (q v - 1) M_t + S_t; priced
+by simulation floors (`floor_pieces`) there is one per stage. For a pipeline budget P a replica runs at
+most cap_t(P) = min_k floor((P - c_k) / a_k) microbatches, and capacities change only at the
+breakpoints: the budgets q microbatches need.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from planner.config import TIME_QUANTUM_MS
 from planner.nonuniform.partitions import NodeClass, Partition, StageType
@@ -16,6 +20,10 @@ from planner.nonuniform.templates import Template
 
 def ticks(ms: float) -> int:
     return round(ms / TIME_QUANTUM_MS)
+
+
+# (slope, offset) pairs in v-times ticks: q microbatches need max(q slope + offset).
+Pieces = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,14 @@ class AllocationInput:
     microbatches: int  # N = global batch / micro-batch size
     virtual_stages: int
     min_replicas: int  # ZeRO-1 memory was computed for at least this many replicas
+    priced_pieces: tuple[Pieces, ...] | None = None  # per template; None: the bubble model's (`bubble_pieces`)
+
+    @cached_property
+    def pieces(self) -> tuple[Pieces, ...]:
+        """Each template's price pieces (see the module docstring)."""
+        if self.priced_pieces is not None:
+            return self.priced_pieces
+        return tuple(bubble_pieces(t, self.virtual_stages) for t in self.templates)
 
     def most_groups(self) -> int:
         """Every TP group the nodes can form at once (each damaged node its largest partition)."""
@@ -36,23 +52,32 @@ class AllocationInput:
         )
 
 
-def capacity(template: Template, budget: int, v: int) -> int:
-    """Most microbatches one replica of `template` runs within `budget` (v * ticks)."""
+def bubble_pieces(template: Template, v: int) -> Pieces:
+    """The 1F1B bubble model's one piece: q microbatches need (q v - 1) M + S."""
     bottleneck, total = ticks(template.bottleneck_ms), ticks(template.total_ms)
-    if budget + bottleneck - total < v * bottleneck:
-        return 0
-    return (budget + bottleneck - total) // (v * bottleneck)
+    return ((v * bottleneck, total - bottleneck),)
 
 
-def breakpoints_between(templates: list[Template], v: int, total: int, lowest: float, highest: float) -> list[int]:
-    """Budgets (q v - 1) M + S, q = 1..N, of the templates within [lowest, highest), ascending."""
+def capacity(pieces: Pieces, budget: int) -> int:
+    """Most microbatches one replica priced by `pieces` runs within `budget` (v * ticks)."""
+    return max(0, min((budget - offset) // slope for slope, offset in pieces))
+
+
+def need(pieces: Pieces, microbatches: int) -> int:
+    """The budget one replica priced by `pieces` needs for `microbatches`."""
+    return max(microbatches * slope + offset for slope, offset in pieces)
+
+
+def breakpoints_between(pieces_of: list[Pieces], total: int, lowest: float, highest: float) -> list[int]:
+    """Budgets q = 1..N microbatches need, of every template priced by `pieces_of`, within
+    [lowest, highest), ascending."""
     out: set[int] = set()
-    for t in templates:
-        bottleneck, fill = ticks(t.bottleneck_ms), ticks(t.total_ms) - ticks(t.bottleneck_ms)
-        step = v * bottleneck
-        first = 1 if lowest <= step + fill else max(1, int((lowest - fill) // step))
+    for pieces in pieces_of:
+        steepest, latest = max(slope for slope, _ in pieces), max(offset for _, offset in pieces)
+        # Below this q every piece, so the price, stays under `lowest`.
+        first = max(1, int((lowest - latest) // steepest))
         for q in range(first, total + 1):
-            budget = q * step + fill
+            budget = need(pieces, q)
             if budget >= highest:
                 break
             if budget >= lowest:

@@ -103,8 +103,7 @@ class AllocationSearch:
         self._data = data
         self._seed = random_seed
         templates, v = data.templates, data.virtual_stages
-        self._bottleneck = [v * ticks(t.bottleneck_ms) for t in templates]
-        self._fill = [ticks(t.total_ms) - ticks(t.bottleneck_ms) for t in templates]
+        self._pieces = data.pieces
         self._uniform = [ticks(t.sync_uniform_ms) for t in templates]
         self._resharded = [max(ticks(t.sync_resharded_ms), u) for t, u in zip(templates, self._uniform)]
         self._optimizer = [ticks(t.optimizer_ms) for t in templates]
@@ -128,6 +127,12 @@ class AllocationSearch:
     def best_ms(self) -> float:
         """Iteration time of the best allocation found so far, as the search prices it in ticks (inf if none)."""
         return float("inf") if self._best is None else self._best.value * TIME_QUANTUM_MS / self._data.virtual_stages
+
+    def best_floor_ms(self) -> float:
+        """`best_ms` less the rounding slack (inf if none): below the best allocation's exact price."""
+        if self._best is None:
+            return float("inf")
+        return (self._best.value - self._slack()) * TIME_QUANTUM_MS / self._data.virtual_stages
 
     def _limit(self, ceiling_ms: float) -> float:
         """Values at or above this cannot beat `ceiling_ms`; the slack covers the rounding of
@@ -201,13 +206,12 @@ class AllocationSearch:
 
     def _capacities(self, budget: int) -> list[int]:
         """`capacity` of every template at once."""
-        return [max(0, (budget - fill) // step) for step, fill in zip(self._bottleneck, self._fill)]
+        return [capacity(pieces, budget) for pieces in self._pieces]
 
     def _least_budget(self, members: tuple[int, ...], lowest: float, highest: float) -> int | None:
         """Least breakpoint of the members in [lowest, highest) the relaxations allow."""
         data = self._data
-        budgets = breakpoints_between([data.templates[k] for k in members], data.virtual_stages,
-                                      data.microbatches, lowest, highest)
+        budgets = breakpoints_between([self._pieces[k] for k in members], data.microbatches, lowest, highest)
         first = bisect.bisect_left(
             range(len(budgets)), True, key=lambda i: self._relaxation.may_run(self._capacities(budgets[i]), members)
         )
@@ -256,7 +260,7 @@ class AllocationSearch:
     def _settle(self, tail_set: _TailSet, low: int, time_budget: Budget) -> bool:
         """F(A) by feasibility probes from the LP least budget up; False if time ran out."""
         data, v = self._data, self._data.virtual_stages
-        budgets = breakpoints_between([data.templates[k] for k in tail_set.members], v, data.microbatches,
+        budgets = breakpoints_between([self._pieces[k] for k in tail_set.members], data.microbatches,
                                       low, self._bar() - v * tail_set.tail)
         if not budgets:
             return True
@@ -316,12 +320,11 @@ class AllocationSearch:
 
 def _distribute(data: AllocationInput, found: Found, budget: int) -> tuple[int, ...]:
     """Microbatches per template: each replica one, then fill the fastest templates up to capacity."""
-    v = data.virtual_stages
     work = list(found.replicas)
     left = data.microbatches - sum(work)
     order = sorted(range(len(data.templates)), key=lambda k: data.templates[k].bottleneck_ms)
     for k in order:
-        room = found.replicas[k] * capacity(data.templates[k], budget, v) - work[k]
+        room = found.replicas[k] * capacity(data.pieces[k], budget) - work[k]
         take = max(0, min(left, room))
         work[k] += take
         left -= take
