@@ -56,6 +56,10 @@ class PlannerConfig:
     min_checking_units: int = 1500
     """Least units each checking search gets: small clusters finish within it."""
 
+    checking_unit_s: float = 5e-4
+    """About the most one unit of the checking searches takes (0.2-0.4 ms measured from 256 to 4,096 GPUs): where
+    the time left is below their units at this rate, they get fewer units (`planner.plan`)."""
+
     bubble_search_share: float = 0.5
     """Most of a failure-aware answer's layout time the bubble-model searches may take (`planner.plan`); the
     stock search and the simulation-floor search get what they leave. Small clusters need a fraction of it."""

@@ -11,6 +11,7 @@ plan. Every solver report is in the reported number (`reported.py`): objective =
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -121,8 +122,14 @@ def _plan_failure_aware(problem: PlanningProblem, budget: Budget) -> PlanResult:
     config = problem.config
     stock_units = max(config.min_checking_units, config.stock_units_per_step * len(steps))
     floor_steps = max(config.min_checking_units, config.floor_steps_per_step * len(steps))
-    # With no time left after the first pass (a short limit at scale) the others only bound the answer.
-    hurried = layout is not None and layout_budget.remaining_s() <= handcrafted_cost_s(problem, layout)
+    # Where the time left may not hold that much work, it is cut in quarters (coarse, so that a little more or
+    # less CPU time for the same work, as under load, rarely changes it); with no time left after the first
+    # pass (a short limit at scale) the others only bound the answer.
+    if layout is not None:
+        left_s = layout_budget.remaining_s() - handcrafted_cost_s(problem, layout)
+        level = min(1.0, math.floor(4 * left_s / (config.checking_unit_s * (stock_units + floor_steps))) / 4)
+        stock_units, floor_steps = int(max(0.0, level) * stock_units), int(max(0.0, level) * floor_steps)
+    hurried = layout is not None and floor_steps == 0
     stock = StockSearch(problem, layout_budget, ranked)
     if not hurried:
         stock.run(layout_budget, until_a_layout=layout is None, max_units=stock_units)
