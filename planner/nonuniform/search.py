@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 from cost_models.resharding import nonuniform_iteration_ms
 from planner.budget import Budget
 from planner.config import PlannerConfig
+from planner.config import TIME_QUANTUM_MS
+from planner.nonuniform.allocation.input import need
 from planner.nonuniform.allocation.search import (
     Allocation,
     AllocationInput,
@@ -449,7 +451,13 @@ class NonUniformSearch:
         inventory = self._inventories[outer.tp]
         memory_replicas = _memory_replicas(problem, outer, inventory)
         link_replicas = _link_replicas(outer, inventory, problem.config)
-        cache = TermsCache(problem, outer, memory_replicas, link_replicas, self._shared)
+        # Priced by floors, every cost must be at most what any allocation of this outer choice pays once
+        # recosted for its own replicas: pipeline links for the fewest replicas (the likeliest to stay in a
+        # node), gradient sync for two (`_leave_residual` bounds single-replica layouts, which sync nothing,
+        # apart), and the optimizer step `_floor_templates` scales.
+        priced_links = link_replicas
+        sync_replicas = 2 if self._value_of is not None else link_replicas
+        cache = TermsCache(problem, outer, memory_replicas, priced_links, self._shared)
         if stage == _CHEAP:
             # The strong bound is infinite when no base-only pipeline fits memory: such outer choices drop here.
             capacity = self._capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
@@ -460,9 +468,11 @@ class NonUniformSearch:
             return
         if stage == _STRONG:
             templates = enumerate_templates(
-                problem, outer, cache, inventory.degraded_types(), link_replicas, self._template_memo,
+                problem, outer, cache, inventory.degraded_types(), sync_replicas, self._template_memo,
                 dict(inventory.most_of_type),
             )
+            if self._value_of is not None:
+                templates = self._floor_templates(templates, memory_replicas, link_replicas)
             if templates:
                 self._built[index] = templates
                 least_tail = min(t.sync_uniform_ms + t.optimizer_ms for t in templates)
@@ -498,6 +508,16 @@ class NonUniformSearch:
             heapq.heappush(self._queue, (max(lower, front), index, _BOUNDED, outer))
         elif self._value_of is not None:
             self._leave_residual(allocation_search, best_ms)
+            self._bound_single_replicas(allocation_search.data, best_ms)
+
+    def _floor_templates(self, templates: list[Template], memory_replicas: int, most_replicas: int) -> list[Template]:
+        """Templates with their optimizer step as ZeRO would shard it over the most replicas the outer choice
+        can build (costed for the fewest: a step that shards is at most that share of it), so below any
+        allocation's own."""
+        if self._problem.workload.zero_stage < 1 or most_replicas <= memory_replicas:
+            return templates
+        share = memory_replicas / most_replicas
+        return [replace(t, optimizer_ms=t.optimizer_ms * share) for t in templates]
 
     def _floor_pieces(self, templates: list[Template], virtual_stages: int) -> tuple | None:
         """Each template's floor pieces (None: priced by the bubble model); templates are shared between
@@ -511,6 +531,18 @@ class NonUniformSearch:
                 self._pieces[key] = (template, floor_pieces(template, virtual_stages, self._full_backward))
             out.append(self._pieces[key][1])
         return tuple(out)
+
+    def _bound_single_replicas(self, data: AllocationInput, best_ms: float) -> None:
+        """The allocation charged every template a two-replica gradient sync; a layout of one replica (one
+        template running all N microbatches) syncs nothing, so its floor without sync bounds it apart."""
+        v = data.virtual_stages
+        if data.min_replicas > 1:
+            return
+        single = min((need(pieces, data.microbatches) * TIME_QUANTUM_MS / v + t.optimizer_ms
+                      for t, pieces in zip(data.templates, data.pieces)), default=float("inf"))
+        single -= data.microbatches * TIME_QUANTUM_MS  # the ticks' rounding, as the allocation's slack
+        if single < min(best_ms, self._best_value) * (1 - self._problem.config.prune_tolerance):
+            self._residual_ms = min(self._residual_ms, single)
 
     def _leave_residual(self, allocation_search: AllocationSearch, best_ms: float) -> None:
         """An outer choice leaving the queue priced by floors: every allocation of it not found is no

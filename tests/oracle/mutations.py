@@ -33,7 +33,7 @@ MUTATIONS = [
      "for pp in range(min(layers, inventory.total // dp), 0, -1):",
      "for pp in range(min(layers, inventory.total // dp), min(layers, inventory.total // dp) - 1, -1):"),
     ("the search prices 1F1B only", "planner/uniform/simulated.py",
-     "self._names = allowed  # None: every schedule", "self._names = frozenset({ScheduleName.ONE_F_ONE_B})"),
+     "self._names = allowed  # None: every schedule", "self._names = frozenset({'1f1b'})"),
     ("only the first stock split of each shape", "planner/uniform/simulated.py",
      "for split in stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages):",
      "for split in list(stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages))[:1]:"),
