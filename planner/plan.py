@@ -20,7 +20,7 @@ from cost_models.choices import ScheduleName
 from planner.assemble import assemble_plan, finish_plan
 from planner.budget import Budget
 from planner.config import DEFAULT_CONFIG, PlannerConfig
-from planner.deadline import finish_reserve_s, ops_cost_s
+from planner.deadline import finish_reserve_s, ops_cost_s, setup_s
 from planner.errors import InfeasibleError
 from planner.gc_pause import gc_paused
 from planner.infeasibility import explain_infeasible, obvious_infeasibility
@@ -109,6 +109,9 @@ def _plan_failure_aware(problem: PlanningProblem, budget: Budget) -> PlanResult:
     total_s = budget.remaining_s()
     work = Budget.of_work(total_s)
     layout_budget = work.less(schedule_budget_s(total_s, problem.config) + finish_reserve_s(problem))
+    # What the checking passes may plan on, estimated without looking at a clock: the layout time less the
+    # setup (`planner.deadline`), beyond pass 1's share.
+    checking_s = max(0.0, layout_budget.remaining_s() - setup_s(problem)) * (1 - problem.config.bubble_search_share)
     ranked = ranked_candidates(problem, layout_budget)
     caches: dict = {}  # templates and stage costs, shared by the two non-uniform searches
     steps: list[int] = []
@@ -122,11 +125,11 @@ def _plan_failure_aware(problem: PlanningProblem, budget: Budget) -> PlanResult:
     config = problem.config
     stock_units = max(config.min_checking_units, config.stock_units_per_step * len(steps))
     floor_steps = max(config.min_checking_units, config.floor_steps_per_step * len(steps))
-    # Where the time left may not hold that much work, it is cut in quarters (coarse, so that a little more or
-    # less CPU time for the same work, as under load, rarely changes it); with no time left after the first
-    # pass (a short limit at scale) the others only bound the answer.
+    # Where the layout time pass 1 leaves by its share (not what it happened to use: that would depend on the
+    # machine's load) may not hold that much work at `checking_unit_s`, it is cut in quarters; with none left
+    # (a short limit at scale) the others only bound the answer. The time limit stays the safety net.
     if layout is not None:
-        left_s = layout_budget.remaining_s() - handcrafted_cost_s(problem, layout)
+        left_s = checking_s - handcrafted_cost_s(problem, layout)
         level = min(1.0, math.floor(4 * left_s / (config.checking_unit_s * (stock_units + floor_steps))) / 4)
         stock_units, floor_steps = int(max(0.0, level) * stock_units), int(max(0.0, level) * floor_steps)
     hurried = layout is not None and floor_steps == 0

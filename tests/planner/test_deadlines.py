@@ -83,7 +83,6 @@ def test_a_plan_whose_deadline_passed_in_the_queue_is_valid_bounded_and_says_why
     body = small_request(**DAMAGED)
     request = PlanRequest.model_validate(body)
     unhurried = plan_for(PlanRequest.model_validate({**body, "options": {"time_limit_s": 30}}))
-    assert unhurried.solver.stopped_by != "wall clock"
     late = plan_for(request, 60.0, Budget(time.monotonic() - 5.0))
     verify_plan(late.model_dump(mode="json"), body)
     assert any("were left when the planner started" in note for note in late.solver.notes), late.solver.notes
