@@ -451,13 +451,13 @@ class NonUniformSearch:
         inventory = self._inventories[outer.tp]
         memory_replicas = _memory_replicas(problem, outer, inventory)
         link_replicas = _link_replicas(outer, inventory, problem.config)
-        # Priced by floors, every cost must be at most what any allocation of this outer choice pays once
-        # recosted for its own replicas: pipeline links for the fewest replicas (the likeliest to stay in a
-        # node), gradient sync for two (`_leave_residual` bounds single-replica layouts, which sync nothing,
-        # apart), and the optimizer step `_floor_templates` scales.
-        priced_links = link_replicas
+        # Priced by floors, sync and optimizer must be at most what any allocation of this outer choice pays
+        # once recosted for its own replicas: gradient sync for two (`_bound_single_replicas` bounds
+        # single-replica layouts, which sync nothing, apart), the optimizer step as `_floor_templates` scales
+        # it. Pipeline links stay priced for the most replicas, as the bubble-model search prices them (a
+        # qualification of the bound the README states).
         sync_replicas = 2 if self._value_of is not None else link_replicas
-        cache = TermsCache(problem, outer, memory_replicas, priced_links, self._shared)
+        cache = TermsCache(problem, outer, memory_replicas, link_replicas, self._shared)
         if stage == _CHEAP:
             # The strong bound is infinite when no base-only pipeline fits memory: such outer choices drop here.
             capacity = self._capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
@@ -475,7 +475,9 @@ class NonUniformSearch:
                 templates = self._floor_templates(templates, memory_replicas, link_replicas)
             if templates:
                 self._built[index] = templates
-                least_tail = min(t.sync_uniform_ms + t.optimizer_ms for t in templates)
+                # Priced by floors, a single-replica layout syncs nothing: only the optimizer step is owed.
+                synced = self._value_of is None
+                least_tail = min(t.sync_uniform_ms * synced + t.optimizer_ms for t in templates)
                 heapq.heappush(self._queue, (lower + least_tail, index, _TEMPLATED, outer))
             return
         if stage == _TEMPLATED:
