@@ -3,7 +3,7 @@
 Placement follows Megatron's rank order (tp fastest, then dp, then pp): the
 same stage of consecutive replicas shares a node, which is what the cost
 model assumes for the data-parallel all-reduce. Degraded TP groups go where
-the search put them: packed into the first replicas, middle stages first.
+the search put them (`planner.uniform.placements`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from planner.result import (
     StageResult,
     stage_schedule_fields,
 )
+from planner.uniform.launch import placement_grid
+from planner.uniform.placements import Placement, degraded_speeds_used, packed
 from planner.uniform.search import SearchResult
 
 
@@ -42,19 +44,20 @@ def _degraded_slots(problem: PlanningProblem, tp: int) -> list[Slot]:
     return list(slot_inventory(problem.cluster, tp).degraded)
 
 
-def place_slots(problem: PlanningProblem, tp: int, pp: int, dp: int) -> list[list[Slot]]:
-    """slots[replica][stage] for the fastest dp * pp TP groups."""
+def place_slots(problem: PlanningProblem, tp: int, pp: int, dp: int, placement: Placement | None = None) -> list[list[Slot]]:
+    """slots[replica][stage] for the fastest dp * pp TP groups, degraded ones where `placement` puts them
+    (default: packed into the first replicas, middle stages first)."""
     full = _full_speed_slots(problem, tp)
+    if placement is None:
+        placement = packed(degraded_speeds_used(slot_inventory(problem.cluster, tp), pp, dp), pp, dp)
     needed_degraded = max(0, dp * pp - len(full))
-    degraded = sorted(_degraded_slots(problem, tp)[:needed_degraded], key=lambda s: s.speed)
-    grid: list[list[Slot | None]] = [[None] * pp for _ in range(dp)]
-    positions = list(range(1, pp - 1)) + ([0, pp - 1] if pp > 1 else [0])
-    queue = list(degraded)
-    for replica in range(dp):
-        for stage in positions:
-            if not queue:
-                break
-            grid[replica][stage] = queue.pop(0)
+    # Slowest first, like the speeds a placement lists; groups of equal speed are interchangeable.
+    by_speed: dict[float, list[Slot]] = {}
+    for slot in sorted(_degraded_slots(problem, tp)[:needed_degraded], key=lambda s: s.speed):
+        by_speed.setdefault(slot.speed, []).append(slot)
+    grid: list[list[Slot | None]] = [
+        [by_speed[speed].pop(0) if speed < 1.0 else None for speed in row] for row in placement.rows
+    ]
     remaining = iter(full)
     for stage in range(pp):
         for replica in range(dp):
@@ -76,7 +79,11 @@ def stage_figures(timing: StageTime) -> dict[str, float]:
 def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
     terms = found.candidate.terms
     shape = terms.shape
-    grid = place_slots(problem, shape.tp, shape.pp, shape.dp)
+    grid = None
+    if found.placement is not None:  # stock search: a device order stock launchers can start
+        grid = placement_grid(problem, shape.tp, shape.pp, shape.dp, found.placement)
+    if grid is None:
+        grid = place_slots(problem, shape.tp, shape.pp, shape.dp, found.placement)
 
     bounds = []
     first = 0

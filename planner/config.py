@@ -26,6 +26,22 @@ class PlannerConfig:
     """Most model chunks per pipeline stage (interleaved schedules). Beyond 8 the extra pipeline sends
     outweigh the smaller bubble for every published configuration."""
 
+    max_slow_placements: int = 256
+    """Most placements of a stock layout's degraded TP groups (which replica, which stage position) the stock
+    search enumerates per layer split (`planner.uniform.placements`); beyond it, packed and spread ones are
+    tried and the bound assumes the best any placement could do. 256 covers two slow groups on pipelines
+    up to 11 stages, or three on up to 6 stages over at least 3 replicas."""
+
+    launch_dead_ends: int = 2000
+    """Backtracks the search for a launchable device order of a stock layout may take
+    (`planner.uniform.launch`) before it counts the placement as not launchable. Exact tilings of the
+    small clusters the oracle checks need a few dozen; 2,000 keeps one search under ~0.1 s."""
+
+    launch_replica_orders: int = 64
+    """Most replica orders of a placement's speed rows the launch search tries one by one (every distinct
+    order up to this many; beyond, slow rows first, last and evenly spaced). 64 covers two slow rows
+    among up to 8 replicas."""
+
     prune_tolerance: float = 1e-6
     """Relative slack under which a bound counts as not beating the incumbent (1e-6 of the iteration time:
     below the 1 us tick for any iteration over a second), so float noise does not keep a search going."""

@@ -14,8 +14,8 @@ from planner.budget import Budget
 from planner.devices import slot_inventory
 from planner.errors import InfeasibleError, PlanningError
 from planner.problem import PlanningProblem
-from planner.result import PlanResult
 from planner.reported import as_fixed_layout
+from planner.result import PlanResult
 from planner.schedules.for_plan import with_schedules
 from planner.uniform.candidates import Candidate
 from planner.uniform.search import SearchResult, evaluate
@@ -127,5 +127,24 @@ def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult
     )
     # The layout names its schedule: simulate exactly that one, no search.
     allowed = frozenset({ScheduleName.INTERLEAVED if layout.virtual_stages > 1 else layout.schedule})
-    return as_fixed_layout(with_schedules(replace(problem, schedules=allowed), assemble_plan(problem, found), Budget.unlimited(),
-                          optional_s=0.0))
+    result = with_schedules(replace(problem, schedules=allowed), assemble_plan(problem, found), Budget.unlimited(),
+                            optional_s=0.0)
+    return as_fixed_layout(refuse_overflow(problem, result))
+
+
+def refuse_overflow(problem: PlanningProblem, result: PlanResult) -> PlanResult:
+    """`result`, unless its schedule keeps more activations in flight than some stage's GPUs hold: then
+    the layout does not run as given (the memory check before scheduling assumes 1F1B's in-flight count)."""
+    capacity_gib = problem.hardware.gpu.memory_gib
+    for replica in result.replicas:
+        for stage in replica.stages:
+            # Stage figures are rounded to 1e-3 GiB.
+            if stage.memory_gib > capacity_gib + 1e-3:
+                raise InfeasibleError(
+                    f"replica {replica.id} stage {stage.id}: the {result.schedule} schedule keeps "
+                    f"{stage.memory_gib - stage.static_memory_gib:.2f} GiB of activations in flight beside "
+                    f"{stage.static_memory_gib:.2f} GiB of weights and state, {stage.memory_gib:.2f} GiB per GPU; a "
+                    f"{problem.hardware.gpu.name} holds {capacity_gib:.0f} GiB. A schedule with fewer microbatches in "
+                    "flight (1f1b), a smaller micro_batch_size or recompute fits better"
+                )
+    return result

@@ -20,6 +20,7 @@ from cost_models.resharding import nonuniform_iteration_ms
 from planner.assemble import finish_plan
 from planner.budget import Budget
 from planner.errors import InfeasibleError, PlanningError
+from planner.estimate import refuse_overflow
 from planner.nonuniform.assemble import breakdown_s
 from planner.nonuniform.partitions import StageType
 from planner.nonuniform.templates import (
@@ -30,6 +31,7 @@ from planner.nonuniform.templates import (
     template_costs,
 )
 from planner.problem import PlanningProblem
+from planner.reported import as_fixed_layout
 from planner.result import (
     PlanResult,
     ReplicaResult,
@@ -37,7 +39,6 @@ from planner.result import (
     StageResult,
     stage_schedule_fields,
 )
-from planner.reported import as_fixed_layout
 from planner.schedules.for_plan import with_schedules
 
 
@@ -139,11 +140,14 @@ def _replica_results(
         stages = []
         for s, (stage, stage_type, timing) in enumerate(zip(replica.stages, template.stage_types,
                                                             stage_timings(cache, template))):
-            if timing.memory_bytes > capacity:
+            # One microbatch in flight at least; the schedule's own peak is checked once simulated
+            # (`refuse_overflow`), with the replica's real microbatch count.
+            least_bytes = timing.static_memory_bytes + timing.activation_bytes_per_microbatch
+            if least_bytes > capacity:
                 raise InfeasibleError(
                     f"replica {r} stage {s} ({stage.layers[1] - stage.layers[0]} layers, tp={stage_type.tp}, "
                     f"micro_batch_size={layout.micro_batch_size}, recompute={layout.recompute}) needs "
-                    f"{timing.memory_bytes / GIB:.1f} GiB per GPU; a {problem.hardware.gpu.name} holds "
+                    f"{least_bytes / GIB:.1f} GiB per GPU with one microbatch in flight; a {problem.hardware.gpu.name} holds "
                     f"{problem.hardware.gpu.memory_gib:.0f} GiB"
                 )
             stages.append(StageResult(
@@ -183,5 +187,6 @@ def estimate_replicas(problem: PlanningProblem, layout: ReplicaLayout) -> PlanRe
         solver, micro_batch_size=layout.micro_batch_size, schedule=layout.schedule,
         virtual_stages=layout.virtual_stages, recompute=layout.recompute,
     )
-    return as_fixed_layout(with_schedules(replace(problem, schedules=frozenset({layout.schedule})), result, Budget.unlimited(),
-                          optional_s=0.0))
+    scheduled = with_schedules(replace(problem, schedules=frozenset({layout.schedule})), result, Budget.unlimited(),
+                               optional_s=0.0)
+    return as_fixed_layout(refuse_overflow(problem, scheduled))

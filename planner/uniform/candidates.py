@@ -26,6 +26,7 @@ from planner.budget import Budget
 from planner.devices import SlotInventory, slot_inventory
 from planner.numbers import divisors
 from planner.problem import PlanningProblem
+from planner.uniform.placements import degraded_speeds_used, packed
 
 
 @dataclass(frozen=True)
@@ -60,26 +61,10 @@ def tensor_parallel_sizes(problem: PlanningProblem) -> list[int]:
 
 
 def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int) -> tuple[tuple[float, ...], ...]:
-    """Per-position speeds of the replicas that hold degraded slots (plus one full-speed one if any).
-
-    The fastest dp * pp slots are used; degraded ones are packed into as few
-    replicas as possible, slowest first, in middle positions first (the ends
-    carry the embedding and the head).
-    """
-    degraded_used = max(0, pp * dp - inventory.full_speed_count)
-    slow = sorted(s.speed for s in inventory.degraded[:degraded_used])
-    positions = list(range(1, pp - 1)) + ([0, pp - 1] if pp > 1 else [0])
-    vectors: list[tuple[float, ...]] = []
-    while slow:
-        vector = [1.0] * pp
-        for position in positions:
-            if not slow:
-                break
-            vector[position] = slow.pop(0)
-        vectors.append(tuple(vector))
-    if len(vectors) < dp:
-        vectors.append(tuple([1.0] * pp))
-    return tuple(dict.fromkeys(vectors))
+    """Per-position speeds of the distinct replicas when the degraded groups among the fastest dp * pp
+    slots are packed into as few replicas as possible (`placements.packed`): the bubble-model searches'
+    placement; the stock search tries others (`planner.uniform.placements`)."""
+    return packed(degraded_speeds_used(inventory, pp, dp), pp, dp).distinct
 
 
 def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float | None = None) -> float:

@@ -26,6 +26,7 @@ from planner.uniform.candidates import (
     uniform_floor_ms,
 )
 from planner.uniform.layer_split import solve_split
+from planner.uniform.placements import Placement
 
 # "This bound cannot beat the incumbent", relatively: CP-SAT's objective is
 # exact only to its 1 us time quantum per coefficient.
@@ -43,6 +44,12 @@ class SearchResult:
     wall_time_s: float
     candidates_total: int
     candidates_solved: int
+    placement: Placement | None = None  # where degraded TP groups go; None: packed (`placements.packed`)
+
+    @property
+    def replica_speeds(self) -> tuple[tuple[float, ...], ...]:
+        """The distinct speed vectors of the layout's replicas."""
+        return self.placement.distinct if self.placement is not None else self.candidate.replica_speeds
 
     @property
     def gap(self) -> float:

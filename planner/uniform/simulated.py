@@ -40,9 +40,16 @@ from planner.schedules.handcrafted import handcrafted_names, handcrafted_schedul
 from planner.schedules.ops import PipelineSpec, Schedule
 from planner.schedules.simulator import simulate, validate
 from planner.uniform.candidates import Candidate, ranked_candidates, simulation_floor_ms
+from planner.uniform.launch import placement_grid
+from planner.uniform.placements import (
+    Placement,
+    degraded_speeds_used,
+    placements,
+    slowest_anywhere,
+)
 from planner.uniform.search import SearchResult, evaluate
 
-_FLOOR, _SPLITS = 0, 1
+_FLOOR, _SPLITS, _PLACEMENTS, _RESIDUAL = 0, 1, 2, 3
 
 
 def stock_splits(layers: int, pp: int, caps: tuple[int, ...], virtual_stages: int):
@@ -64,9 +71,12 @@ def stock_splits(layers: int, pp: int, caps: tuple[int, ...], virtual_stages: in
 
 
 @dataclass(frozen=True)
-class _Priced:
-    value_ms: float  # the plan's iteration time for this split, as `with_schedules` will report it
-    bound_ms: float
+class _Replica:
+    """One replica speed vector of a split: its pipeline and its bubble-model figures."""
+
+    spec: PipelineSpec
+    bubble_ms: float  # the bubble model's pipeline time
+    iteration_ms: float  # the bubble model's iteration time (pipeline, sync, optimizer)
 
 
 class StockSearch:
@@ -80,6 +90,9 @@ class StockSearch:
         self._names = allowed  # None: every schedule
         self._split_backward = not full_backward_only(allowed)
         self._orders: dict[tuple, Schedule] = {}
+        self._placed: dict[int, tuple[list[Placement], bool, tuple[float, ...]]] = {}
+        self._makespans: dict[tuple, float] = {}
+        self._launch: dict[tuple, bool] = {}  # (tp, pp, dp, placement): whether launchers can start it  # (index, split, speed vector): its best handcrafted run
         self._tie = count()
         layers = problem.workload.model.num_layers
         self._queue = [(simulation_floor_ms(c, layers, full_backward=not self._split_backward), next(self._tie),
@@ -87,9 +100,10 @@ class StockSearch:
                        for i, c in enumerate(self._candidates)]
         heapq.heapify(self._queue)
         self._cut_bound = float("inf") if complete else 0.0  # shapes left uncosted are not bounded here
-        self._best: tuple[float, int, tuple[int, ...]] | None = None
+        self._residual_bound = float("inf")  # placements of splits too many to enumerate
+        self._best: tuple[float, int, tuple[int, ...], Placement] | None = None
         self._solved = 0
-        self._units = 0  # splits bounded and simulated: the work `run(max_units=...)` counts
+        self._units = 0  # splits and placements bounded and simulated: the work `run(max_units=...)` counts
 
     @property
     def best_ms(self) -> float:
@@ -98,32 +112,44 @@ class StockSearch:
     def next_bound_ms(self) -> float:
         return self._queue[0][0] if self._queue else float("inf")
 
-
     def run(self, budget: Budget, *, until_a_layout: bool = True, max_units: int | None = None) -> None:
         """Refine and simulate until nothing queued beats the best layout or the budget ends; past the
         deadline only until there is a first layout, unless `until_a_layout` is off (the caller has one).
-        `max_units` also ends it, counted in splits bounded and splits simulated: the same on any machine."""
+        `max_units` also ends it, counted in splits and placements bounded and simulated: the same on
+        any machine."""
         tolerance = self._problem.config.prune_tolerance
         while self._queue and self.next_bound_ms() < self.best_ms * (1 - tolerance):
             if (self._best is not None or not until_a_layout) and budget.expired():
                 return
             if max_units is not None and self._units >= max_units and (self._best is not None or not until_a_layout):
                 return
-            bound, _, stage, index, splits = heapq.heappop(self._queue)
+            bound, _, stage, index, payload = heapq.heappop(self._queue)
             if stage == _FLOOR:
                 self._refine(index)
-            else:
-                self._simulate_next(bound, index, splits)
+            elif stage == _SPLITS:
+                self._expand_next(bound, index, payload)
+            elif stage == _PLACEMENTS:
+                self._simulate_next(bound, index, payload)
+            else:  # placements never enumerated: their bound stands
+                self._residual_bound = min(self._residual_bound, bound)
+
+    def _placements(self, index: int) -> tuple[list[Placement], bool, tuple[float, ...]]:
+        """The shape's placements of degraded groups, whether that is all of them, and their speeds."""
+        if index not in self._placed:
+            shape = self._candidates[index].shape
+            speeds = degraded_speeds_used(self._candidates[index].inventory, shape.pp, shape.dp)
+            found, complete = placements(speeds, shape.pp, shape.dp, self._problem.config.max_slow_placements)
+            self._placed[index] = (found, complete, speeds)
+        return self._placed[index]
 
     def _refine(self, index: int) -> None:
-        """Every fitting stock split of the shape with its bound, best first, queued at the first."""
+        """Every fitting stock split of the shape with a bound below all its placements, best first,
+        queued at the first."""
         problem, candidate = self._problem, self._candidates[index]
         shape = candidate.shape
         caps = candidate.max_layers(problem.hardware.gpu.memory_bytes)
-        priced = []
-        for split in stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages):
-            bound_ms = self._split_bound(candidate, split)
-            priced.append((bound_ms, split))
+        priced = [(self._split_bound(candidate, split), split)
+                  for split in stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages)]
         self._units += max(1, len(priced))
         if not priced:
             return
@@ -131,47 +157,94 @@ class StockSearch:
         priced.sort()
         heapq.heappush(self._queue, (priced[0][0], next(self._tie), _SPLITS, index, priced))
 
-    def _simulate_next(self, bound_ms: float, index: int, priced: list) -> None:
+    def _expand_next(self, bound_ms: float, index: int, priced: list) -> None:
+        """The best-bounded split's placements, each with its own bound, queued; those left out of the
+        enumeration keep the split's bound (`_RESIDUAL`)."""
         _, split = priced.pop(0)
-        self._units += 1
-        value = self._value(self._candidates[index], split)
-        if value < self.best_ms:
-            self._best = (value, index, split)
         if priced:
             heapq.heappush(self._queue, (max(bound_ms, priced[0][0]), next(self._tie), _SPLITS, index, priced))
+        candidate = self._candidates[index]
+        found, complete, _ = self._placements(index)
+        replicas: dict[tuple[float, ...], _Replica] = {}
+        ranked = sorted((max(bound_ms, self._placement_bound(candidate, split, placement, replicas)), placement)
+                        for placement in found)
+        self._units += len(ranked) - 1
+        heapq.heappush(self._queue, (ranked[0][0], next(self._tie), _PLACEMENTS, index, (split, ranked)))
+        if not complete:
+            heapq.heappush(self._queue, (bound_ms, next(self._tie), _RESIDUAL, index, None))
 
-    def _replicas(self, candidate: Candidate, split: tuple[int, ...]) -> list[tuple[PipelineSpec, float, float]]:
-        """(spec, bubble-model pipeline, bubble-model iteration) per distinct replica."""
+    def _simulate_next(self, bound_ms: float, index: int, payload: tuple) -> None:
+        split, ranked = payload
+        _, placement = ranked.pop(0)
+        self._units += 1
+        if self._launchable(index, placement):
+            value = self._value(self._candidates[index], index, split, placement)
+            if value < self.best_ms:
+                self._best = (value, index, split, placement)
+        if ranked:
+            heapq.heappush(self._queue, (max(bound_ms, ranked[0][0]), next(self._tie), _PLACEMENTS, index,
+                                         (split, ranked)))
+
+    def _launchable(self, index: int, placement: Placement) -> bool:
+        """Whether stock launchers can start the placement: every node one block of ranks (`launch_grid`)."""
+        if not placement.slow_rows:  # full-speed groups only: nodes one after another always launch
+            return True
+        shape = self._candidates[index].shape
+        key = (shape.tp, shape.pp, shape.dp, placement)
+        if key not in self._launch:
+            self._launch[key] = placement_grid(self._problem, shape.tp, shape.pp, shape.dp, placement) is not None
+        return self._launch[key]
+
+    def _replica(self, candidate: Candidate, split: tuple[int, ...], speeds: tuple[float, ...]) -> _Replica:
         terms, v = candidate.terms, candidate.shape.virtual_stages
-        out = []
-        for speeds in candidate.replica_speeds:
-            stages = tuple(
-                StageResult(id=i, layers=(0, 0), devices=(), tp=candidate.shape.tp, speed=speed,
-                            **stage_figures(stage_time(terms, i, n, speed)))
-                for i, (n, speed) in enumerate(zip(split, speeds))
-            )
-            replica = ReplicaResult(id=0, num_microbatches=terms.num_microbatches, stages=stages)
-            spec = replica_spec(replica, v, self._problem.hardware.gpu.memory_gib)
-            bubble = pipeline_time_ms([s.forward_ms + s.backward_ms for s in stages], terms.num_microbatches, v)
-            out.append((spec, bubble, estimate_iteration(terms, split, speeds).iteration_ms))
-        return out
+        stages = tuple(
+            StageResult(id=i, layers=(0, 0), devices=(), tp=candidate.shape.tp, speed=speed,
+                        **stage_figures(stage_time(terms, i, n, speed)))
+            for i, (n, speed) in enumerate(zip(split, speeds))
+        )
+        replica = ReplicaResult(id=0, num_microbatches=terms.num_microbatches, stages=stages)
+        spec = replica_spec(replica, v, self._problem.hardware.gpu.memory_gib)
+        bubble = pipeline_time_ms([s.forward_ms + s.backward_ms for s in stages], terms.num_microbatches, v)
+        return _Replica(spec, bubble, estimate_iteration(terms, split, speeds).iteration_ms)
+
+    def _bound(self, replicas: list[_Replica]) -> float:
+        """Below the reported time of a layout whose replicas are these, under every allowed schedule
+        (`_value`'s form; with one replica, below every layout holding one at least as slow)."""
+        tail = max(r.iteration_ms for r in replicas) - max(r.bubble_ms for r in replicas)
+        return tail + max(lower_bound_ms(r.spec, split_backward=self._split_backward) for r in replicas)
 
     def _split_bound(self, candidate: Candidate, split: tuple[int, ...]) -> float:
-        """Below the reported time of this split under every allowed schedule (`_value`'s form)."""
-        replicas = self._replicas(candidate, split)
-        tail = max(it for _, _, it in replicas) - max(b for _, b, _ in replicas)
-        return tail + max(lower_bound_ms(spec, split_backward=self._split_backward) for spec, _, _ in replicas)
+        """Below the reported time of this split under every placement and allowed schedule: some replica
+        holds the slowest used group somewhere, and is at least as slow as that group alone there."""
+        shape = candidate.shape
+        speeds = degraded_speeds_used(candidate.inventory, shape.pp, shape.dp)
+        anywhere = slowest_anywhere(speeds, shape.pp) if speeds else [(1.0,) * shape.pp]
+        return min(self._bound([self._replica(candidate, split, vector)]) for vector in anywhere)
 
-    def _value(self, candidate: Candidate, split: tuple[int, ...]) -> float:
-        """The iteration time a plan of this split reports (`for_plan._apply`): the bubble-model
-        iteration, moved by how much the slowest replica's handcrafted schedule (`best_run`: the fastest
-        that fits, else the least overshoot, as `choose_schedule` picks) differs from the bubble model."""
-        replicas = self._replicas(candidate, split)
+    def _placement_bound(self, candidate: Candidate, split: tuple[int, ...], placement: Placement,
+                         replicas: dict[tuple[float, ...], _Replica] | None = None) -> float:
+        """Below the reported time of this split and placement under every allowed schedule; `replicas`
+        caches the speed vectors the split's placements share."""
+        replicas = {} if replicas is None else replicas
+        for vector in placement.distinct:
+            if vector not in replicas:
+                replicas[vector] = self._replica(candidate, split, vector)
+        return self._bound([replicas[vector] for vector in placement.distinct])
+
+    def _value(self, candidate: Candidate, index: int, split: tuple[int, ...], placement: Placement) -> float:
+        """The iteration time a plan of this split and placement reports (`for_plan._apply`): the
+        bubble-model iteration, moved by how much the slowest replica's handcrafted schedule (`best_run`:
+        the fastest that fits, else the least overshoot, as `choose_schedule` picks) differs from the
+        bubble model."""
+        replicas = [self._replica(candidate, split, vector) for vector in placement.distinct]
         makespans = []
-        for spec, _, _ in replicas:
-            runs = [(order, simulate(order, spec, validated=True)) for order in self._orders_for(spec)]
-            makespans.append(best_run(runs, spec)[1].makespan_ms)
-        return max(it for _, _, it in replicas) - max(b for _, b, _ in replicas) + max(makespans)
+        for vector, replica in zip(placement.distinct, replicas):
+            key = (index, split, vector)
+            if key not in self._makespans:
+                runs = [(order, simulate(order, replica.spec, validated=True)) for order in self._orders_for(replica.spec)]
+                self._makespans[key] = best_run(runs, replica.spec)[1].makespan_ms
+            makespans.append(self._makespans[key])
+        return max(r.iteration_ms for r in replicas) - max(r.bubble_ms for r in replicas) + max(makespans)
 
     def _orders_for(self, spec: PipelineSpec) -> list[Schedule]:
         """The allowed handcrafted orders; all of them when none is allowed (`optimized` alone: they are
@@ -190,20 +263,22 @@ class StockSearch:
 
     def finished(self) -> bool:
         """Whether no bound left in the queue beats the best layout: the search has proven it."""
-        return self.next_bound_ms() >= self.best_ms * (1 - self._problem.config.prune_tolerance) and self._cut_bound > 0
+        least = min(self.next_bound_ms(), self._residual_bound)
+        return least >= self.best_ms * (1 - self._problem.config.prune_tolerance) and self._cut_bound > 0
 
     def result(self) -> tuple[SearchResult, float] | None:
         """The best layout (its SearchResult carries the bubble-model figures the plan is assembled
         from) and the bound on the reported time over everything not excluded."""
         if self._best is None:
             return None
-        value, index, split = self._best
+        value, index, split, placement = self._best
         candidate = self._candidates[index]
-        bound = min(value, self._cut_bound, self.next_bound_ms())
+        bound = min(value, self._cut_bound, self.next_bound_ms(), self._residual_bound)
         optimal = bound >= value * (1 - self._problem.config.prune_tolerance)
-        estimate = evaluate(candidate, split)
+        estimate = evaluate(candidate, split, placement.distinct)
         found = SearchResult(
             candidate=candidate, layers_per_stage=split, estimate=estimate, objective_ms=estimate.iteration_ms,
+            placement=placement,
             bound_ms=estimate.iteration_ms, optimal=optimal, wall_time_s=time.monotonic() - self._started,
             candidates_total=len(self._candidates), candidates_solved=self._solved,
         )

@@ -4,7 +4,7 @@
 
 Each mutation narrows what the stock search looks at (the kinds of mistake issue 16 found: micro-batch
 sizes cut to powers of two, pipeline lengths dropped, schedules the search does not price, splits it does
-not try), or breaks what a failure-aware plan's report rests on (the stock search beside the bubble-model
+not try, slow GPUs placed by a fixed rule), or breaks what a failure-aware plan's report rests on (the stock search beside the bubble-model
 ones, simulation floors that are floors). The copy is the working tree as committed (`git worktree` of
 HEAD) with one text replacement; the mutation's tests run there, and every mutation must make some fail.
 """
@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ORACLE = "tests/oracle/test_uniform_oracle.py"
 FAILURE_AWARE = "tests/planner/test_failure_aware_reported.py"
 FLOORS = "tests/planner/test_floor_pieces.py"
+PLACED = "tests/oracle/test_placed_oracle.py"
 
 # (name, file, text, replacement[, tests]); tests default to the uniform oracle.
 MUTATIONS = [
@@ -37,6 +38,12 @@ MUTATIONS = [
     ("only the first stock split of each shape", "planner/uniform/simulated.py",
      "for split in stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages):",
      "for split in list(stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages))[:1]:"),
+    ("slow GPUs always packed into the fewest replicas", "planner/uniform/placements.py",
+     "        return all_placements(speeds, pp, dp), True", "        return [packed(speeds, pp, dp)], True", (PLACED,)),
+    ("slow GPUs always spread one per replica", "planner/uniform/placements.py",
+     "        return all_placements(speeds, pp, dp), True", "        return [spread(speeds, pp, dp)], True", (PLACED,)),
+    ("stock placements not checked for a launch order", "planner/uniform/simulated.py",
+     "        if self._launchable(index, placement):", "        if True:", (PLACED,)),
     ("failure-aware: no stock search beside the bubble-model ones", "planner/plan.py",
      "        candidates.append((stock.best_ms, assemble_plan(problem, found[0])))", "        pass",
      (FAILURE_AWARE, ORACLE)),
@@ -65,7 +72,7 @@ def main() -> None:
         tree = Path(scratch) / "tree"
         subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True)
         try:
-            rows.append(f"| none (HEAD) | {_run(tree, (ORACLE, FAILURE_AWARE, FLOORS))} |")
+            rows.append(f"| none (HEAD) | {_run(tree, (ORACLE, PLACED, FAILURE_AWARE, FLOORS))} |")
             print(rows[-1], flush=True)
             for name, file, text, replacement, *tests in MUTATIONS:
                 path = tree / file

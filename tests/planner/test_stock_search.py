@@ -33,20 +33,27 @@ def test_stock_splits_are_every_split_with_equal_middle_stages_within_the_caps(l
     dict(num_nodes=1, gpus_per_node=8, global_batch=11, failed=("0:3",)),
 ])
 def test_every_floor_and_split_bound_is_below_the_time_the_split_reports(case, schedules):
-    """floor(shape) <= bound(split) <= reported time(split), for every shape and stock split: the search
-    prunes on these, so one bound above a reported time could cut the optimum away."""
+    """floor(shape) <= bound(split) <= bound(split, placement) <= reported time(split, placement), for every
+    shape, stock split and placement of the slow groups: the search prunes on these, so one bound above a
+    reported time could cut the optimum away."""
     problem = small_problem(stock_layouts_only=True, **case)
     if schedules is not None:
         problem = replace(problem, schedules=schedules)
     search = StockSearch(problem, Budget.unlimited())
     layers = problem.workload.model.num_layers
     checked = 0
-    for candidate in search._candidates:
+    for index, candidate in enumerate(search._candidates):
         floor = simulation_floor_ms(candidate, layers, full_backward=not search._split_backward)
         caps = candidate.max_layers(problem.hardware.gpu.memory_bytes)
+        placements, complete, _ = search._placements(index)
+        assert complete
         for split in stock_splits(layers, candidate.shape.pp, caps, candidate.shape.virtual_stages):
-            bound, value = search._split_bound(candidate, split), search._value(candidate, split)
+            bound = search._split_bound(candidate, split)
             assert floor <= bound * (1 + 1e-9), (candidate.shape, split, floor, bound)
-            assert bound <= value * (1 + 1e-9), (candidate.shape, split, bound, value)
-            checked += 1
+            for placement in placements:
+                placed = search._placement_bound(candidate, split, placement)
+                value = search._value(candidate, index, split, placement)
+                assert bound <= placed * (1 + 1e-9), (candidate.shape, split, placement, bound, placed)
+                assert placed <= value * (1 + 1e-9), (candidate.shape, split, placement, placed, value)
+                checked += 1
     assert checked > 50
