@@ -130,6 +130,7 @@ SCHEDULE_REASONS = {
     "zb-h1": "DeepSpeed's TrainSchedule has no split (input/weight-gradient) backward",
     "zb-h2": "DeepSpeed's TrainSchedule has no split (input/weight-gradient) backward",
     "optimized": "DeepSpeed runs only its own 1F1B order (TrainSchedule), not a solver-made one",
+    "looped-bfs": "DeepSpeed's PipelineEngine holds one model chunk per stage and has no breadth-first schedule",
 }
 
 

@@ -25,6 +25,7 @@ What maps to what (torchtitan 0.3.0, PyTorch 2.13):
                                        gradient-accumulation steps
     global_batch_size, seq_length      --training.global_batch_size, --training.seq_len
     schedule gpipe/1f1b/interleaved    --parallelism.pipeline_parallel_schedule GPipe/1F1B/Interleaved1F1B
+    schedule looped-bfs                --parallelism.pipeline_parallel_schedule LoopedBFS
     schedule zb-h1/zb-h2/optimized     --parallelism.pipeline_parallel_schedule_csv resiplan-schedule.csv
                                        (the torch-csv export, run by _PipelineScheduleRuntime) with
                                        pipeline_parallel_schedule PipelineScheduleSingle (v = 1) or
@@ -105,7 +106,8 @@ ENTRY_MODULE = "torchtitan.train"
 SCHEDULE_CSV = "resiplan-schedule.csv"
 MASTER_PORT = 29500
 
-NAMED_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+NAMED_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "looped-bfs": "LoopedBFS"}
+CHUNKED_SCHEDULES = frozenset({"interleaved", "looped-bfs"})  # v model chunks per stage, looped placement
 CSV_SCHEDULES = frozenset({"zb-h1", "zb-h2", "optimized"})
 AC_MODES = {"none": "none", "selective": "selective", "full": "full"}
 # torchtitan 0.3's own bf16 config functions, and the resiplan preset each builds, field for field
@@ -323,7 +325,7 @@ def _pipeline_options(plan: Plan, layout: StockLayout, schedule_csv_path: str) -
                         "PipelineScheduleSingle" if v == 1 else "PipelineScheduleMulti"))
         options.append(("--parallelism.pipeline_parallel_schedule_csv", schedule_csv_path))
     elif layout.schedule in NAMED_SCHEDULES:
-        if (layout.schedule == "interleaved") != (v > 1):
+        if (layout.schedule in CHUNKED_SCHEDULES) != (v > 1):
             raise ExportError(f"{TARGET} cannot run this plan: schedule {layout.schedule} with virtual_stages {v}")
         options.append(("--parallelism.pipeline_parallel_schedule", NAMED_SCHEDULES[layout.schedule]))
     else:

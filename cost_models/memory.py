@@ -98,7 +98,7 @@ def in_flight_microbatches(schedule: str, stage: int, stages: int, microbatches:
     2 (p - r - 1) + (v - 1) g chunks and holds one more, each chunk 1/v of its
     layers, where g is the first microbatch group (p when m % p == 0, so the
     first stage holds p (1 + (p - 1)/(p v)) layer sets, Korthikanti's factor;
-    up to 2p - 1 for other m). GPipe holds all m.
+    up to 2p - 1 for other m). GPipe and looped BFS hold all m.
     """
     return in_flight_row(schedule, stages, microbatches, virtual_stages, (stage,))[0]
 
@@ -109,7 +109,7 @@ def in_flight_row(
     """`in_flight_microbatches` of each stage in `positions` (default: every stage); a whole row
     finds the interleaved first group once."""
     positions = range(stages) if positions is None else positions
-    if schedule == ScheduleName.GPIPE:
+    if schedule in (ScheduleName.GPIPE, ScheduleName.LOOPED_BFS):  # every forward before the first backward
         return [float(microbatches) for _ in positions]
     if schedule == ScheduleName.INTERLEAVED and virtual_stages > 1:
         first_group = interleaved_group_sizes(microbatches, stages)[0]

@@ -11,7 +11,8 @@ from __future__ import annotations
 from cost_models.device import device_id
 from cost_models.flops import iteration_model_flops
 from cost_models.hardware import GIB
-from cost_models.iteration import StageTime, stage_time
+from cost_models.iteration import StageTime, exposed_dp_sync_ms, stage_time
+from cost_models.stage_costs import StageCostTerms
 from planner.devices import Slot, damaged_node_slots, slot_inventory
 from planner.problem import PlanningProblem
 from planner.result import (
@@ -22,6 +23,7 @@ from planner.result import (
     StageResult,
     stage_schedule_fields,
 )
+from planner.schedules.ops import GradSync
 from planner.uniform.launch import placement_grid
 from planner.uniform.placements import Placement, degraded_speeds_used, packed
 from planner.uniform.search import SearchResult
@@ -66,6 +68,17 @@ def place_slots(problem: PlanningProblem, tp: int, pp: int, dp: int, placement: 
     return [[slot for slot in row if slot is not None] for row in grid]
 
 
+def stage_grad_sync(terms: StageCostTerms, stage: int, layers: int) -> GradSync:
+    """A uniform layout's stage's gradient sync: whole, its last bucket, and the 1F1B model's exposed part
+    (at full speed, as `estimate_iteration` prices it: the sync waits for the full-speed peers too)."""
+    healthy = stage_time(terms, stage, layers)
+    if terms.shape.dp <= 1:
+        return GradSync(0.0, 0.0, 0.0)
+    full_ms = terms.dp_sync_ms(healthy.params)
+    bucket_ms = terms.dp_sync_ms(min(terms.bucket_params, healthy.params)) if terms.overlap_grad_reduce else full_ms
+    return GradSync(full_ms, bucket_ms, exposed_dp_sync_ms(terms, healthy))
+
+
 def stage_figures(timing: StageTime) -> dict[str, float]:
     """A stage's figures as a plan reports them (rounded as on the wire; schedules are simulated on these)."""
     return dict(
@@ -101,7 +114,9 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
         for stage_id, slot in enumerate(row):
             key = (stage_id, slot.speed)
             if key not in figures:
-                figures[key] = stage_figures(stage_time(terms, stage_id, found.layers_per_stage[stage_id], slot.speed))
+                layers = found.layers_per_stage[stage_id]
+                figures[key] = {**stage_figures(stage_time(terms, stage_id, layers, slot.speed)),
+                                "grad_sync": stage_grad_sync(terms, stage_id, layers)}
             used.update((slot.node, g) for g in slot.devices)
             stages.append(StageResult(
                 id=stage_id,

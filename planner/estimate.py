@@ -17,6 +17,7 @@ from planner.problem import PlanningProblem
 from planner.reported import as_fixed_layout
 from planner.result import PlanResult
 from planner.schedules.for_plan import with_schedules
+from planner.schedules.handcrafted import CHUNKED_NAMES
 from planner.uniform.candidates import Candidate
 from planner.uniform.search import SearchResult, evaluate
 
@@ -46,11 +47,12 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
         raise PlanningError(
             f"tp {layout.tp} must divide the {model.num_attention_heads} attention heads and {model.num_kv_heads} KV heads"
         )
-    if layout.schedule != ScheduleName.INTERLEAVED and layout.virtual_stages != 1:
+    chunked = layout.schedule in CHUNKED_NAMES
+    if not chunked and layout.virtual_stages != 1:
         raise PlanningError(f"schedule {layout.schedule} runs one model chunk per stage: set virtual_stages to 1 or "
-                            "use interleaved")
-    if layout.schedule == ScheduleName.INTERLEAVED and (layout.virtual_stages < 2 or layout.pp < 2):
-        raise PlanningError("the interleaved schedule needs pp >= 2 and virtual_stages >= 2")
+                            f"use {' or '.join(CHUNKED_NAMES)}")
+    if chunked and (layout.virtual_stages < 2 or layout.pp < 2):
+        raise PlanningError(f"the {layout.schedule} schedule needs pp >= 2 and virtual_stages >= 2")
     if layout.pp > layers:
         raise PlanningError(f"pp {layout.pp} exceeds the model's {layers} layers")
     if layout.layers_per_stage is not None:
@@ -89,7 +91,7 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
             f"global_batch_size {batch} is not divisible by dp {dp} x micro_batch_size {layout.micro_batch_size}"
         )
     microbatches = batch // (dp * layout.micro_batch_size)
-    if layout.virtual_stages > 1 and microbatches % layout.pp:
+    if layout.schedule == ScheduleName.INTERLEAVED and microbatches % layout.pp:
         raise PlanningError(
             f"the interleaved schedule needs the {microbatches} microbatches per replica to be a multiple of pp {layout.pp}"
         )
@@ -126,7 +128,7 @@ def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult
         candidates_solved=0,
     )
     # The layout names its schedule: simulate exactly that one, no search.
-    allowed = frozenset({ScheduleName.INTERLEAVED if layout.virtual_stages > 1 else layout.schedule})
+    allowed = frozenset({layout.schedule})
     result = with_schedules(replace(problem, schedules=allowed), assemble_plan(problem, found), Budget.unlimited(),
                             optional_s=0.0)
     return as_fixed_layout(refuse_overflow(problem, result))

@@ -40,6 +40,7 @@ from planner.result import (
     stage_schedule_fields,
 )
 from planner.schedules.for_plan import with_schedules
+from planner.schedules.handcrafted import CHUNKED_NAMES
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,9 @@ def _check_split(problem: PlanningProblem, layout: ReplicaLayout) -> None:
 
 def _check_schedule(problem: PlanningProblem, layout: ReplicaLayout) -> None:
     v, schedule = layout.virtual_stages, layout.schedule
-    if (schedule == ScheduleName.INTERLEAVED) != (v > 1):
-        raise PlanningError(f"schedule {schedule} with virtual_stages={v}: interleaved runs 2 or more model chunks "
-                            "per stage, every other schedule one")
+    if (schedule in CHUNKED_NAMES) != (v > 1):
+        raise PlanningError(f"schedule {schedule} with virtual_stages={v}: {' and '.join(CHUNKED_NAMES)} run 2 or more "
+                            "model chunks per stage, every other schedule one")
     batch = problem.workload.global_batch_size
     sequences = sum(r.num_microbatches for r in layout.replicas) * layout.micro_batch_size
     if sequences != batch:

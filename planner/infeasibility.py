@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cost_models.choices import Recompute
+from cost_models.choices import Recompute, ScheduleName
 from cost_models.hardware import GIB
 from cost_models.layout import ParallelShape
 from cost_models.memory import (
@@ -13,6 +13,10 @@ from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
 from planner.devices import slot_inventory
 from planner.problem import PlanningProblem
 from planner.uniform.candidates import tensor_parallel_sizes
+
+
+# Schedules that run every forward before the first backward, so hold all microbatches at once.
+HOLD_ALL_SCHEDULES = frozenset({ScheduleName.GPIPE, ScheduleName.LOOPED_BFS})
 
 
 def format_bytes(value: float) -> str:
@@ -83,6 +87,13 @@ def explain_infeasible(problem: PlanningProblem) -> str:
             )
     batch = problem.workload.global_batch_size
     sizes = problem.micro_batch_sizes
+    allowed = problem.allowed_schedules
+    if allowed is not None and allowed <= HOLD_ALL_SCHEDULES:
+        return (
+            f"no layout fits in memory with the allowed schedules {sorted(allowed)}: they keep every microbatch's "
+            f"activations until the first backward, and none of the layouts on {surviving} surviving GPUs holds "
+            f"its share of global_batch_size {batch} that way; allow 1f1b or interleaved, or lower the batch"
+        )
     return (
         f"no layout fits: global_batch_size {batch} cannot be split into micro-batches of {list(sizes)} "
         f"over the replicas that fit in memory on {surviving} surviving GPUs"

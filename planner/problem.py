@@ -13,7 +13,7 @@ from planner.numbers import divisors
 
 RECOMPUTE_CHOICES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 STOCK_SCHEDULES = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED})  # what Megatron-LM and DeepSpeed run unchanged
-CHUNKED_SCHEDULES = frozenset({ScheduleName.INTERLEAVED, ScheduleName.OPTIMIZED})  # schedules for v > 1 model chunks per stage
+CHUNKED_SCHEDULES = frozenset({ScheduleName.INTERLEAVED, ScheduleName.LOOPED_BFS, ScheduleName.OPTIMIZED})  # for v > 1 chunks per stage
 SINGLE_CHUNK_SCHEDULES = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.ZB_H1, ScheduleName.ZB_H2, ScheduleName.OPTIMIZED})
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from cost_models.hardware import GIB
 from cost_models.iteration import StageTime
 from cost_models.model_spec import ModelSpec
+from planner.schedules.ops import GradSync
 from planner.schedules.result import ScheduleChoice
 
 
@@ -23,6 +24,7 @@ class StageResult:
     weight_grad_ms: float = 0.0
     activation_gib: float = 0.0
     static_memory_gib: float = 0.0
+    grad_sync: GradSync | None = None  # internal: what schedules that hide the sync differently need
 
 
 @dataclass(frozen=True)

@@ -233,8 +233,8 @@ class HfConfigModel(_Strict):
 
 Recompute = Literal["none", "selective", "full", "auto"]
 # What an estimate can price without a search: every handcrafted schedule (`optimized` is a CP-SAT search).
-EstimateSchedule = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"]
-ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "optimized"]
+EstimateSchedule = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "looped-bfs"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "looped-bfs", "optimized"]
 
 
 class Training(_Strict):
@@ -270,7 +270,8 @@ class Options(_Strict):
         min_length=1,
         max_length=16,
         description="Pipeline schedules the plan may use. Default: all, or gpipe/1f1b/interleaved (what stock "
-        "Megatron-LM and DeepSpeed run) when allow_non_uniform is false. `optimized` is resiplan's CP-SAT schedule.",
+        "Megatron-LM and DeepSpeed run) when allow_non_uniform is false. `optimized` is resiplan's CP-SAT schedule; "
+        "`looped-bfs` is breadth-first pipelining (PyTorch's ScheduleLoopedBFS) over virtual stages.",
     )
 
 

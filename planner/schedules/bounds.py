@@ -12,7 +12,7 @@ from cost_models.choices import ScheduleName
 from planner.schedules.ops import ChunkTimes, PipelineSpec
 
 # Schedules whose backward passes are all whole B ops: `lower_bound_ms(split_backward=False)` holds for them.
-FULL_BACKWARD = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED})
+FULL_BACKWARD = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED, ScheduleName.LOOPED_BFS})
 
 
 def full_backward_only(allowed: frozenset[str] | None) -> bool:

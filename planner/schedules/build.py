@@ -26,11 +26,13 @@ def replica_spec(replica: ReplicaResult, virtual_stages: int, gpu_memory_gib: fl
         )
         chunks.append((times,) * v)
     limits = tuple(max(0.0, gpu_memory_gib - stage.static_memory_gib) for stage in replica.stages)
+    syncs = tuple(stage.grad_sync for stage in replica.stages)
     return PipelineSpec(
         chunks=tuple(chunks),
         num_microbatches=replica.num_microbatches,
         p2p_latency_ms=0.0,
         activation_limit_gib=limits,
+        grad_sync=syncs if all(sync is not None for sync in syncs) else None,
     )
 
 

@@ -29,7 +29,8 @@ class ChosenSchedule:
     candidates_ms: tuple[tuple[str, float], ...]
 
 
-TIE_PREFERENCE = (ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED, ScheduleName.ZB_H1, ScheduleName.ZB_H2, ScheduleName.GPIPE, OPTIMIZED)
+TIE_PREFERENCE = (ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED, ScheduleName.ZB_H1, ScheduleName.ZB_H2, ScheduleName.GPIPE,
+                  ScheduleName.LOOPED_BFS, OPTIMIZED)
 
 
 def preference(name: str) -> int:
@@ -96,7 +97,7 @@ def choose_schedule(
         if optimized is not None:
             simulation = simulate(optimized.schedule, spec)
             tried.append((optimized.schedule, simulation))
-            gains = simulation.makespan_ms < best[1].makespan_ms * (1 - config.min_gain_fraction)
+            gains = simulation.reported_ms < best[1].reported_ms * (1 - config.min_gain_fraction)
             if _fits(simulation, spec) and (gains or not best_allowed):
                 best, best_allowed = (optimized.schedule, simulation), True
     if not best_allowed:
@@ -123,7 +124,7 @@ def best_run(tried: list[tuple[Schedule, SimulationResult]], spec: PipelineSpec)
     if fitting:
         # Equal makespans: the one holding fewer activations, then the most widely run.
         return min(fitting, key=lambda item: (
-            round(item[1].makespan_ms, 6), round(max(item[1].peak_activation_gib), 6), preference(item[0].name),
+            round(item[1].reported_ms, 6), round(max(item[1].peak_activation_gib), 6), preference(item[0].name),
         ))
     limits = spec.activation_limit_gib or ()
     return min(

@@ -35,7 +35,12 @@ from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
 from planner.schedules.bounds import lower_bound_ms
 from planner.schedules.build import replica_spec, timeline_signature
-from planner.schedules.choose import ChosenSchedule, best_run, choose_schedule, preference
+from planner.schedules.choose import (
+    ChosenSchedule,
+    best_run,
+    choose_schedule,
+    preference,
+)
 from planner.schedules.handcrafted import handcrafted_names, handcrafted_schedule
 from planner.schedules.ops import PipelineSpec, Schedule
 from planner.schedules.optimal import OPTIMIZED
@@ -81,7 +86,7 @@ def with_schedules(
     # On long pipelines (p = 32, m = 128) they take tenths of a second: only while the budget lasts.
     listed: set[Key] = set()
     while (
-        (slowest := max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)) not in listed
+        (slowest := max(chosen, key=lambda key: chosen[key].simulation.reported_ms)) not in listed
         and not budget.expired()
     ):
         listed.add(slowest)
@@ -95,8 +100,8 @@ def with_schedules(
     # the plan's pipeline is more than the gain threshold above what every replica's bound allows.
     optimized: set[Key] = set()
     while (remaining := budget.remaining_s()) > problem.config.min_optimize_s:
-        slowest = max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)
-        if slowest in optimized or chosen[slowest].simulation.makespan_ms - max(bounds.values()) <= min_gain_ms:
+        slowest = max(chosen, key=lambda key: chosen[key].simulation.reported_ms)
+        if slowest in optimized or chosen[slowest].simulation.reported_ms - max(bounds.values()) <= min_gain_ms:
             break
         optimized.add(slowest)
         current = chosen[slowest].schedule
@@ -135,7 +140,7 @@ def handcrafted_reported_ms(problem: PlanningProblem, result: PlanResult) -> flo
                 orders[shape] = handcrafted_schedule(name, *shape[1:])
                 validate(orders[shape], spec)
             runs.append((orders[shape], simulate(orders[shape], spec, validated=True)))
-        slowest_ms = max(slowest_ms, best_run(runs, spec)[1].makespan_ms)
+        slowest_ms = max(slowest_ms, best_run(runs, spec)[1].reported_ms)
     return result.predicted.iteration_time_s * 1e3 + slowest_ms - _bubble_model_ms(result)
 
 
@@ -228,7 +233,7 @@ def _handcrafted_within(
 
     names = {key: handcrafted_names(spec.virtual_stages) for key, spec in specs.items()}
     runs = {key: [run(first_choice(allowed, names[key]), spec)] for key, spec in specs.items()}
-    for key in sorted(specs, key=lambda key: -runs[key][0][1].makespan_ms):
+    for key in sorted(specs, key=lambda key: -runs[key][0][1].reported_ms):
         for name in names[key]:
             if budget.expired():
                 return runs
@@ -254,12 +259,13 @@ def _apply(
         replicas.append(replace(replica, stages=stages))
 
     modelled_ms = _bubble_model_ms(result)
-    slowest_key = max(chosen, key=lambda key: chosen[key].simulation.makespan_ms)
+    slowest_key = max(chosen, key=lambda key: chosen[key].simulation.reported_ms)
     slowest = chosen[slowest_key]
-    shift_ms = slowest.simulation.makespan_ms - modelled_ms
-    iteration_ms = result.predicted.iteration_time_s * 1e3 + shift_ms
+    simulation = slowest.simulation
+    iteration_ms = result.predicted.iteration_time_s * 1e3 + simulation.reported_ms - modelled_ms
     breakdown = dict(result.predicted.breakdown)
-    breakdown["pipeline_bubble_s"] = breakdown.get("pipeline_bubble_s", 0.0) + shift_ms / 1e3
+    breakdown["pipeline_bubble_s"] = breakdown.get("pipeline_bubble_s", 0.0) + (simulation.makespan_ms - modelled_ms) / 1e3
+    breakdown["dp_comm_s"] = breakdown.get("dp_comm_s", 0.0) + simulation.sync_shift_ms / 1e3
     devices_used = sum(len(s.devices) for r in result.replicas for s in r.stages)
     choice = ScheduleChoice(
         name=slowest.schedule.name,

@@ -1,4 +1,4 @@
-"""Hand-written pipeline schedules: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2.
+"""Hand-written pipeline schedules: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, looped BFS.
 
 Each builder returns only the per-stage ORDER of operations for a shape
 (stages, microbatches, chunks); the simulator turns an order plus a spec's
@@ -176,18 +176,41 @@ def interleaved_1f1b(stages: int, microbatches: int, virtual_stages: int) -> Sch
     return Schedule(ScheduleName.INTERLEAVED, tuple(orders))
 
 
+def looped_bfs(stages: int, microbatches: int, virtual_stages: int) -> Schedule:
+    """Breadth-first pipeline parallelism (Lamy-Poirier, 2022), PyTorch's ScheduleLoopedBFS.
+
+    The looped placement of interleaving (chunk c of stage s = virtual stage c*p + s), but each stage runs
+    chunk 0's forward of every microbatch, then chunk 1's, and so on; then the backwards chunk by chunk
+    in reverse, microbatches last-in first-out within a chunk (PyTorch's order). The bubble is the
+    interleaved one's; the gain is elsewhere: a stage's last chunk finishes all its backwards first,
+    so the data-parallel gradient sync of each finished chunk runs under the backward of the chunks
+    before it (`planner.schedules.sync`). The price is memory: a stage holds every microbatch's
+    activations of every chunk before its first backward, m layer sets, as GPipe.
+    """
+    _check_shape(stages, microbatches)
+    if virtual_stages < 2:
+        raise ScheduleError(f"looped BFS needs at least 2 chunks per stage, got {virtual_stages}; use gpipe")
+    m, v = microbatches, virtual_stages
+    forwards = tuple(Op(FORWARD, mb, chunk) for chunk in range(v) for mb in range(m))
+    backwards = tuple(Op(BACKWARD, mb, chunk) for chunk in reversed(range(v)) for mb in reversed(range(m)))
+    return Schedule(ScheduleName.LOOPED_BFS, (forwards + backwards,) * stages)
+
+
 SINGLE_CHUNK_NAMES = (ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.ZB_H1, ScheduleName.ZB_H2)
+CHUNKED_NAMES = (ScheduleName.INTERLEAVED, ScheduleName.LOOPED_BFS)
 
 
 def handcrafted_names(virtual_stages: int) -> tuple[str, ...]:
     """Names of the handcrafted schedules for stages of `virtual_stages` chunks, in `handcrafted_schedules` order."""
-    return (ScheduleName.INTERLEAVED,) if virtual_stages > 1 else SINGLE_CHUNK_NAMES
+    return CHUNKED_NAMES if virtual_stages > 1 else SINGLE_CHUNK_NAMES
 
 
 def handcrafted_schedule(name: str, stages: int, microbatches: int, virtual_stages: int) -> Schedule:
     """One handcrafted schedule by name (see `handcrafted_names`)."""
     if name == ScheduleName.INTERLEAVED:
         return interleaved_1f1b(stages, microbatches, virtual_stages)
+    if name == ScheduleName.LOOPED_BFS:
+        return looped_bfs(stages, microbatches, virtual_stages)
     builders = {ScheduleName.GPIPE: gpipe, ScheduleName.ONE_F_ONE_B: one_f_one_b, ScheduleName.ZB_H1: zb_h1, ScheduleName.ZB_H2: zb_h2}
     if name not in builders or virtual_stages > 1:
         raise ScheduleError(f"no handcrafted schedule {name!r} for {virtual_stages} chunks per stage")
@@ -197,8 +220,8 @@ def handcrafted_schedule(name: str, stages: int, microbatches: int, virtual_stag
 def handcrafted_schedules(spec: PipelineSpec) -> tuple[Schedule, ...]:
     """Every handcrafted schedule that fits the spec's shape.
 
-    Chunks placed for interleaving (v > 1) only run the interleaved order;
-    a single chunk per stage runs all the others.
+    Chunks placed for interleaving (v > 1) run the interleaved and the
+    looped breadth-first orders; a single chunk per stage runs all the others.
     """
     p, m, v = spec.num_stages, spec.num_microbatches, spec.virtual_stages
     return tuple(handcrafted_schedule(name, p, m, v) for name in handcrafted_names(v))

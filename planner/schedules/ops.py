@@ -85,6 +85,15 @@ class ChunkTimes:
 
 
 @dataclass(frozen=True)
+class GradSync:
+    """One stage's data-parallel gradient sync (`planner.schedules.sync`)."""
+
+    full_ms: float  # all its gradients over the data-parallel group
+    last_bucket_ms: float  # the least that stays exposed (the whole sync when it does not overlap)
+    exposed_ms: float  # what the 1F1B overlap model charges: the plan's price before its schedule is known
+
+
+@dataclass(frozen=True)
 class PipelineSpec:
     """What a schedule runs on: one replica's stages, microbatches and links.
 
@@ -94,13 +103,15 @@ class PipelineSpec:
     microbatch's forward visits stage 0..p-1 for chunk 0, then again for
     chunk 1, and so on. `p2p_latency_ms` separates an op from the dependent
     op on another stage. `activation_limit_gib[s]`, when given, caps the
-    activations stage s may hold at once.
+    activations stage s may hold at once; `grad_sync[s]`, when given, is
+    stage s's gradient sync, which schedules may hide differently.
     """
 
     chunks: tuple[tuple[ChunkTimes, ...], ...]
     num_microbatches: int
     p2p_latency_ms: float = 0.0
     activation_limit_gib: tuple[float, ...] | None = None
+    grad_sync: tuple[GradSync, ...] | None = None  # per stage, when the replica's sync is known
 
     @property
     def num_stages(self) -> int:

@@ -31,6 +31,7 @@ from planner.schedules.ops import (
     ScheduleError,
     TimedOp,
 )
+from planner.schedules.sync import sync_shift_ms
 
 # Keys of produced results: ("F", mb, vs) forward output, ("G", mb, vs) the
 # gradient w.r.t. the virtual stage's input, ("W", mb, vs) its weight grads.
@@ -45,6 +46,13 @@ class SimulationResult:
     idle_ms: tuple[float, ...]
     peak_activation_gib: tuple[float, ...]
     peak_in_flight: tuple[int, ...]  # microbatch-chunks alive at once, per stage
+    sync_shift_ms: float = 0.0  # what this schedule moves the exposed gradient sync by (`planner.schedules.sync`)
+
+    @property
+    def reported_ms(self) -> float:
+        """What the plan's iteration time counts for this run beyond sync and optimizer as priced before
+        schedules: the makespan, moved by the schedule's own sync exposure."""
+        return self.makespan_ms + self.sync_shift_ms
 
     @property
     def bubble_fraction(self) -> float:
@@ -188,10 +196,10 @@ def simulate(schedule: Schedule, spec: PipelineSpec, validated: bool = False) ->
     if stuck:
         detail = ", ".join(f"stage {s} waits at {orders[s][position[s]].label()}" for s in stuck[:4])
         raise ScheduleError(f"schedule {schedule.name!r} deadlocks: {detail}")
-    return _summarize(tuple(tuple(t) for t in timelines), spec)
+    return _summarize(tuple(tuple(t) for t in timelines), spec, schedule.name)
 
 
-def _summarize(timelines: tuple[tuple[TimedOp, ...], ...], spec: PipelineSpec) -> SimulationResult:
+def _summarize(timelines: tuple[tuple[TimedOp, ...], ...], spec: PipelineSpec, name: str) -> SimulationResult:
     makespan = max((t[-1].end_ms for t in timelines if t), default=0.0)
     busy = tuple(sum(item.end_ms - item.start_ms for item in t) for t in timelines)
     peaks_gib, peaks_count = [], []
@@ -206,6 +214,7 @@ def _summarize(timelines: tuple[tuple[TimedOp, ...], ...], spec: PipelineSpec) -
         idle_ms=tuple(makespan - b for b in busy),
         peak_activation_gib=tuple(peaks_gib),
         peak_in_flight=tuple(peaks_count),
+        sync_shift_ms=sync_shift_ms(name, spec, timelines, makespan),
     )
 
 

@@ -67,7 +67,8 @@ def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int) -> tuple[t
     return packed(degraded_speeds_used(inventory, pp, dp), pp, dp).distinct
 
 
-def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float | None = None) -> float:
+def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float | None = None,
+                    chunk_sync_overlap: bool = False) -> float:
     """A bound below every split, at full speed, plus the sync floors.
 
     The slowest stage takes at least the mean stage time, and at least the
@@ -85,6 +86,11 @@ def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float |
     and g = a W / (1 - (1 - a/m)^p) (m W / p at a = 0). No split does better:
     were every term below g, induction on s would give P_s below the equal
     solution's, and P_p below W.
+
+    The sync floor is the last bucket of a stage of mean parameters (under the 1F1B overlap model at least
+    the largest stage's last bucket stays exposed); with `chunk_sync_overlap` (looped BFS allowed, which
+    hides finished chunks' sync: `planner.schedules.sync`) only some stage's last bucket is sure to, and
+    every stage holds a layer at least.
     """
     p, m, v = terms.shape.pp, terms.num_microbatches, terms.shape.virtual_stages
     layer_ms = terms.layer.time.forward_ms + terms.layer.time.backward_ms
@@ -100,16 +106,18 @@ def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float |
     mean_params = (layers * terms.layer.params + terms.embedding.params + terms.head.params) / p
     dp_floor = 0.0
     if terms.shape.dp > 1:
-        synced = min(terms.bucket_params, mean_params) if terms.overlap_grad_reduce else mean_params
+        least_params = terms.layer.params if chunk_sync_overlap else mean_params
+        synced = min(terms.bucket_params, least_params) if terms.overlap_grad_reduce else least_params
         dp_floor = terms.dp_sync_ms(synced)
     return pipeline + dp_floor + mean_params * terms.optimizer_ms_per_param
 
 
-def simulation_floor_ms(candidate: Candidate, layers: int, *, full_backward: bool) -> float:
+def simulation_floor_ms(candidate: Candidate, layers: int, *, full_backward: bool, chunk_sync_overlap: bool = False) -> float:
     """Below the reported (simulated) time of every split (`_lower_bound_ms` with a prefix share): 1/v when
-    every allowed schedule runs whole backward ops, else 0."""
+    every allowed schedule runs whole backward ops, else 0; `chunk_sync_overlap` when a schedule that hides
+    finished chunks' sync (looped BFS) is allowed for this shape."""
     share = 1.0 / candidate.shape.virtual_stages if full_backward else 0.0
-    return _lower_bound_ms(candidate.terms, layers, prefix_share=share)
+    return _lower_bound_ms(candidate.terms, layers, prefix_share=share, chunk_sync_overlap=chunk_sync_overlap)
 
 
 def split_fits(shape: ParallelShape, max_layers: tuple[int, ...], layers: int, stock_only: bool) -> bool:
@@ -127,13 +135,24 @@ def split_fits(shape: ParallelShape, max_layers: tuple[int, ...], layers: int, s
     return sum(min(n, layers) for n in max_layers) >= layers
 
 
-def _schedules(layers: int, pp: int, microbatches: int, max_virtual_stages: int) -> Iterator[tuple[str, int]]:
-    yield ScheduleName.ONE_F_ONE_B, 1
+def _memory_schedule(allowed: frozenset[str] | None, chunked: bool) -> str:
+    """The schedule a shape's memory is sized for (its schedule names the memory model): 1F1B's or
+    interleaved's in-flight count, unless every allowed schedule for that chunking holds all microbatches
+    before its first backward (GPipe, looped BFS); sized for 1F1B, their runs would not fit."""
+    usual, hold_all = (ScheduleName.INTERLEAVED, ScheduleName.LOOPED_BFS) if chunked else (
+        ScheduleName.ONE_F_ONE_B, ScheduleName.GPIPE)
+    lean = {usual, ScheduleName.OPTIMIZED} | (set() if chunked else {ScheduleName.ZB_H1, ScheduleName.ZB_H2})
+    return hold_all if allowed is not None and not allowed & lean else usual
+
+
+def _schedules(layers: int, pp: int, microbatches: int, max_virtual_stages: int,
+               allowed: frozenset[str] | None = None) -> Iterator[tuple[str, int]]:
+    yield _memory_schedule(allowed, chunked=False), 1
     if pp < 2 or microbatches % pp:
         return
     for v in range(2, max_virtual_stages + 1):
         if layers % (pp * v) == 0:
-            yield ScheduleName.INTERLEAVED, v
+            yield _memory_schedule(allowed, chunked=True), v
 
 
 def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, SlotInventory]]:
@@ -152,7 +171,8 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
             for dp in reversed([d for d in divisors(batch // mbs) if d <= inventory.total]):
                 microbatches = batch // (dp * mbs)
                 for pp in range(min(layers, inventory.total // dp), 0, -1):
-                    for schedule, v in _schedules(layers, pp, microbatches, problem.config.max_virtual_stages):
+                    for schedule, v in _schedules(layers, pp, microbatches, problem.config.max_virtual_stages,
+                                                  problem.allowed_schedules):
                         if not problem.allows_virtual_stages(v):
                             continue
                         for recompute in problem.recompute_modes:

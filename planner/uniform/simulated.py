@@ -1,23 +1,30 @@
 """The stock uniform space searched for the number a plan reports: its simulated iteration time.
 
 With `allow_non_uniform: false` (stock layouts) a plan's `predicted.iteration_time_s` is the chosen
-schedule's simulated makespan plus the gradient sync and optimizer step, the schedule being the fastest
-allowed handcrafted one that fits memory (`planner.schedules.for_plan`). This search minimizes exactly
-that, by branch and bound:
+schedule's simulated makespan plus the gradient sync it leaves exposed and the optimizer step, the
+schedule being the fastest allowed handcrafted one that fits memory (`planner.schedules.for_plan`). This
+search minimizes exactly that, by branch and bound:
 
 * Every shape (`ranked_candidates`) starts with `simulation_floor_ms`: m times its bottleneck stage's
   least time plus the sync floors, below the simulated time of every split and every schedule.
 * Popped, a shape's bound is refined to the least, over every stock split that fits memory (first and
   last stage free, middle stages equal), of `planner.schedules.bounds.lower_bound_ms` (valid for every
   schedule of the allowed families: with only full-backward ones, GPipe, 1F1B and interleaved, the
-  tighter full-backward form) plus that split's sync and optimizer.
-* Then its splits are simulated in the order of their bounds, each with every allowed handcrafted
-  schedule, until the next bound is no better than the best simulated plan.
+  tighter full-backward form) plus that split's sync and optimizer, for the replica holding the slowest
+  degraded group at its best position (every placement has one).
+* Popped, a split's placements of degraded groups (`planner.uniform.placements`: which replica, which
+  stage position) are bounded each, and queued.
+* Then placements are simulated in the order of their bounds, each with every allowed handcrafted
+  schedule, until the next bound is no better than the best simulated plan; a placement no stock
+  launcher can start (`planner.uniform.launch`) is dropped.
 
-The search stops when no bound in the queue beats the incumbent, so `objective_ms` is optimal over
-the stock space (every shape, every stock split, every allowed handcrafted schedule) under the
-simulator, and `bound_ms` is below every layout of it whichever allowed schedule runs it, CP-SAT's
-`optimized` included when allowed. Budget cuts leave the least bound still queued as the bound.
+Where looped BFS is allowed, chunked shapes' sync terms count only what it must leave exposed
+(`planner.schedules.sync`). The search stops when no bound in the queue beats the incumbent, so
+`objective_ms` is optimal over the stock space (every shape, every stock split, every placement of the
+degraded groups a launcher starts, every allowed handcrafted schedule) under the simulator, and
+`bound_ms` is below every layout of it whichever allowed schedule runs it, CP-SAT's `optimized`
+included when allowed. Budget cuts leave the least bound still queued as the bound; splits with more
+placements than `PlannerConfig.max_slow_placements` keep their split bound for those not tried.
 """
 
 from __future__ import annotations
@@ -27,9 +34,10 @@ import time
 from dataclasses import dataclass
 from itertools import count
 
+from cost_models.choices import ScheduleName
 from cost_models.iteration import estimate_iteration, stage_time
 from cost_models.pipeline import pipeline_time_ms
-from planner.assemble import stage_figures
+from planner.assemble import stage_figures, stage_grad_sync
 from planner.budget import Budget
 from planner.problem import PlanningProblem
 from planner.result import ReplicaResult, StageResult
@@ -89,14 +97,17 @@ class StockSearch:
         allowed = problem.allowed_schedules
         self._names = allowed  # None: every schedule
         self._split_backward = not full_backward_only(allowed)
+        # Looped BFS hides finished chunks' gradient sync (`planner.schedules.sync`): bounds on chunked shapes
+        # may then count only the least last bucket.
+        self._chunk_sync_overlap = allowed is None or ScheduleName.LOOPED_BFS in allowed
         self._orders: dict[tuple, Schedule] = {}
         self._placed: dict[int, tuple[list[Placement], bool, tuple[float, ...]]] = {}
         self._makespans: dict[tuple, float] = {}
         self._launch: dict[tuple, bool] = {}  # (tp, pp, dp, placement): whether launchers can start it  # (index, split, speed vector): its best handcrafted run
         self._tie = count()
         layers = problem.workload.model.num_layers
-        self._queue = [(simulation_floor_ms(c, layers, full_backward=not self._split_backward), next(self._tie),
-                        _FLOOR, i, None)
+        self._queue = [(simulation_floor_ms(c, layers, full_backward=not self._split_backward,
+                                            chunk_sync_overlap=self._overlaps_chunks(c)), next(self._tie), _FLOOR, i, None)
                        for i, c in enumerate(self._candidates)]
         heapq.heapify(self._queue)
         self._cut_bound = float("inf") if complete else 0.0  # shapes left uncosted are not bounded here
@@ -199,7 +210,7 @@ class StockSearch:
         terms, v = candidate.terms, candidate.shape.virtual_stages
         stages = tuple(
             StageResult(id=i, layers=(0, 0), devices=(), tp=candidate.shape.tp, speed=speed,
-                        **stage_figures(stage_time(terms, i, n, speed)))
+                        grad_sync=stage_grad_sync(terms, i, n), **stage_figures(stage_time(terms, i, n, speed)))
             for i, (n, speed) in enumerate(zip(split, speeds))
         )
         replica = ReplicaResult(id=0, num_microbatches=terms.num_microbatches, stages=stages)
@@ -207,11 +218,23 @@ class StockSearch:
         bubble = pipeline_time_ms([s.forward_ms + s.backward_ms for s in stages], terms.num_microbatches, v)
         return _Replica(spec, bubble, estimate_iteration(terms, split, speeds).iteration_ms)
 
+    def _overlaps_chunks(self, candidate: Candidate) -> bool:
+        return self._chunk_sync_overlap and candidate.shape.virtual_stages > 1
+
     def _bound(self, replicas: list[_Replica]) -> float:
         """Below the reported time of a layout whose replicas are these, under every allowed schedule
-        (`_value`'s form; with one replica, below every layout holding one at least as slow)."""
+        (`_value`'s form; with one replica, below every layout holding one at least as slow). A schedule
+        hiding finished chunks' sync (looped BFS) leaves at least the least last bucket exposed
+        (`planner.schedules.sync`: the stage ending last still sends one after its end)."""
         tail = max(r.iteration_ms for r in replicas) - max(r.bubble_ms for r in replicas)
-        return tail + max(lower_bound_ms(r.spec, split_backward=self._split_backward) for r in replicas)
+        return tail + max(lower_bound_ms(r.spec, split_backward=self._split_backward) - self._sync_relief_ms(r.spec)
+                          for r in replicas)
+
+    def _sync_relief_ms(self, spec: PipelineSpec) -> float:
+        """How far below the 1F1B sync price a run of `spec` may report (0 without looped BFS)."""
+        if not (self._chunk_sync_overlap and spec.virtual_stages > 1 and spec.grad_sync):
+            return 0.0
+        return max(0.0, max(s.exposed_ms for s in spec.grad_sync) - min(s.last_bucket_ms for s in spec.grad_sync))
 
     def _split_bound(self, candidate: Candidate, split: tuple[int, ...]) -> float:
         """Below the reported time of this split under every placement and allowed schedule: some replica
@@ -234,15 +257,18 @@ class StockSearch:
     def _value(self, candidate: Candidate, index: int, split: tuple[int, ...], placement: Placement) -> float:
         """The iteration time a plan of this split and placement reports (`for_plan._apply`): the
         bubble-model iteration, moved by how much the slowest replica's handcrafted schedule (`best_run`:
-        the fastest that fits, else the least overshoot, as `choose_schedule` picks) differs from the
-        bubble model."""
+        the fastest that fits, as `choose_schedule` picks) differs from the bubble model, its makespan and
+        its sync (`SimulationResult.reported_ms`); infinite when no allowed schedule fits memory."""
         replicas = [self._replica(candidate, split, vector) for vector in placement.distinct]
         makespans = []
         for vector, replica in zip(placement.distinct, replicas):
             key = (index, split, vector)
             if key not in self._makespans:
                 runs = [(order, simulate(order, replica.spec, validated=True)) for order in self._orders_for(replica.spec)]
-                self._makespans[key] = best_run(runs, replica.spec)[1].makespan_ms
+                best = best_run(runs, replica.spec)[1]
+                # No allowed schedule fits (memory caps assume 1F1B's in-flight count; GPipe and looped BFS
+                # hold every microbatch): the split does not run.
+                self._makespans[key] = float("inf") if best.over_memory(replica.spec) else best.reported_ms
             makespans.append(self._makespans[key])
         return max(r.iteration_ms for r in replicas) - max(r.bubble_ms for r in replicas) + max(makespans)
 

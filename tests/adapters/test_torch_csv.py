@@ -17,6 +17,7 @@ from cli import main as cli_main
 from planner.schedules.handcrafted import (
     gpipe,
     interleaved_1f1b,
+    looped_bfs,
     one_f_one_b,
     zb_h1,
     zb_h2,
@@ -174,6 +175,7 @@ SCHEDULES = {
     "interleaved-v3": lambda p, m: (interleaved_1f1b(p, m, 3), 3),
     "zb-h1": lambda p, m: (zb_h1(p, m), 1),
     "zb-h2": lambda p, m: (zb_h2(p, m), 1),
+    "looped-bfs-v2": lambda p, m: (looped_bfs(p, m, 2), 2),
 }
 
 
@@ -245,7 +247,7 @@ def test_gloo_ranks_train_like_one_process(tmp_path):
     world = 4
     runs = [
         (4, _cases(tmp_path, 4, 8, ["1f1b", "zb-h1", "interleaved-v2"])),
-        (2, _cases(tmp_path, 2, 4, ["gpipe", "1f1b", "zb-h1", "zb-h2", "interleaved-v2"])),
+        (2, _cases(tmp_path, 2, 4, ["gpipe", "1f1b", "zb-h1", "zb-h2", "interleaved-v2", "looped-bfs-v2"])),
         (2, _cases(tmp_path, 2, 3, ["interleaved-v3"])),  # m not a multiple of p, 3 chunks per rank
     ]
     store = str(tmp_path / "store")

@@ -87,7 +87,10 @@ REQUESTS = {
     "1f1b-uneven-last": _request("llama3-8b", 32, 4096, {}, failures=FAILED,
                                  training={"recompute": "selective", "zero_stage": 0}),
     "interleaved": _request("llama2-13b", 64, 4096, {"schedules": ["interleaved"]}),
-    "gpipe-full": _request("llama2-70b", 32, 4096, {"schedules": ["gpipe"]}),
+    # breadth-first over looped chunks: torchtitan's LoopedBFS, by name
+    "looped-bfs": _request("llama2-13b", 16, 4096, {"schedules": ["looped-bfs"]}),
+    # GPipe holds every microbatch: 16 of them still fit beside 70B on 16 GPUs with full recompute
+    "gpipe-full": _request("llama2-70b", 16, 4096, {"schedules": ["gpipe"]}),
     # pp 1: torchtitan accumulates the 4 microbatches as gradient-accumulation steps
     "no-pp-selective": _request("llama3-8b", 64, 8192, {"schedules": ["1f1b"]}, training={"recompute": "selective"}),
     # zero-bubble and optimized orders travel as the torch-csv export
@@ -261,7 +264,7 @@ def test_the_cases_cover_every_mapping():
     assert {layout.recompute for layout in layouts.values()} == {"none", "selective", "full"}
     assert {layout.zero_stage for layout in layouts.values()} == {0, 1}
     assert {layout.schedule for layout in layouts.values() if layout.pp > 1} >= {
-        "1f1b", "gpipe", "interleaved", "zb-h1", "optimized"}
+        "1f1b", "gpipe", "interleaved", "looped-bfs", "zb-h1", "optimized"}
     assert any(layout.pp == 1 and layout.num_microbatches > 1 for layout in layouts.values())
     csv_v = {layouts[case].virtual_stages for case in REQUESTS if schedule_csv(real_plan(case))}
     assert 1 in csv_v and max(csv_v) > 1
@@ -311,8 +314,8 @@ def test_config_manager_parses_the_plans_values(case, plan):
     if layout.pp > 1 and layout.schedule in ("zb-h1", "zb-h2", "optimized"):
         assert par.pipeline_parallel_schedule_csv == SCHEDULE_CSV
     elif layout.pp > 1:
-        assert par.pipeline_parallel_schedule == {"gpipe": "GPipe", "1f1b": "1F1B",
-                                                  "interleaved": "Interleaved1F1B"}[layout.schedule]
+        assert par.pipeline_parallel_schedule == {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
+                                                  "looped-bfs": "LoopedBFS"}[layout.schedule]
         assert not par.pipeline_parallel_schedule_csv
 
 

@@ -104,3 +104,22 @@ def test_trainer_export_of_a_plan_it_cannot_run_is_422(client):
     assert response.status_code == 422
     detail = response.json()["detail"]
     assert "Megatron" in detail and "allow_non_uniform" in detail
+
+
+def test_a_breadth_first_plan_exports_to_what_runs_it_and_nothing_else(client):
+    """torchtitan names PyTorch's LoopedBFS and torch-csv lists its order; Megatron-LM and DeepSpeed have no
+    breadth-first schedule and say so."""
+    looped = small_request(model="llama2-13b", training={"global_batch_size": 16, "seq_length": 4096},
+                           options={"time_limit_s": 3, "allow_non_uniform": False, "schedules": ["looped-bfs"]})
+    response = client.post("/v1/plan", json=looped)
+    assert response.status_code == 200, response.text
+    plan = Plan.model_validate(response.json())
+    assert plan.schedule == "looped-bfs" and plan.virtual_stages > 1
+    torchtitan = client.get(f"/v1/plans/{plan.plan_id}/export/torchtitan")
+    assert torchtitan.status_code == 200, torchtitan.text
+    assert "--parallelism.pipeline_parallel_schedule LoopedBFS" in torchtitan.text
+    assert client.get(f"/v1/plans/{plan.plan_id}/export/torch-csv").status_code == 200
+    megatron = client.get(f"/v1/plans/{plan.plan_id}/export/megatron")
+    assert megatron.status_code == 422 and '"looped-bfs"' in megatron.json()["detail"]
+    deepspeed = client.get(f"/v1/plans/{plan.plan_id}/export/deepspeed")
+    assert deepspeed.status_code == 422 and "breadth-first" in deepspeed.json()["detail"]

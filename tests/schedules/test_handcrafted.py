@@ -90,7 +90,7 @@ def test_interleaved_needs_two_chunks():
 
 def test_handcrafted_schedules_follow_the_chunk_placement():
     assert [s.name for s in handcrafted_schedules(uniform(4, 8))] == ["gpipe", "1f1b", "zb-h1", "zb-h2"]
-    assert [s.name for s in handcrafted_schedules(uniform(4, 8, v=2))] == ["interleaved"]
+    assert [s.name for s in handcrafted_schedules(uniform(4, 8, v=2))] == ["interleaved", "looped-bfs"]
 
 
 # --- every shape runs ---------------------------------------------------------------------------
