@@ -202,16 +202,17 @@ def test_slowed_rank_reports_the_slowdown(plans, runs):
 # The command line under torchrun
 
 
-def _cli_plan() -> Plan:
+def _cli_plan(schedules: list[str] | None = None) -> Plan:
     """Two replicas of the 4-layer model: a 2-stage pipeline whose stage 0 is on the higher rank, and one stage
-    holding both interleaved chunks (PyTorch passes activations between them locally)."""
+    holding both interleaved chunks (PyTorch passes activations between them locally). `schedules`: the
+    request's."""
     body = {
         "cluster": {"num_nodes": 2, "gpus_per_node": 4, "gpu": "A100-80GB"},
         "failures": {"failed": ["0:3"]},
         "model": {"num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4,
                   "num_kv_heads": 2, "vocab_size": 128, "swiglu": True, "tied_embeddings": False},
         "training": {"global_batch_size": 16, "seq_length": 32, "micro_batch_size": 1},
-        "options": {"time_limit_s": 2},
+        "options": {"time_limit_s": 2, **({"schedules": schedules} if schedules else {})},
     }
     plan = plan_for(PlanRequest.model_validate(body))
     two = next(r for r in plan.replicas if len(r.stages) == 2)
@@ -224,8 +225,11 @@ def _cli_plan() -> Plan:
     return plan.model_copy(update={"replicas": [two, one], "global_batch_size": gbs})
 
 
-def test_command_line_under_torchrun(tmp_path):
-    plan = _cli_plan()
+@pytest.mark.parametrize("schedules", [None, ["looped-bfs"]], ids=["default", "looped-bfs"])
+def test_command_line_under_torchrun(tmp_path, schedules):
+    plan = _cli_plan(schedules)
+    if schedules:
+        assert {timeline.schedule for timeline in plan.pipeline_schedule.replicas} == {"looped-bfs"}
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(plan.model_dump_json())
     layout = executor_layout.build_layout(plan)
