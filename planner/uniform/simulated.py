@@ -10,8 +10,7 @@ search minimizes exactly that, by branch and bound:
 * Popped, a shape's bound is refined to the least, over every stock split that fits memory (first and
   last stage free, middle stages equal), of `planner.schedules.bounds.lower_bound_ms` (valid for every
   schedule of the allowed families: with only full-backward ones, GPipe, 1F1B and interleaved, the
-  tighter full-backward form) plus that split's sync and optimizer, for the replica holding the slowest
-  degraded group at its best position (every placement has one).
+  tighter full-backward form) plus that split's sync and optimizer, at full speed.
 * Popped, a split's placements of degraded groups (`planner.uniform.placements`: which replica, which
   stage position) are bounded each, and queued.
 * Then placements are simulated in the order of their bounds, each with every allowed handcrafted
@@ -182,7 +181,8 @@ class StockSearch:
         self._units += len(ranked) - 1
         heapq.heappush(self._queue, (ranked[0][0], next(self._tie), _PLACEMENTS, index, (split, ranked)))
         if not complete:
-            heapq.heappush(self._queue, (bound_ms, next(self._tie), _RESIDUAL, index, None))
+            residual_ms = max(bound_ms, self._anywhere_bound(candidate, split))
+            heapq.heappush(self._queue, (residual_ms, next(self._tie), _RESIDUAL, index, None))
 
     def _simulate_next(self, bound_ms: float, index: int, payload: tuple) -> None:
         split, ranked = payload
@@ -237,12 +237,23 @@ class StockSearch:
         return max(0.0, max(s.exposed_ms for s in spec.grad_sync) - min(s.last_bucket_ms for s in spec.grad_sync))
 
     def _split_bound(self, candidate: Candidate, split: tuple[int, ...]) -> float:
-        """Below the reported time of this split under every placement and allowed schedule: some replica
-        holds the slowest used group somewhere, and is at least as slow as that group alone there."""
+        """Below the reported time of this split under every placement and allowed schedule: a replica at
+        full speed (one replica, as cheap as a healthy split; the placements get their own bounds once
+        the split is popped). Less the stage figures' rounding: a plan's tail (its iteration less its pipeline)
+        differs by it between replicas of other speeds, each op time rounded to 1e-3 ms on the wire."""
+        shape = candidate.shape
+        rounding_ms = 1e-3 * (candidate.terms.num_microbatches * shape.virtual_stages + shape.pp)
+        return self._bound([self._replica(candidate, split, (1.0,) * shape.pp)]) - rounding_ms
+
+    def _anywhere_bound(self, candidate: Candidate, split: tuple[int, ...]) -> float:
+        """Below the reported time of this split under every placement: some replica holds the slowest
+        used group somewhere, and is at least as slow as that group alone there (for the placements
+        beyond the enumeration)."""
         shape = candidate.shape
         speeds = degraded_speeds_used(candidate.inventory, shape.pp, shape.dp)
-        anywhere = slowest_anywhere(speeds, shape.pp) if speeds else [(1.0,) * shape.pp]
-        return min(self._bound([self._replica(candidate, split, vector)]) for vector in anywhere)
+        if not speeds:
+            return self._split_bound(candidate, split)
+        return min(self._bound([self._replica(candidate, split, vector)]) for vector in slowest_anywhere(speeds, shape.pp))
 
     def _placement_bound(self, candidate: Candidate, split: tuple[int, ...], placement: Placement,
                          replicas: dict[tuple[float, ...], _Replica] | None = None) -> float:
