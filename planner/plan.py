@@ -133,14 +133,16 @@ def _plan_failure_aware(problem: PlanningProblem, budget: Budget) -> PlanResult:
         level = min(1.0, math.floor(4 * left_s / (config.checking_unit_s * (stock_units + floor_steps))) / 4)
         stock_units, floor_steps = int(max(0.0, level) * stock_units), int(max(0.0, level) * floor_steps)
     hurried = layout is not None and floor_steps == 0
-    stock = StockSearch(problem, layout_budget, ranked)
-    if not hurried:
-        stock.run(layout_budget, until_a_layout=layout is None, max_units=stock_units)
     # Candidates are compared by their handcrafted schedules (what every search values layouts by); only
     # the answer is given list and CP-SAT schedules.
     candidates: list[tuple[float, PlanResult]] = []
     if layout is not None:
         candidates.append((0.0 if hurried else handcrafted_reported_ms(problem, layout), layout))
+    stock = StockSearch(problem, layout_budget, ranked)
+    # Stock layouts bounded above pass 1's layout cannot win: their bound is the stock space's.
+    pass_one_ms = candidates[0][0] if candidates and not hurried else float("inf")
+    if not hurried:
+        stock.run(layout_budget, until_a_layout=layout is None, max_units=stock_units, incumbent_ms=pass_one_ms)
     found = stock.result()
     if found is not None:
         candidates.append((stock.best_ms, assemble_plan(problem, found[0])))
@@ -157,7 +159,7 @@ def _plan_failure_aware(problem: PlanningProblem, budget: Budget) -> PlanResult:
     answer = with_schedules(problem, candidates[chosen][1], work,
                             optional_s=schedule_time_s(total_s, work.remaining_s(), problem.config))
     searched = layout.solver if layout is not None else answer.solver
-    finished = simulated.exhausted and stock.finished()
+    finished = simulated.exhausted and stock.finished(pass_one_ms)
     solver = replace(answer.solver, wall_time_s=round(time.monotonic() - started, 3),
                      candidates_total=searched.candidates_total + simulated.outer_total,
                      candidates_solved=searched.candidates_solved + simulated.outer_solved,

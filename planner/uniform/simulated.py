@@ -122,13 +122,14 @@ class StockSearch:
     def next_bound_ms(self) -> float:
         return self._queue[0][0] if self._queue else float("inf")
 
-    def run(self, budget: Budget, *, until_a_layout: bool = True, max_units: int | None = None) -> None:
-        """Refine and simulate until nothing queued beats the best layout or the budget ends; past the
-        deadline only until there is a first layout, unless `until_a_layout` is off (the caller has one).
-        `max_units` also ends it, counted in splits and placements bounded and simulated: the same on
-        any machine."""
+    def run(self, budget: Budget, *, until_a_layout: bool = True, max_units: int | None = None,
+            incumbent_ms: float = float("inf")) -> None:
+        """Refine and simulate until nothing queued beats the best layout (or `incumbent_ms`, a layout the
+        caller has) or the budget ends; past the deadline only until there is a first layout, unless
+        `until_a_layout` is off (the caller has one). `max_units` also ends it, counted in splits and
+        placements bounded and simulated: the same on any machine."""
         tolerance = self._problem.config.prune_tolerance
-        while self._queue and self.next_bound_ms() < self.best_ms * (1 - tolerance):
+        while self._queue and self.next_bound_ms() < min(self.best_ms, incumbent_ms) * (1 - tolerance):
             if (self._best is not None or not until_a_layout) and budget.expired():
                 return
             if max_units is not None and self._units >= max_units and (self._best is not None or not until_a_layout):
@@ -298,10 +299,11 @@ class StockSearch:
             out.append(self._orders[key])
         return out
 
-    def finished(self) -> bool:
-        """Whether no bound left in the queue beats the best layout: the search has proven it."""
+    def finished(self, incumbent_ms: float = float("inf")) -> bool:
+        """Whether no bound left in the queue beats the best layout (or the caller's, `incumbent_ms`): the
+        search has proven it."""
         least = min(self.next_bound_ms(), self._residual_bound)
-        return least >= self.best_ms * (1 - self._problem.config.prune_tolerance) and self._cut_bound > 0
+        return least >= min(self.best_ms, incumbent_ms) * (1 - self._problem.config.prune_tolerance) and self._cut_bound > 0
 
     def result(self) -> tuple[SearchResult, float] | None:
         """The best layout (its SearchResult carries the bubble-model figures the plan is assembled
