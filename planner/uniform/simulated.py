@@ -209,9 +209,12 @@ class StockSearch:
 
     def _replica(self, candidate: Candidate, split: tuple[int, ...], speeds: tuple[float, ...]) -> _Replica:
         terms, v = candidate.terms, candidate.shape.virtual_stages
+        # Only a schedule that hides finished chunks' sync reads it (looped BFS): skip it where none can run.
+        syncs = self._overlaps_chunks(candidate)
         stages = tuple(
             StageResult(id=i, layers=(0, 0), devices=(), tp=candidate.shape.tp, speed=speed,
-                        grad_sync=stage_grad_sync(terms, i, n), **stage_figures(stage_time(terms, i, n, speed)))
+                        grad_sync=stage_grad_sync(terms, i, n) if syncs else None,
+                        **stage_figures(stage_time(terms, i, n, speed)))
             for i, (n, speed) in enumerate(zip(split, speeds))
         )
         replica = ReplicaResult(id=0, num_microbatches=terms.num_microbatches, stages=stages)
