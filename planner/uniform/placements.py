@@ -84,8 +84,8 @@ def spread(speeds: tuple[float, ...], pp: int, dp: int) -> Placement:
 
 
 def placement_count_bound(k: int, pp: int, dp: int) -> int:
-    """At least as many as `all_placements` makes (k groups into distinct cells, replicas unordered:
-    at most the ordered count pp^k times the ways to split them among replicas)."""
+    """An upper bound on the placements (and recursion leaves) `all_placements` makes: k groups into
+    distinct cells of the at most min(dp, k) replicas they can occupy, in order."""
     return perm(pp * min(dp, k), k) if k else 1
 
 
