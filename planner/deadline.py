@@ -29,8 +29,9 @@ from planner.uniform.candidates import uniform_shape_count
 READ_S, READ_S_PER_SLOW_DEVICE = 0.0, 5e-6
 TRANSFER_S, TRANSFER_S_PER_SLOW_DEVICE = 0.01, 10e-6
 # Per uniform shape: 17-18 us measured (`ranked_candidates` over 53,564-93,286 shapes of llama3-405b at
-# 4,096-65,536 GPUs, now that every micro-batch size dividing the batch is a shape; it was 8 us).
-SETUP_S, SETUP_S_PER_GPU, SETUP_S_PER_DAMAGED_DEVICE, SETUP_S_PER_SHAPE = 0.03, 0.5e-6, 4e-6, 18e-6
+# 4,096-65,536 GPUs, now that every micro-batch size dividing the batch is a shape; it was 8 us), plus
+# 4-6 us for the stock search's simulation floor of each (its queue is built even when it has no time).
+SETUP_S, SETUP_S_PER_GPU, SETUP_S_PER_DAMAGED_DEVICE, SETUP_S_PER_SHAPE = 0.03, 0.5e-6, 4e-6, 23e-6
 FINISH_S, FINISH_S_PER_GPU, FINISH_S_PER_DAMAGED_DEVICE = 0.03, 1.8e-6, 3e-6
 WIRE_S, WIRE_S_PER_GPU, WIRE_S_PER_DAMAGED_DEVICE = 0.05, 1.8e-6, 3e-6
 # Simulating one op of a timeline (~3 us) and carrying it to the client (wire model, JSON, store,
