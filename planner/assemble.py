@@ -13,7 +13,7 @@ from cost_models.flops import iteration_model_flops
 from cost_models.hardware import GIB
 from cost_models.iteration import StageTime, exposed_dp_sync_ms, stage_time
 from cost_models.stage_costs import StageCostTerms
-from planner.devices import Slot, damaged_node_slots, slot_inventory
+from planner.devices import Slot, slot_inventory
 from planner.problem import PlanningProblem
 from planner.result import (
     PlanResult,
@@ -24,22 +24,14 @@ from planner.result import (
     stage_schedule_fields,
 )
 from planner.schedules.ops import GradSync
-from planner.uniform.launch import placement_grid
+from planner.uniform.launch import node_slots, placement_grid
 from planner.uniform.placements import Placement, degraded_speeds_used, packed
 from planner.uniform.search import SearchResult
 
 
 def _full_speed_slots(problem: PlanningProblem, tp: int) -> list[Slot]:
-    cluster = problem.cluster
-    damaged = cluster.damaged_nodes
-    groups = cluster.gpus_per_node // tp
-    slots: list[Slot] = []
-    for node in range(cluster.num_nodes):
-        if node in damaged:
-            slots.extend(s for s in damaged_node_slots(cluster, node, tp) if s.speed >= 1.0)
-        else:
-            slots.extend(Slot(node, tuple(range(g * tp, (g + 1) * tp)), 1.0) for g in range(groups))
-    return slots
+    """Every full-speed TP group, node by node."""
+    return [slot for full, _ in node_slots(problem.cluster, tp).values() for slot in full]
 
 
 def _degraded_slots(problem: PlanningProblem, tp: int) -> list[Slot]:

@@ -34,7 +34,7 @@ class _NodeKind:
     degraded: tuple[float, ...]  # speeds of its degraded TP groups, sorted
 
 
-def _node_slots(cluster: ClusterState, tp: int) -> dict[int, tuple[list[Slot], list[Slot]]]:
+def node_slots(cluster: ClusterState, tp: int) -> dict[int, tuple[list[Slot], list[Slot]]]:
     """Per node, its full-speed and its degraded TP groups; computed once per cluster state and size."""
     key = ("node_slots", tp)
     if key not in cluster.memo:
@@ -143,7 +143,7 @@ def launch_grid(cluster: ClusterState, tp: int, pp: int, dp: int, placement: Pla
                 max_dead_ends: int = 2000, max_orders: int = 64) -> list[list[Slot]] | None:
     """slots[replica][stage] with every node one run in tp-dp-pp rank order, the degraded groups as
     `placement` puts them (up to the order of replicas); None if none is found within `max_dead_ends` backtracks."""
-    slots = _node_slots(cluster, tp)
+    slots = node_slots(cluster, tp)
     nodes_of: dict[_NodeKind, list[int]] = {}
     for node, (full, degraded) in slots.items():
         nodes_of.setdefault(_NodeKind(len(full), tuple(sorted(s.speed for s in degraded))), []).append(node)
