@@ -150,12 +150,19 @@ def estimate_iteration(
     """Evaluate one pipeline (the slowest replica of a uniform layout)."""
     speeds = list(stage_speeds) if stage_speeds is not None else [1.0] * len(layers_per_stage)
     stages = tuple(stage_time(terms, i, n, speeds[i]) for i, n in enumerate(layers_per_stage))
+    healthy = stages if stage_speeds is None else tuple(stage_time(terms, i, n) for i, n in enumerate(layers_per_stage))
+    return iteration_of_stages(terms, stages, healthy)
+
+
+def iteration_of_stages(terms: StageCostTerms, stages: Sequence[StageTime], healthy: Sequence[StageTime]) -> IterationEstimate:
+    """`estimate_iteration` from its stages' timings (`stage_time`) at their speeds and at full speed: callers
+    that price many splits of one shape look each stage up once."""
+    stages = tuple(stages)
     totals = [s.total_ms for s in stages]
     m = terms.num_microbatches
     pipeline_ms = pipeline_time_ms(totals, m, terms.shape.virtual_stages)
     # Gradient sync waits for the full-speed peers' backward too; their
     # shorter backward hides less of it, so use the speed-1 stage times.
-    healthy = [stage_time(terms, i, n) for i, n in enumerate(layers_per_stage)]
     dp_ms = max(exposed_dp_sync_ms(terms, s) for s in healthy)
     optimizer_ms = max(s.params for s in stages) * terms.optimizer_ms_per_param
     bottleneck = max(range(len(totals)), key=lambda i: totals[i])

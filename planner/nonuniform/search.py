@@ -262,8 +262,10 @@ def _base_bottleneck_ms(
 ) -> float | None:
     """Bottleneck of the base-only template with `stages` stages (None if it does not fit);
     `memo` shares it between outer choices of one search (adjacent pp share lengths)."""
+    # What the split reads: stage times (which see the replica counts only through whether pipeline sends
+    # stay in a node) and memory caps (through ZeRO's replicas).
     key = (outer.tp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, stages,
-           cache.memory_replicas, cache.link_replicas)
+           cache.memory_replicas, cache.links_in_node(outer.tp, stages))
     if memo is not None and key in memo:
         return memo[key]
     value = _base_bottleneck_uncached(problem, outer, cache, stages)

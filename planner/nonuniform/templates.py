@@ -19,7 +19,7 @@ Both steps are exact.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -134,7 +134,10 @@ class TermsCache:
         # Cost terms and per-stage costs: (tp, stages, mbs, recompute, v, both replica counts).
         self.replicas_key = self._shape_key + (memory_replicas, self._link_replicas, job_devices)
         self._terms: dict[tuple, StageCostTerms] = shared.setdefault("terms", {})
-        self._stage_costs: dict[tuple, tuple[float, float, float, float, float]] = shared.setdefault("stage_costs", {})
+        self._stage_costs: dict[tuple, tuple[float, ...]] = shared.setdefault("stage_costs", {})
+        # The same less the stage's time, which alone depends on its speed: (tp, stages, position kind, layers,
+        # sync replicas, both replica counts).
+        self._group_costs: dict[tuple, tuple[float, ...]] = shared.setdefault("group_costs", {})
         # Stage times: (tp, mbs, recompute, v, stages, position kind, speed) and, through the
         # pipeline links, whether a whole job of this shape fits in one node.
         self._affine: dict[tuple, tuple[float, float]] = shared.setdefault("affine", {})
@@ -142,13 +145,16 @@ class TermsCache:
         # Memory caps, a row of positions: (tp, mbs, recompute, v, stages, memory replicas).
         self._caps_key = (outer.micro_batch_size, outer.recompute, outer.virtual_stages, memory_replicas)
         self._cap_rows: dict[tuple, tuple[int, ...]] = shared.setdefault("cap_rows", {})
+        # Template splits: (stage types, whether sends stay in a node per TP size, mbs, recompute, v, memory
+        # replicas).
+        self._splits: dict[tuple, tuple[int, ...] | None] = shared.setdefault("splits", {})
         # Stage times of the first, a middle and the last position: what building a template reads.
         self._affine_rows: dict[tuple, tuple[tuple[float, float], ...]] = shared.setdefault("affine_rows", {})
 
     def stage_affine(self, stage_type: StageType, stages: int, position: int) -> tuple[float, float]:
         """(per-layer ms, fixed ms) of a stage; only first, middle and last positions differ in time."""
         kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
-        key = (stage_type, stages, kind, self._links_in_node(stage_type.tp, stages)) + self._shape_key
+        key = (stage_type, stages, kind, self.links_in_node(stage_type.tp, stages)) + self._shape_key
         if key not in self._affine:
             terms = self.terms(stage_type.tp, stages)
             zero = stage_total_ms(terms, position, 0, stage_type.speed)
@@ -157,12 +163,23 @@ class TermsCache:
 
     def stage_affines(self, stage_type: StageType, stages: int) -> tuple[tuple[float, float], ...]:
         """`stage_affine` of the first, a middle and the last position."""
-        key = (stage_type, stages, self._links_in_node(stage_type.tp, stages)) + self._shape_key
+        key = (stage_type, stages, self.links_in_node(stage_type.tp, stages)) + self._shape_key
         if key not in self._affine_rows:
             self._affine_rows[key] = tuple(
                 self.stage_affine(stage_type, stages, position) for position in (0, min(1, stages - 1), stages - 1)
             )
         return self._affine_rows[key]
+
+    def split_of(self, stage_types: tuple[StageType, ...],
+                 compute: Callable[[], tuple[int, ...] | None]) -> tuple[int, ...] | None:
+        """A template's split, computed once (by `compute`) for everything it reads: the stage times, which
+        see the replica counts only through whether pipeline sends stay in a node, and the memory caps."""
+        stages = len(stage_types)
+        links = tuple(self.links_in_node(tp, stages) for tp in sorted({st.tp for st in stage_types}))
+        key = (stage_types, links) + self._caps_key
+        if key not in self._splits:
+            self._splits[key] = compute()
+        return self._splits[key]
 
     def layer_caps(self, tp: int, stages: int, memory_bytes: float) -> tuple[int, ...]:
         """Most layers a stage fits in memory, per position (microbatches in flight differ)."""
@@ -174,14 +191,14 @@ class TermsCache:
     def backward_affine(self, tp: int, stages: int, position: int) -> tuple[float, float]:
         """(per-layer ms, fixed ms) of a stage's backward pass at full speed."""
         kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
-        key = (tp, stages, kind, self._links_in_node(tp, stages)) + self._shape_key
+        key = (tp, stages, kind, self.links_in_node(tp, stages)) + self._shape_key
         if key not in self._backward:
             terms = self.terms(tp, stages)
             zero = stage_backward_ms(terms, position, 0)
             self._backward[key] = (stage_backward_ms(terms, position, 1) - zero, zero)
         return self._backward[key]
 
-    def _links_in_node(self, tp: int, stages: int) -> bool:
+    def links_in_node(self, tp: int, stages: int) -> bool:
         """Whether pipeline sends stay in a node (`stage_cost_terms`: the job's devices fit one). While
         searching, a job of `link_replicas` pipelines of `stages` groups of `tp` GPUs stands for the
         layout; once it is known, its device count (`job_devices`) decides for every stage alike."""
@@ -202,7 +219,7 @@ class TermsCache:
             changes = {}
             if self._job_devices is not None:
                 changes["p2p_ms"] = pipeline_p2p_ms(problem.workload, problem.hardware, shape, problem.efficiency,
-                                                    problem.software, in_node=self._links_in_node(tp, stages))
+                                                    problem.software, in_node=self.links_in_node(tp, stages))
             elif self._link_replicas > self._replicas:
                 changes["p2p_ms"] = pipeline_p2p_ms(
                     problem.workload, problem.hardware, replace(shape, dp=self._link_replicas),
@@ -356,7 +373,18 @@ def _build_template(
     sync_replicas: int,
 ) -> Template | None:
     """`build_template` with each stage type's stage times and memory caps already fetched."""
-    layers = problem.workload.model.num_layers
+    split = cache.split_of(stage_types, lambda: _split_of_rows(problem, outer, stage_types, rows))
+    if split is None:
+        return None
+    return template_costs(problem, cache, stage_types, split, base, sync_replicas)
+
+
+def _split_of_rows(
+    problem: PlanningProblem,
+    outer: OuterChoice,
+    stage_types: tuple[StageType, ...],
+    rows: dict[StageType, tuple[tuple[tuple[float, float], ...], tuple[int, ...]]],
+) -> tuple[int, ...] | None:
     stages = len(stage_types)
     per_layer, fixed, caps = [], [], []
     for i, st in enumerate(stage_types):
@@ -365,27 +393,38 @@ def _build_template(
         per_layer.append(per_layer_ms)
         fixed.append(fixed_ms)
         caps.append(type_caps[i])
-    split = best_split(per_layer, fixed, caps, layers, outer.virtual_stages)
-    if split is None:
-        return None
-    return template_costs(problem, cache, stage_types, split, base, sync_replicas)
+    return best_split(per_layer, fixed, caps, problem.workload.model.num_layers, outer.virtual_stages)
 
 
 def _stage_costs(
     problem: PlanningProblem, cache: TermsCache, stage_type: StageType, stages: int, position: int, layers: int,
     sync_replicas: int,
-) -> tuple[float, float, float, float, float]:
+) -> tuple[float, ...]:
     """(time per microbatch, parameters per GPU, exposed uniform sync, exposed resharded sync,
     optimizer step, and at full speed forward, backward and weight gradient per microbatch) of one stage;
     memoized, since base stages repeat across templates."""
     kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
     key = (stage_type, stages, kind, layers, sync_replicas) + cache.replicas_key
     memo = cache._stage_costs
+    if key not in memo:
+        per_layer, fixed = cache.stage_affine(stage_type, stages, position)
+        memo[key] = (layers * per_layer + fixed,
+                     *_group_costs(problem, cache, stage_type.tp, stages, position, layers, sync_replicas))
+    return memo[key]
+
+
+def _group_costs(
+    problem: PlanningProblem, cache: TermsCache, tp: int, stages: int, position: int, layers: int, sync_replicas: int,
+) -> tuple[float, ...]:
+    """`_stage_costs` but the time: what a stage holds, syncs and steps depends on its TP size, not its speed
+    (its backward, which hides the sync, is taken at full speed), so slow groups share it with healthy ones."""
+    kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
+    key = (tp, stages, kind, layers, sync_replicas) + cache.replicas_key
+    memo = cache._group_costs
     if key in memo:
         return memo[key]
-    terms = cache.terms(stage_type.tp, stages)
-    per_layer, fixed = cache.stage_affine(stage_type, stages, position)
-    backward_per_layer, backward_fixed = cache.backward_affine(stage_type.tp, stages, position)
+    terms = cache.terms(tp, stages)
+    backward_per_layer, backward_fixed = cache.backward_affine(tp, stages, position)
     backward = layers * backward_per_layer + backward_fixed
     params = layers * terms.layer.params
     params += terms.embedding.params if position == 0 else 0.0
@@ -404,7 +443,7 @@ def _stage_costs(
     )
     full_speed = (stage_forward_ms(terms, position, layers), stage_backward_ms(terms, position, layers),
                   stage_weight_grad_ms(terms, position, layers))
-    memo[key] = (layers * per_layer + fixed, params, uniform, resharded, params * terms.optimizer_ms_per_param, *full_speed)
+    memo[key] = (params, uniform, resharded, params * terms.optimizer_ms_per_param, *full_speed)
     return memo[key]
 
 
@@ -418,34 +457,36 @@ def template_costs(
 ) -> Template:
     """Every cost of one template with a given split (also used by the brute-force tests)."""
     stages = len(stage_types)
+    last = stages - 1
     # Middle stages of one type and layer count cost the same: look each such stage up once.
-    seen: dict[tuple, tuple[float, float, float, float, float]] = {}
+    seen: dict[tuple, tuple[float, ...]] = {}
     costs = []
     for i, (st, n) in enumerate(zip(stage_types, split)):
-        key = (st, 0 if i == 0 else (2 if i == stages - 1 else 1), n)
-        if key not in seen:
-            seen[key] = _stage_costs(problem, cache, st, stages, i, n, sync_replicas)
-        costs.append(seen[key])
-    totals = [c[0] for c in costs]
+        key = (st, 0 if i == 0 else (2 if i == last else 1), n)
+        found = seen.get(key)
+        if found is None:
+            found = seen[key] = _stage_costs(problem, cache, st, stages, i, n, sync_replicas)
+        costs.append(found)
+    totals, params, uniform, resharded, optimizer, forwards, backwards, weight_grads = zip(*costs)
     degraded: dict[StageType, int] = {}
     for st in stage_types:
-        if st != base:
+        if st is not base and st != base:
             degraded[st] = degraded.get(st, 0) + 1
     return Template(
         stage_types=stage_types,
         layers_per_stage=split,
-        stage_ms=tuple(totals),
-        params_per_gpu=tuple(c[1] for c in costs),
+        stage_ms=totals,
+        params_per_gpu=params,
         bottleneck_ms=max(totals),
         total_ms=sum(totals),
-        sync_uniform_ms=max(c[2] for c in costs),
-        sync_resharded_ms=max(c[3] for c in costs),
-        optimizer_ms=max(c[4] for c in costs),
-        base_groups=sum(1 for st in stage_types if st == base),
+        sync_uniform_ms=max(uniform),
+        sync_resharded_ms=max(resharded),
+        optimizer_ms=max(optimizer),
+        base_groups=stages - sum(degraded.values()),
         degraded=tuple(sorted(degraded.items())),
-        forward_floor_ms=tuple(c[5] for c in costs),
-        backward_floor_ms=tuple(c[6] for c in costs),
-        weight_grad_floor_ms=tuple(c[7] for c in costs),
+        forward_floor_ms=forwards,
+        backward_floor_ms=backwards,
+        weight_grad_floor_ms=weight_grads,
     )
 
 

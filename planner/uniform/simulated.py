@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from itertools import count
 
 from cost_models.choices import ScheduleName
-from cost_models.iteration import estimate_iteration, stage_time
+from cost_models.iteration import StageTime, iteration_of_stages, stage_time
 from cost_models.pipeline import pipeline_time_ms
 from planner.assemble import stage_figures, stage_grad_sync
 from planner.budget import Budget
@@ -101,8 +101,9 @@ class StockSearch:
         self._chunk_sync_overlap = allowed is None or ScheduleName.LOOPED_BFS in allowed
         self._orders: dict[tuple, Schedule] = {}
         self._placed: dict[int, tuple[list[Placement], bool, tuple[float, ...]]] = {}
-        self._makespans: dict[tuple, float] = {}
-        self._launch: dict[tuple, bool] = {}  # (tp, pp, dp, placement): whether launchers can start it  # (index, split, speed vector): its best handcrafted run
+        self._makespans: dict[tuple, float] = {}  # (index, split, speed vector): its best handcrafted run
+        self._launch: dict[tuple, bool] = {}  # (tp, pp, dp, placement): whether launchers can start it
+        self._stages: dict[tuple, tuple[StageResult, StageTime]] = {}  # (shape, position, layers, speed)
         self._tie = count()
         layers = problem.workload.model.num_layers
         self._queue = [(simulation_floor_ms(c, layers, full_backward=not self._split_backward,
@@ -209,18 +210,25 @@ class StockSearch:
 
     def _replica(self, candidate: Candidate, split: tuple[int, ...], speeds: tuple[float, ...]) -> _Replica:
         terms, v = candidate.terms, candidate.shape.virtual_stages
-        # Only a schedule that hides finished chunks' sync reads it (looped BFS): skip it where none can run.
-        syncs = self._overlaps_chunks(candidate)
-        stages = tuple(
-            StageResult(id=i, layers=(0, 0), devices=(), tp=candidate.shape.tp, speed=speed,
-                        grad_sync=stage_grad_sync(terms, i, n) if syncs else None,
-                        **stage_figures(stage_time(terms, i, n, speed)))
-            for i, (n, speed) in enumerate(zip(split, speeds))
-        )
-        replica = ReplicaResult(id=0, num_microbatches=terms.num_microbatches, stages=stages)
+        stages = tuple(self._stage(candidate, i, n, speed) for i, (n, speed) in enumerate(zip(split, speeds)))
+        replica = ReplicaResult(id=0, num_microbatches=terms.num_microbatches, stages=tuple(s for s, _ in stages))
         spec = replica_spec(replica, v, self._problem.hardware.gpu.memory_gib)
-        bubble = pipeline_time_ms([s.forward_ms + s.backward_ms for s in stages], terms.num_microbatches, v)
-        return _Replica(spec, bubble, estimate_iteration(terms, split, speeds).iteration_ms)
+        bubble = pipeline_time_ms([s.forward_ms + s.backward_ms for s, _ in stages], terms.num_microbatches, v)
+        healthy = [self._stage(candidate, i, n, 1.0)[1] for i, n in enumerate(split)]
+        return _Replica(spec, bubble, iteration_of_stages(terms, [t for _, t in stages], healthy).iteration_ms)
+
+    def _stage(self, candidate: Candidate, position: int, layers: int, speed: float) -> tuple[StageResult, StageTime]:
+        """A stage of the shape as a plan reports it, and its timing; splits of one shape share most stages
+        (stock splits differ only at the ends), so each is costed once."""
+        key = (candidate.shape, position, layers, speed)
+        if key not in self._stages:
+            terms = candidate.terms
+            timing = stage_time(terms, position, layers, speed)
+            # Only a schedule that hides finished chunks' sync reads it (looped BFS): skip it where none can run.
+            grad_sync = stage_grad_sync(terms, position, layers) if self._overlaps_chunks(candidate) else None
+            self._stages[key] = (StageResult(id=position, layers=(0, 0), devices=(), tp=candidate.shape.tp, speed=speed,
+                                             grad_sync=grad_sync, **stage_figures(timing)), timing)
+        return self._stages[key]
 
     def _overlaps_chunks(self, candidate: Candidate) -> bool:
         return self._chunk_sync_overlap and candidate.shape.virtual_stages > 1

@@ -10,6 +10,7 @@ breakpoints: the budgets q microbatches need.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -73,6 +74,9 @@ def breakpoints_between(pieces_of: list[Pieces], total: int, lowest: float, high
     [lowest, highest), ascending."""
     out: set[int] = set()
     for pieces in pieces_of:
+        if len(pieces) == 1:  # the bubble model's: the budgets are an arithmetic series
+            out.update(_series_between(*pieces[0], total, lowest, highest))
+            continue
         steepest, latest = max(slope for slope, _ in pieces), max(offset for _, offset in pieces)
         # Below this q every piece, so the price, stays under `lowest`.
         first = max(1, int((lowest - latest) // steepest))
@@ -83,3 +87,10 @@ def breakpoints_between(pieces_of: list[Pieces], total: int, lowest: float, high
             if budget >= lowest:
                 out.add(budget)
     return sorted(out)
+
+
+def _series_between(slope: int, offset: int, total: int, lowest: float, highest: float) -> range:
+    """q slope + offset for q = 1..N, within [lowest, highest)."""
+    first = 1 if lowest == -math.inf else max(1, math.ceil((lowest - offset) / slope))
+    last = total if highest == math.inf else min(total, math.ceil((highest - offset) / slope) - 1)
+    return range(first * slope + offset, last * slope + offset + 1, slope)

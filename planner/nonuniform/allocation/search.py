@@ -104,6 +104,7 @@ class AllocationSearch:
         self._seed = random_seed
         templates, v = data.templates, data.virtual_stages
         self._pieces = data.pieces
+        self._single = [p[0] for p in self._pieces] if all(len(p) == 1 for p in self._pieces) else None
         self._uniform = [ticks(t.sync_uniform_ms) for t in templates]
         self._resharded = [max(ticks(t.sync_resharded_ms), u) for t, u in zip(templates, self._uniform)]
         self._optimizer = [ticks(t.optimizer_ms) for t in templates]
@@ -206,6 +207,8 @@ class AllocationSearch:
 
     def _capacities(self, budget: int) -> list[int]:
         """`capacity` of every template at once."""
+        if self._single is not None:  # the bubble model's one piece each: the hot path of the first pass
+            return [max(0, (budget - offset) // slope) for slope, offset in self._single]
         return [capacity(pieces, budget) for pieces in self._pieces]
 
     def _least_budget(self, members: tuple[int, ...], lowest: float, highest: float) -> int | None:
