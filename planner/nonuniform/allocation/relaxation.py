@@ -42,10 +42,15 @@ class CapacityRelaxation:
         self._class_partitions = [
             (len(c.nodes), [tuple(index[g] for g in p.groups) for p in ps]) for c, ps in zip(data.classes, data.partitions)
         ]
+        # Templates using the same groups are one LP column, earning the best capacity among its members: the
+        # LP puts all of a column's replicas on its best template anyway.
+        columns: dict[tuple, int] = {}
+        self._column = [columns.setdefault((t.base_groups, t.degraded), len(columns)) for t in data.templates]
+        self._column_usage = list(columns)
         self._lp: pywraplp.Solver | None = None
-        self._replicas: list[pywraplp.Variable] = []
-        self._set_to: list[float] = []  # each replica variable's current objective coefficient
-        self._members: tuple[int, ...] = ()  # the templates whose replica variables are unbounded
+        self._replicas: list[pywraplp.Variable] = []  # per column
+        self._set_to: list[float] = []  # each column's current objective coefficient
+        self._open: list[bool] = []  # whether each column's replicas are unbounded
 
     def may_run(self, capacities: Sequence[int], members: Collection[int]) -> bool:
         """False when a relaxation proves the members cannot run all N microbatches."""
@@ -90,20 +95,20 @@ class CapacityRelaxation:
         if self._lp is None:
             self._build_lp()
         lp, replicas = self._lp, self._replicas
-        members = tuple(members)
-        if members != self._members:
-            # Only members may have replicas. (A member without capacity at this budget may too:
-            # its objective coefficient is 0, so its replicas never raise the optimum.)
-            allowed = set(members)
-            for k, variable in enumerate(replicas):
-                variable.SetUb(self._data.microbatches if k in allowed else 0.0)
-            self._members = members
-        objective, set_to = lp.Objective(), self._set_to
+        best = [-1.0] * len(replicas)  # per column, its members' best capacity; -1: no member
         for k in members:
-            coefficient = float(max(0, capacities[k]))
-            if coefficient != set_to[k]:
-                objective.SetCoefficient(replicas[k], coefficient)
-                set_to[k] = coefficient
+            column = self._column[k]
+            best[column] = max(best[column], float(max(0, capacities[k])))
+        objective, set_to, open_ = lp.Objective(), self._set_to, self._open
+        for column, coefficient in enumerate(best):
+            # Only columns with members may have replicas. (One without capacity at this budget may too: its
+            # objective coefficient is 0, so its replicas never raise the optimum.)
+            if (coefficient >= 0) != open_[column]:
+                open_[column] = coefficient >= 0
+                replicas[column].SetUb(self._data.microbatches if open_[column] else 0.0)
+            if coefficient >= 0 and coefficient != set_to[column]:
+                objective.SetCoefficient(replicas[column], coefficient)
+                set_to[column] = coefficient
         if lp.Solve() != pywraplp.Solver.OPTIMAL:
             return float("inf")
         return objective.Value()
@@ -114,8 +119,10 @@ class CapacityRelaxation:
         templates = data.templates
         infinity = lp.infinity()
 
-        # Variables: replicas per template (bounds set per probe), nodes of each class per partition.
-        replicas = [lp.NumVar(0, 0, f"replicas_{k}") for k in range(len(templates))]
+        # Variables: replicas per column (templates using the same groups; bounds set per probe), nodes of each
+        # class per partition.
+        usage = self._column_usage
+        replicas = [lp.NumVar(0, 0, f"replicas_{k}") for k in range(len(usage))]
         chosen = [[lp.NumVar(0, len(c.nodes), "") for _ in ps] for c, ps in zip(data.classes, data.partitions)]
 
         # Partitions: every damaged node takes exactly one.
@@ -129,8 +136,8 @@ class CapacityRelaxation:
         types = sorted({st for t in templates for st, _ in t.degraded} | {data.base})
         for st in types:
             row = lp.Constraint(-infinity, data.healthy_base_groups if st == data.base else 0)
-            for k, t in enumerate(templates):
-                needed = t.base_groups if st == data.base else t.degraded_map.get(st, 0)
+            for k, (base_groups, degraded) in enumerate(usage):
+                needed = base_groups if st == data.base else dict(degraded).get(st, 0)
                 if needed:
                     row.SetCoefficient(replicas[k], needed)
             for ci, ps in enumerate(data.partitions):
@@ -146,4 +153,5 @@ class CapacityRelaxation:
 
         # Objective: the most microbatches; coefficients are set per probe.
         lp.Objective().SetMaximization()
-        self._lp, self._replicas, self._set_to = lp, replicas, [0.0] * len(templates)
+        self._lp, self._replicas = lp, replicas
+        self._set_to, self._open = [0.0] * len(usage), [False] * len(usage)
