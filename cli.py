@@ -1,4 +1,4 @@
-"""The `resiplan` command line: serve, plan, estimate, export, launch."""
+"""The `resiplan` command line: serve, plan, estimate, compare, export, import, launch."""
 
 from __future__ import annotations
 
@@ -61,6 +61,19 @@ def _estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from api.tasks.comparing import compare_for
+
+    comparison = compare_for(_read_request(args.request, EstimateRequest))
+    if args.format == "json":
+        print(comparison.model_dump_json(indent=2))
+        return 0
+    from render.table import render_comparison
+
+    render_comparison(comparison)
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from adapters.registry import export_format
 
@@ -71,6 +84,19 @@ def _export(args: argparse.Namespace) -> int:
         Path(args.output).write_text(text)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from adapters.megatron_import import import_megatron
+
+    imported = import_megatron(_read_text(args.command_line), vocab_size=args.vocab_size)
+    request = imported.request
+    if args.cluster:
+        request = {**request, "cluster": json.loads(_read_text(args.cluster))}
+        EstimateRequest.model_validate(request)  # what `resiplan estimate` and /v1/estimate take, checked now
+    print(json.dumps({"request": request, "not_modelled": imported.not_modelled, "ignored": imported.ignored,
+                      "notes": imported.notes}, indent=2))
     return 0
 
 
@@ -142,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, handler, help_text in (
         ("plan", _plan, "plan a request file (PlanRequest JSON, '-' for stdin)"),
         ("estimate", _estimate, "estimate a fixed layout (PlanRequest JSON with 'layout')"),
+        ("compare", _compare, "a fixed layout (PlanRequest JSON with 'layout') against the best plan, and what "
+                              "each difference buys"),
     ):
         command = commands.add_parser(name, help=help_text)
         command.add_argument("--request", required=True, metavar="REQUEST.json")
@@ -160,6 +188,22 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", "-o", default=None, metavar="FILE", help="write here instead of stdout")
     export.add_argument("plan", metavar="PLAN.json", help="a Plan JSON file, '-' for stdin")
     export.set_defaults(run=_export, request=None)
+
+    imports = commands.add_parser(
+        "import",
+        help="read a trainer's command line back into a request (Megatron-LM's pretrain_gpt.py flags)",
+        description="Prints {request, not_modelled, ignored, notes}: the estimate request the command line "
+        "describes (add the cluster with --cluster, or by hand), the flags that change time or memory but are not "
+        "modelled, and those ignored because they change neither. Shell quoting, line continuations and comments "
+        "are read as a shell would.",
+    )
+    imports.add_argument("trainer", choices=("megatron",), help="the trainer whose command line it is")
+    imports.add_argument("command_line", metavar="COMMAND.sh", help="a file holding the command line, '-' for stdin")
+    imports.add_argument("--vocab-size", type=_non_negative_int, default=None,
+                         help="the tokenizer's vocabulary when the command line has no --vocab-size")
+    imports.add_argument("--cluster", default=None, metavar="CLUSTER.json",
+                         help="a cluster object to complete the request with (checked as an estimate request)")
+    imports.set_defaults(run=_import, request=None)
 
     launch = commands.add_parser(
         "launch",
@@ -214,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _input_name(args: argparse.Namespace) -> str:
-    return getattr(args, "plan", None) or args.request
+    return getattr(args, "plan", None) or getattr(args, "command_line", None) or args.request
 
 
 def _validation_text(error: ValidationError) -> str:

@@ -18,6 +18,7 @@ class GpuSpec:
     hbm_bandwidth_gb_s: HBM bandwidth, GB/s (memory-bound kernels).
     intra_node_bandwidth_gb_s: unidirectional NVLink/NVSwitch GB/s per GPU.
     inter_node_bandwidth_gb_s: unidirectional network GB/s per GPU.
+    peak_fp8_tflops: dense FP8 TFLOP/s; None without FP8 tensor cores.
     """
 
     name: str
@@ -26,6 +27,7 @@ class GpuSpec:
     hbm_bandwidth_gb_s: float
     intra_node_bandwidth_gb_s: float
     inter_node_bandwidth_gb_s: float
+    peak_fp8_tflops: float | None = None
 
     @property
     def memory_bytes(self) -> float:
@@ -38,4 +40,10 @@ def gpu_preset_names() -> list[str]:
 
 def gpu_preset(name: str) -> GpuSpec:
     """The preset GPU called `name`; KeyError if there is none."""
-    return GpuSpec(name=name, **preset_table("gpus.json")[name])
+    fields = preset_table("gpus.json")[name]
+    return GpuSpec(name=name, **{key: value for key, value in fields.items() if key != "source"})
+
+
+def gpu_preset_source(name: str) -> str:
+    """The datasheet a preset's figures are read from; KeyError if there is no such preset."""
+    return preset_table("gpus.json")[name]["source"]

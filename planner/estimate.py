@@ -9,12 +9,13 @@ from cost_models.choices import Recompute, ScheduleName
 from cost_models.hardware import GIB
 from cost_models.layout import ParallelShape
 from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
-from planner.assemble import assemble_plan
+from planner.assemble import assemble_plan, place_slots
 from planner.budget import Budget
 from planner.devices import slot_inventory
 from planner.errors import InfeasibleError, PlanningError
 from planner.problem import PlanningProblem
-from planner.reported import as_fixed_layout
+from planner.estimate_replicas import FixedReplica, FixedStage, ReplicaLayout, estimate_replicas
+from planner.reported import as_fixed_layout, refuse_overflow
 from planner.result import PlanResult
 from planner.schedules.for_plan import with_schedules
 from planner.schedules.handcrafted import CHUNKED_NAMES
@@ -82,25 +83,75 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
     dp = layout.dp if layout.dp is not None else max_dp
     if dp > max_dp:
         raise PlanningError(f"dp {dp} needs {dp * layout.pp} TP groups of {layout.tp} healthy GPUs; the cluster has {slots}")
-    batch = problem.workload.global_batch_size
-    if layout.dp is None:
-        while dp > 1 and batch % (dp * layout.micro_batch_size):
-            dp -= 1
-    if batch % (dp * layout.micro_batch_size):
+    counts = microbatch_counts(problem, layout, dp, max_dp)
+    if layout.schedule in CHUNKED_NAMES and any(count % layout.pp for count in counts):
         raise PlanningError(
-            f"global_batch_size {batch} is not divisible by dp {dp} x micro_batch_size {layout.micro_batch_size}"
+            f"the {layout.schedule} schedule needs every replica's microbatches to be a multiple of pp {layout.pp}; "
+            f"these replicas take {_counts_text(counts)}"
         )
-    microbatches = batch // (dp * layout.micro_batch_size)
-    if layout.schedule == ScheduleName.INTERLEAVED and microbatches % layout.pp:
+    return dp, split, counts
+
+
+def microbatch_counts(problem: PlanningProblem, layout: FixedLayout, dp: int, max_dp: int) -> tuple[int, ...]:
+    """Each replica's microbatches: the batch split evenly over exactly `dp` replicas (never fewer: the
+    estimate is of the layout given), or, where it cannot be and the request allows unequal counts
+    (`allow_non_uniform`), as evenly as it goes; else PlanningError with the numbers and the nearest choices
+    that work."""
+    batch, mbs = problem.workload.global_batch_size, layout.micro_batch_size
+    replicas = f"dp {dp}" if layout.dp is not None else f"the {dp} replicas the healthy devices hold (dp omitted)"
+    if batch % mbs:
         raise PlanningError(
-            f"the interleaved schedule needs the {microbatches} microbatches per replica to be a multiple of pp {layout.pp}"
+            f"global_batch_size {batch} is not a multiple of micro_batch_size {mbs}. Choices that work: "
+            f"micro_batch_size {_nearest(_divisors(batch), mbs)}, or a global_batch_size of {_nearest_multiples(batch, mbs)}"
         )
-    return dp, split
+    total = batch // mbs
+    if total % dp == 0:
+        return (total // dp,) * dp
+    if total >= dp and not problem.stock_layouts_only:
+        # Unequal counts are allowed: the first replicas take one more.
+        return tuple(total // dp + (1 if r < total % dp else 0) for r in range(dp))
+    dp_choices = [d for d in _divisors(total) if d <= max_dp]
+    why = (f"global_batch_size {batch} / micro_batch_size {mbs} = {total} microbatches "
+           + (f"cannot give each of {replicas} one" if total < dp else f"do not split evenly over {replicas}"))
+    choices = [f"dp {_nearest(dp_choices, dp)}",
+               f"a global_batch_size of {_nearest_multiples(batch, dp * mbs)} (multiples of dp {dp} x micro_batch_size {mbs})"]
+    sizes = [m for m in _divisors(batch) if (batch // m) % dp == 0]
+    if sizes:
+        choices.append(f"micro_batch_size {_nearest(sizes, mbs)} with dp {dp}")
+    if total >= dp:
+        choices.append("unequal microbatch counts per replica (options.allow_non_uniform: true)")
+    raise PlanningError(f"{why}. Choices that work: {'; '.join(choices)}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _nearest(choices: list[int], to: int, most: int = 3) -> str:
+    """Up to `most` of `choices` nearest `to`, ascending, as "a, b or c" ("none" if there are none)."""
+    words = [str(c) for c in sorted(sorted(choices, key=lambda c: (abs(c - to), c))[:most])]
+    if len(words) <= 1:
+        return words[0] if words else "none"
+    return ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _nearest_multiples(value: int, step: int) -> str:
+    """The multiples of `step` on either side of `value`."""
+    below, above = value // step * step, -(-value // step) * step
+    return " or ".join(str(v) for v in sorted({v for v in (below, above) if v > 0}))
+
+
+def _counts_text(counts: tuple[int, ...]) -> str:
+    """Microbatch counts per replica, as "5 replicas 16, 3 replicas 15"."""
+    return ", ".join(f"{counts.count(c)} {'replica' if counts.count(c) == 1 else 'replicas'} {c}"
+                     for c in sorted(set(counts), reverse=True))
 
 
 def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult:
     started = time.monotonic()
-    dp, split = _check_layout(problem, layout)
+    dp, split, counts = _check_layout(problem, layout)
+    if len(set(counts)) > 1:
+        return _estimate_unequal(problem, layout, split, counts)
     shape = ParallelShape(
         layout.tp, layout.pp, dp, layout.micro_batch_size, layout.recompute, layout.schedule, layout.virtual_stages
     )
@@ -134,19 +185,22 @@ def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult
     return as_fixed_layout(refuse_overflow(problem, result))
 
 
-def refuse_overflow(problem: PlanningProblem, result: PlanResult) -> PlanResult:
-    """`result`, unless its schedule keeps more activations in flight than some stage's GPUs hold: then
-    the layout does not run as given (the memory check before scheduling assumes 1F1B's in-flight count)."""
-    capacity_gib = problem.hardware.gpu.memory_gib
-    for replica in result.replicas:
-        for stage in replica.stages:
-            # Stage figures are rounded to 1e-3 GiB.
-            if stage.memory_gib > capacity_gib + 1e-3:
-                raise InfeasibleError(
-                    f"replica {replica.id} stage {stage.id}: the {result.schedule} schedule keeps "
-                    f"{stage.memory_gib - stage.static_memory_gib:.2f} GiB of activations in flight beside "
-                    f"{stage.static_memory_gib:.2f} GiB of weights and state, {stage.memory_gib:.2f} GiB per GPU; a "
-                    f"{problem.hardware.gpu.name} holds {capacity_gib:.0f} GiB. A schedule with fewer microbatches in "
-                    "flight (1f1b), a smaller micro_batch_size or recompute fits better"
-                )
-    return result
+def _estimate_unequal(problem: PlanningProblem, layout: FixedLayout, split: tuple[int, ...],
+                      counts: tuple[int, ...]) -> PlanResult:
+    """The layout with unequal microbatch counts: every replica spelled out on the devices the even layout
+    would take, priced as any replica-by-replica layout is (`estimate_replicas`), with a note saying who takes
+    how many."""
+    bounds = [(sum(split[:s]), sum(split[:s + 1])) for s in range(len(split))]
+    grid = place_slots(problem, layout.tp, layout.pp, len(counts))
+    replicas = tuple(
+        FixedReplica(num_microbatches=count,
+                     stages=tuple(FixedStage(devices=tuple((slot.node, gpu) for gpu in slot.devices), layers=bounds[s])
+                                  for s, slot in enumerate(row)))
+        for row, count in zip(grid, counts)
+    )
+    result = estimate_replicas(problem, ReplicaLayout(replicas, layout.micro_batch_size, layout.virtual_stages,
+                                                      layout.schedule, layout.recompute))
+    note = (f"{sum(counts)} microbatches do not split evenly over {len(counts)} replicas: {_counts_text(counts)} "
+            "microbatches (unequal counts, allowed by options.allow_non_uniform; stock Megatron-LM, DeepSpeed and "
+            "torchtitan need equal ones)")
+    return replace(result, solver=replace(result.solver, notes=(*result.solver.notes, note)))

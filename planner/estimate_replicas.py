@@ -20,7 +20,6 @@ from cost_models.resharding import nonuniform_iteration_ms
 from planner.assemble import finish_plan
 from planner.budget import Budget
 from planner.errors import InfeasibleError, PlanningError
-from planner.estimate import refuse_overflow
 from planner.nonuniform.assemble import breakdown_s
 from planner.nonuniform.partitions import StageType
 from planner.nonuniform.templates import (
@@ -31,7 +30,7 @@ from planner.nonuniform.templates import (
     template_costs,
 )
 from planner.problem import PlanningProblem
-from planner.reported import as_fixed_layout
+from planner.reported import as_fixed_layout, refuse_overflow
 from planner.result import (
     PlanResult,
     ReplicaResult,

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from planner.errors import InfeasibleError
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
 
 SEARCH_FINISHED, WORK_BUDGET_STOP, WALL_CLOCK_STOP = "search finished", "work budget", "wall clock"
+FIXED_STATUS, FIXED_SOLVER_STATUS = "fixed", "FIXED"  # an estimate: a layout given, nothing searched
 WIRE_ROUNDING_MS = 1e-3  # the wire rounds times to 1 us
 
 
@@ -36,6 +38,27 @@ def as_reported(problem: PlanningProblem, result: PlanResult, bound_ms: float, *
 
 
 def as_fixed_layout(result: PlanResult) -> PlanResult:
-    """An estimate's solver report: nothing was searched, so objective and bound are both the reported time."""
+    """An estimate's report: nothing was searched, so its status is `fixed` (solver `FIXED`, no stop reason), and
+    objective and bound are both the reported time."""
     reported = round(result.predicted.iteration_time_s * 1e3, 3)
-    return replace(result, solver=replace(result.solver, objective_ms=reported, bound_ms=reported, gap=0.0))
+    solver = replace(result.solver, status=FIXED_SOLVER_STATUS, objective_ms=reported, bound_ms=reported, gap=0.0,
+                     stopped_by=None)
+    return replace(result, status=FIXED_STATUS, solver=solver)
+
+
+def refuse_overflow(problem: PlanningProblem, result: PlanResult) -> PlanResult:
+    """`result`, unless its schedule keeps more activations in flight than some stage's GPUs hold: then
+    the layout does not run as given (the memory check before scheduling assumes 1F1B's in-flight count)."""
+    capacity_gib = problem.hardware.gpu.memory_gib
+    for replica in result.replicas:
+        for stage in replica.stages:
+            # Stage figures are rounded to 1e-3 GiB.
+            if stage.memory_gib > capacity_gib + 1e-3:
+                raise InfeasibleError(
+                    f"replica {replica.id} stage {stage.id}: the {result.schedule} schedule keeps "
+                    f"{stage.memory_gib - stage.static_memory_gib:.2f} GiB of activations in flight beside "
+                    f"{stage.static_memory_gib:.2f} GiB of weights and state, {stage.memory_gib:.2f} GiB per GPU; a "
+                    f"{problem.hardware.gpu.name} holds {capacity_gib:.0f} GiB. A schedule with fewer microbatches in "
+                    "flight (1f1b), a smaller micro_batch_size or recompute fits better"
+                )
+    return result

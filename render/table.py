@@ -68,3 +68,43 @@ def render_table(plan: Plan, console: Console | None = None) -> None:
 
 def _ranges(ids: list[int]) -> str:
     return f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]} ({len(ids)})"
+
+
+def _layout_line(plan: Plan) -> str:
+    first = plan.replicas[0]
+    v = f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else ""
+    shape = f"tp {max(s.tp for s in first.stages)}, pp {len(first.stages)}, {len(plan.replicas)} replicas"
+    return (f"{shape}{'' if plan.uniform else ' (non-uniform)'}, mbs {plan.micro_batch_size}, "
+            f"{_text(plan.schedule)}{v}, recompute {_text(plan.recompute)}")
+
+
+def render_comparison(comparison, console: Console | None = None) -> None:
+    """`resiplan compare --format table`: the two layouts and their breakdowns side by side, then the changes
+    ranked by what each buys alone."""
+    console = console or _console()
+    yours, best = comparison.yours, comparison.best
+    side = Table(title=f"Your layout against the best plan: {comparison.speedup:.3f}x")
+    for column in ("", "yours", "best"):
+        side.add_column(column, justify="left" if not column else "right")
+    side.add_row("layout", _layout_line(yours), _layout_line(best))
+    side.add_row("iteration s", f"{yours.predicted.iteration_time_s:.3f}", f"{best.predicted.iteration_time_s:.3f}")
+    side.add_row("tokens/s", f"{yours.predicted.tokens_per_s:,.0f}", f"{best.predicted.tokens_per_s:,.0f}")
+    side.add_row("MFU", f"{yours.predicted.mfu:.1%}", f"{best.predicted.mfu:.1%}")
+    for key in type(yours.predicted.breakdown).model_fields:
+        side.add_row(key.removesuffix("_s") + " s", f"{getattr(yours.predicted.breakdown, key):.3f}",
+                     f"{getattr(best.predicted.breakdown, key):.3f}")
+    side.add_row("most memory GiB", f"{max(s.memory_gib for r in yours.replicas for s in r.stages):.1f}",
+                 f"{max(s.memory_gib for r in best.replicas for s in r.stages):.1f}")
+    console.print(side)
+    if comparison.planner_slower:
+        console.print("[bold red]The best plan is slower than your layout, which lies in the space it searches: "
+                      "a planner bug. Please report this request.[/bold red]")
+    changes = Table(title="Each change alone, applied to your layout")
+    for column in ("change", "iteration s", "gain"):
+        changes.add_column(column, justify="left" if column == "change" else "right")
+    for change in comparison.changes:
+        if change.iteration_time_s is None:
+            changes.add_row(_text(change.change), "cannot run", _text(change.why or ""))
+        else:
+            changes.add_row(_text(change.change), f"{change.iteration_time_s:.3f}", f"{change.gain:+.1%}")
+    console.print(changes)

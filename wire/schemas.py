@@ -320,10 +320,14 @@ class LayoutReplica(_Strict):
 class Layout(_Strict):
     tp: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_NODE, description="Required unless replicas are given.")
     pp: int | None = Field(default=None, ge=1, le=1024, description="Required unless replicas are given.")
-    micro_batch_size: int = Field(default=1, ge=1, le=4096)
+    micro_batch_size: int | None = Field(
+        default=None, ge=1, le=4096, description="Default: training.micro_batch_size, else 1; if both are given they "
+        "must agree.")
     virtual_stages: int = Field(default=1, ge=1, le=64)
     schedule: EstimateSchedule = "1f1b"
-    recompute: Literal["none", "selective", "full"] = "selective"
+    recompute: Literal["none", "selective", "full"] | None = Field(
+        default=None, description="Default: training.recompute unless it is auto, else selective; if both are given "
+        "they must agree.")
     layers_per_stage: list[int] | None = Field(default=None, max_length=1024)
     dp: int | None = Field(default=None, ge=1, description="Replicas; default as many as the healthy devices allow.")
     replicas: list[LayoutReplica] | None = Field(
@@ -346,6 +350,22 @@ class Layout(_Strict):
 
 class EstimateRequest(PlanRequest):
     layout: Layout
+
+    @model_validator(mode="after")
+    def _one_value_each(self) -> EstimateRequest:
+        """A setting both `training` and `layout` can give applies once: given in one, it applies; given in both,
+        the two must agree (which would win is a guess the estimate must not make)."""
+        training, layout = self.training, self.layout
+        pairs = [("micro_batch_size", training.micro_batch_size, layout.micro_batch_size, 1),
+                 ("recompute", None if training.recompute == "auto" else training.recompute, layout.recompute,
+                  "selective")]
+        conflicts = [f"training.{name} {given} vs layout.{name} {stated}"
+                     for name, given, stated, _ in pairs if None not in (given, stated) and given != stated]
+        if conflicts:
+            raise ValueError(f"{'; '.join(conflicts)}: give it once, or make them agree")
+        self.layout = layout.model_copy(update={name: next(v for v in (stated, given, default) if v is not None)
+                                                for name, given, stated, default in pairs})
+        return self
 
 
 class Stage(BaseModel):

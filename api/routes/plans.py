@@ -1,4 +1,5 @@
-"""/v1/plan (and its unversioned alias POST /plan), /v1/estimate, /v1/plans/{id}, its exports and view links.
+"""/v1/plan (and its unversioned alias POST /plan), /v1/estimate, /v1/compare, /v1/plans/{id}, its exports and view
+links.
 
 The event loop only moves bytes: bodies are validated in a thread (api.core.body), plans are solved,
 serialized and rendered in the solver pool (api.core.execution), and a stored plan is served as the JSON
@@ -24,9 +25,11 @@ from api.core.settings import MAX_VIEW_LINK_TTL_S
 from api.core.store import PlanStore, StoreUnavailable
 from api.deps import PoolDep, SettingsDep, StoreDep
 from api.examples import estimate_examples, scenario_examples
+from api.tasks.comparing import compare_json
 from api.tasks.planning import PlanAnswer, estimate_answer, plan_answer
 from api.tasks.rendering import render_export
 from planner.budget import Budget
+from wire.comparison import CompareResponse
 from wire.schemas import ErrorDetail, EstimateRequest, Plan, PlanRequest
 
 log = logging.getLogger("resiplan.routes")
@@ -128,6 +131,20 @@ async def stored_plan_json(plan_id: str, store: PlanStore) -> str:
 
 # Pieces a large stored plan is sent in: the event loop turns between them (health checks, other clients).
 SEND_CHUNK_BYTES = 256 * 1024
+
+
+@router.post("/compare", response_model=CompareResponse, responses=_ERRORS,
+             openapi_extra=body_openapi(EstimateRequest, estimate_examples()))
+async def create_comparison(
+    request: Annotated[EstimateRequest, json_body(EstimateRequest)],
+    settings: SettingsDep,
+    pool: PoolDep,
+) -> Response:
+    """The layout you run (`layout`, by shape) against the best plan for the same cluster, model and batch: both
+    plans, the speed-up, and what each difference buys applied alone to your layout, best first. Neither plan
+    is stored."""
+    text = await pool.run(compare_json, request, deadline_s=settings.time_limit_s(request.options.time_limit_s))
+    return Response(text, media_type=JSON)
 
 
 @router.get("/plans/{plan_id}", response_model=Plan, responses=_READ_ERRORS)

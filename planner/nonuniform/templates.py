@@ -135,9 +135,6 @@ class TermsCache:
         self.replicas_key = self._shape_key + (memory_replicas, self._link_replicas, job_devices)
         self._terms: dict[tuple, StageCostTerms] = shared.setdefault("terms", {})
         self._stage_costs: dict[tuple, tuple[float, ...]] = shared.setdefault("stage_costs", {})
-        # The same less the stage's time, which alone depends on its speed: (tp, stages, position kind, layers,
-        # sync replicas, both replica counts).
-        self._group_costs: dict[tuple, tuple[float, ...]] = shared.setdefault("group_costs", {})
         # Stage times: (tp, mbs, recompute, v, stages, position kind, speed) and, through the
         # pipeline links, whether a whole job of this shape fits in one node.
         self._affine: dict[tuple, tuple[float, float]] = shared.setdefault("affine", {})
@@ -406,25 +403,11 @@ def _stage_costs(
     kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
     key = (stage_type, stages, kind, layers, sync_replicas) + cache.replicas_key
     memo = cache._stage_costs
-    if key not in memo:
-        per_layer, fixed = cache.stage_affine(stage_type, stages, position)
-        memo[key] = (layers * per_layer + fixed,
-                     *_group_costs(problem, cache, stage_type.tp, stages, position, layers, sync_replicas))
-    return memo[key]
-
-
-def _group_costs(
-    problem: PlanningProblem, cache: TermsCache, tp: int, stages: int, position: int, layers: int, sync_replicas: int,
-) -> tuple[float, ...]:
-    """`_stage_costs` but the time: what a stage holds, syncs and steps depends on its TP size, not its speed
-    (its backward, which hides the sync, is taken at full speed), so slow groups share it with healthy ones."""
-    kind = 0 if position == 0 else (2 if position == stages - 1 else 1)
-    key = (tp, stages, kind, layers, sync_replicas) + cache.replicas_key
-    memo = cache._group_costs
     if key in memo:
         return memo[key]
-    terms = cache.terms(tp, stages)
-    backward_per_layer, backward_fixed = cache.backward_affine(tp, stages, position)
+    terms = cache.terms(stage_type.tp, stages)
+    per_layer, fixed = cache.stage_affine(stage_type, stages, position)
+    backward_per_layer, backward_fixed = cache.backward_affine(stage_type.tp, stages, position)
     backward = layers * backward_per_layer + backward_fixed
     params = layers * terms.layer.params
     params += terms.embedding.params if position == 0 else 0.0
@@ -443,7 +426,7 @@ def _group_costs(
     )
     full_speed = (stage_forward_ms(terms, position, layers), stage_backward_ms(terms, position, layers),
                   stage_weight_grad_ms(terms, position, layers))
-    memo[key] = (params, uniform, resharded, params * terms.optimizer_ms_per_param, *full_speed)
+    memo[key] = (layers * per_layer + fixed, params, uniform, resharded, params * terms.optimizer_ms_per_param, *full_speed)
     return memo[key]
 
 

@@ -69,7 +69,9 @@ def test_interleaved_schedule(client):
 def test_estimate_excludes_failed_devices(client):
     body = estimate_request({"tp": 2, "pp": 2}, failures={"failed": ["0:3", "3:*"], "slow": [{"device": "1:0", "speed": 0.5}]})
     plan = post_estimate(client, body)
-    assert plan.uniform is True
+    # 23 healthy GPUs hold 11 TP groups of 2, so 5 replicas of 2 stages (dp omitted: all of them, not the 4 that
+    # would split 256 evenly), taking 256 microbatches as 52 + 4 x 51.
+    assert sorted(r.num_microbatches for r in plan.replicas) == [51] * 4 + [52]
     used = set(stage_devices(plan))
     assert "0:3" not in used and not any(device.startswith("3:") for device in used)
     assert len(plan.excluded_devices) == 9
@@ -111,7 +113,7 @@ def test_layers_per_stage_with_an_empty_stage(client):
 
 
 def test_layout_that_does_not_fit_memory(client):
-    layout = {"tp": 1, "pp": 1, "micro_batch_size": 16, "recompute": "none"}
+    layout = {"tp": 1, "pp": 1, "dp": 16, "micro_batch_size": 16, "recompute": "none"}
     response = client.post("/v1/estimate", json=estimate_request(layout))
     detail = assert_detail(response, "GiB", "A100-80GB", "80 GiB")
     assert "stage 0" in detail
@@ -129,13 +131,79 @@ def test_1f1b_with_virtual_stages(client):
 
 
 def test_global_batch_not_divisible_by_dp_times_micro_batch(client):
-    response = client.post("/v1/estimate", json=estimate_request({"tp": 2, "pp": 2, "dp": 3}))
-    assert_detail(response, "global_batch_size 256", "dp 3", "micro_batch_size 1")
+    """Stock layouts only: equal counts or a 422 with the numbers and the choices that work."""
+    body = estimate_request({"tp": 2, "pp": 2, "dp": 3}, options={"time_limit_s": 2, "allow_non_uniform": False})
+    detail = assert_detail(client.post("/v1/estimate", json=body),
+                           "global_batch_size 256", "256 microbatches", "dp 3", "micro_batch_size 1")
+    # Divisors of 256 nearest 3 (at most the 8 replicas the cluster holds), multiples of 3 x 1 around 256.
+    assert "dp 1, 2 or 4" in detail and "255 or 258" in detail and "allow_non_uniform: true" in detail
+    assert "with dp 3" not in detail, "no micro-batch size splits 256 over 3 replicas"
+
+
+def test_unequal_microbatches_where_allowed(client):
+    """With unequal counts allowed (the default), dp 3 is estimated as given: 256 = 86 + 85 + 85, and the
+    answer says so."""
+    plan = post_estimate(client, estimate_request({"tp": 2, "pp": 2, "dp": 3}))
+    assert sorted(r.num_microbatches for r in plan.replicas) == [85, 85, 86]
+    assert plan.uniform is False
+    assert any("1 replica 86, 2 replicas 85" in note for note in plan.solver.notes), plan.solver.notes
 
 
 def test_micro_batch_not_dividing_global_batch(client):
     response = client.post("/v1/estimate", json=estimate_request({"tp": 2, "pp": 2, "micro_batch_size": 3}))
-    assert_detail(response, "global_batch_size 256", "micro_batch_size 3")
+    detail = assert_detail(response, "global_batch_size 256", "micro_batch_size 3")
+    assert "micro_batch_size 1, 2 or 4, or a global_batch_size of 255 or 258" in detail
+
+
+# Issue 21: 8 nodes x 4 A100-40GB, a 24-layer model, batch 1000 at micro-batch 8, tp 4, pp 1, dp omitted.
+_ISSUE_MODEL = {"num_layers": 24, "hidden_size": 2048, "ffn_hidden_size": 8192, "num_attention_heads": 16,
+                "num_kv_heads": 16, "vocab_size": 32000}
+
+
+def _issue_request(**options) -> dict:
+    return {"cluster": {"num_nodes": 8, "gpus_per_node": 4, "gpu": "A100-40GB"}, "model": _ISSUE_MODEL,
+            "training": {"global_batch_size": 1000, "seq_length": 2048},
+            "options": {"time_limit_s": 2, **options}, "layout": {"tp": 4, "pp": 1, "micro_batch_size": 8}}
+
+
+def test_omitted_dp_means_every_healthy_device_not_fewer_replicas(client):
+    """Before, this answered with 5 replicas, 12 GPUs unused and `status: optimal`, saying nothing."""
+    body = _issue_request()
+    plan = post_estimate(client, body)
+    assert len(plan.replicas) == 8 and plan.unused_devices == []
+    assert sorted(r.num_microbatches for r in plan.replicas) == [15] * 3 + [16] * 5
+    assert plan.status == "fixed" and plan.solver.status == "FIXED"
+    assert any("125 microbatches" in note for note in plan.solver.notes)
+
+
+def test_omitted_dp_with_stock_layouts_only_is_a_422_with_alternatives(client):
+    body = _issue_request(allow_non_uniform=False)
+    detail = assert_detail(client.post("/v1/estimate", json=body), "125 microbatches", "8 replicas",
+                           "dp 1 or 5", "960 or 1024", "micro_batch_size 1, 5 or 25")
+    assert "dp omitted" in detail
+
+
+def test_contradicting_micro_batch_sizes(client):
+    body = estimate_request({"tp": 2, "pp": 2, "micro_batch_size": 8},
+                            training={"global_batch_size": 256, "seq_length": 4096, "micro_batch_size": 2})
+    assert_detail(client.post("/v1/estimate", json=body), "training.micro_batch_size 2 vs layout.micro_batch_size 8")
+
+
+def test_contradicting_recompute(client):
+    body = estimate_request({"tp": 2, "pp": 2, "recompute": "none"},
+                            training={"global_batch_size": 256, "seq_length": 4096, "recompute": "full"})
+    assert_detail(client.post("/v1/estimate", json=body), "training.recompute full vs layout.recompute none")
+
+
+def test_a_setting_given_once_applies(client):
+    """The training section's micro-batch size and recompute apply when the layout leaves them out (before,
+    the layout's defaults, 1 and selective, silently won)."""
+    body = estimate_request({"tp": 2, "pp": 2},
+                            training={"global_batch_size": 256, "seq_length": 4096, "micro_batch_size": 2,
+                                      "recompute": "full"})
+    plan = post_estimate(client, body)
+    assert (plan.micro_batch_size, plan.recompute) == (2, "full")
+    assert {r.num_microbatches for r in plan.replicas} == {16}
 
 
 def test_dp_larger_than_the_cluster(client):

@@ -140,7 +140,7 @@ def test_estimate_bad_layout(tmp_path, capsys):
 
 
 def test_estimate_layout_out_of_memory(tmp_path, capsys):
-    body = estimate_request({"tp": 1, "pp": 1, "micro_batch_size": 16, "recompute": "none"})
+    body = estimate_request({"tp": 1, "pp": 1, "dp": 16, "micro_batch_size": 16, "recompute": "none"})
     err = run_error(capsys, ["estimate", "--request", write(tmp_path, body)])
     assert "GiB" in err
 
@@ -224,3 +224,26 @@ def test_the_table_prints_a_plans_text_as_text(tmp_path, capsys):
     text = console.file.getvalue()
     assert "[bold red]x[/bold red]" in text and "[link=file:///etc]y" in text
     assert "\x1b]" not in text and "\x07" not in text
+
+
+def test_import_megatron_then_estimate(tmp_path, capsys):
+    """`resiplan import megatron` prints a request `resiplan estimate` takes once the cluster is given."""
+    command = ("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
+               "--pipeline-model-parallel-size 2 --num-layers 32 --hidden-size 4096 --ffn-hidden-size 11008 "
+               "--num-attention-heads 32 --swiglu --untie-embeddings-and-output-weights --normalization RMSNorm "
+               "--position-embedding-type rope --disable-bias-linear --seq-length 4096 --micro-batch-size 1 "
+               "--global-batch-size 64 --recompute-granularity selective --use-distributed-optimizer --bf16 "
+               "--sequence-parallel --lr 3e-4")
+    cluster = write(tmp_path, {"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-80GB"}, "cluster.json")
+    out = run_ok(capsys, ["import", "megatron", write(tmp_path, command, "run.sh"), "--cluster", cluster])
+    imported = json.loads(out)
+    assert imported["request"]["layout"]["dp"] == 2 and imported["request"]["model"]["vocab_size"] == 32000
+    assert "--lr" in imported["ignored"] and imported["not_modelled"] == []
+    assert any("llama2-7b" in note for note in imported["notes"]), "the vocabulary comes from the preset of that shape"
+    plan = json.loads(run_ok(capsys, ["estimate", "--request", write(tmp_path, imported["request"])]))
+    assert plan["status"] == "fixed" and len(plan["replicas"]) == 2
+
+
+def test_import_of_an_incomplete_command_line(tmp_path, capsys):
+    err = run_error(capsys, ["import", "megatron", write(tmp_path, "pretrain_gpt.py --num-layers 2", "run.sh")])
+    assert "the command line has no --num-attention-heads" in err

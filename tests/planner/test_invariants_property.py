@@ -79,16 +79,19 @@ def test_every_plan_satisfies_the_invariants(raw):
 
 def _a_memory_frugal_layout_that_runs(raw: dict) -> dict | None:
     """A fixed layout `/v1/estimate` can run for this request, trying the ones that need the least memory
-    per GPU (widest TP, longest pipelines, micro-batch 1, full recompute); None if none runs. The search
+    per GPU (widest TP, longest pipelines, micro-batch 1, full recompute unless the request fixes it); None if
+    none runs. The search
     claimed nothing fits: a layout that runs means it pruned a feasible one."""
     model, cluster = raw["model"], raw["cluster"]
     training = raw["training"]
     mbs = training.get("micro_batch_size") or 1
+    # The request's recompute binds the planner (and an estimate must agree with it): full only where it is free.
+    recompute = training.get("recompute") if training.get("recompute") not in (None, "auto") else "full"
     kv_heads = model["num_kv_heads"] or model["num_attention_heads"]
     tps = [t for t in range(cluster["gpus_per_node"], 0, -1) if kv_heads % t == 0 and model["num_attention_heads"] % t == 0]
     for tp in tps:
         for pp in range(model["num_layers"], 0, -1):
-            layout = {"tp": tp, "pp": pp, "micro_batch_size": mbs, "schedule": "1f1b", "recompute": "full",
+            layout = {"tp": tp, "pp": pp, "micro_batch_size": mbs, "schedule": "1f1b", "recompute": recompute,
                       "layers_per_stage": _even(model["num_layers"], pp)}
             try:
                 estimate_for(EstimateRequest.model_validate({**raw, "layout": layout}))

@@ -1,0 +1,343 @@
+"""A Megatron-LM command line read back into a resiplan estimate request: the layout it runs, the model it
+builds and the batch it trains, with every flag that changes time or memory either mapped or reported as
+not modelled, and nothing dropped silently.
+
+The mapping is the export's (`adapters.megatron`, `adapters.megatron_model`) read backwards, with the
+defaults of Megatron-LM's arguments.py (core_v0.16.1) where a flag is absent: LayerNorm, learned absolute
+positions, biases on, GELU, tied embeddings, no recompute, no distributed optimizer, fp32 unless --bf16 or
+--fp16 (resiplan plans bf16 or fp16 only: fp32 is refused).
+
+    flags                                              request
+    --tensor-model-parallel-size, --pipeline-...      layout.tp, layout.pp
+    --num-virtual-stages-per-pipeline-rank v,          layout.virtual_stages, schedule interleaved
+      --num-layers-per-virtual-pipeline-stage n
+    --decoder-first/last-pipeline-num-layers,          layout.layers_per_stage
+      --pipeline-model-parallel-layout
+    --micro-batch-size, --global-batch-size,           layout.micro_batch_size, training.global_batch_size,
+      --seq-length                                       training.seq_length
+    --recompute-granularity / -method / -num-layers    layout.recompute (selective; full = uniform, 1 layer)
+    --use-distributed-optimizer                        training.zero_stage 1 (else 0)
+    --bf16 / --fp16                                    training.precision
+    model shape, GQA, --swiglu, untied embeddings,     model (an architecture object)
+      normalization, RoPE or learned positions,
+      biases, --vocab-size
+
+Megatron takes the vocabulary from its tokenizer: without --vocab-size the importer needs `vocab_size`, or
+a model preset of the same shape whose vocabulary it then takes (and says so).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from cost_models.model_spec import model_preset, model_preset_names
+from planner.errors import PlanningError
+
+
+class CommandLineError(PlanningError):
+    """A command line that does not describe a job resiplan can estimate; the message says why."""
+
+
+@dataclass
+class MegatronImport:
+    """What a command line says: the request (a `/v1/estimate` body without its cluster, which the command
+    line does not name), the flags that change time or memory but are not modelled, and those ignored
+    because they change neither (learning rate, paths, logging)."""
+
+    request: dict
+    not_modelled: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# Flags that change neither time nor memory of an iteration: read and set aside, by prefix.
+_NO_EFFECT_PREFIXES = (
+    "--lr", "--min-lr", "--decoupled-lr", "--decoupled-min-lr", "--lr-", "--weight-decay", "--adam-", "--clip-grad",
+    "--init-method-std", "--seed", "--train-iters", "--train-samples", "--eval-", "--log-", "--save", "--load",
+    "--tensorboard-", "--wandb-", "--data-", "--split", "--tokenizer-", "--mock-data", "--tiktoken-", "--vocab-file",
+    "--merge-file", "--num-workers", "--exit-", "--distributed-timeout-minutes", "--ckpt-", "--profile",
+    "--no-mmap-bin-files", "--no-create-attention-mask-in-dataloader", "--use-mcore-models", "--use-checkpoint-",
+    "--attention-dropout", "--hidden-dropout", "--use-tp-pp-dp-mapping", "--microbatch-group-size-per-virtual-",
+    "--timing-log-", "--no-load-", "--finetune", "--dataloader-type", "--reset-", "--eod-mask-loss", "--rampup-",
+)
+# Flags whose value is a separate word (every other flag of the table below is a switch).
+_SWITCHES = frozenset({
+    "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+    "--add-qkv-bias", "--use-rope-scaling", "--use-distributed-optimizer", "--bf16", "--fp16",
+    "--sequence-parallel", "--overlap-grad-reduce", "--overlap-param-gather", "--use-mcore-models", "--mock-data",
+    "--no-mmap-bin-files", "--no-create-attention-mask-in-dataloader", "--use-tp-pp-dp-mapping", "--profile",
+    "--log-throughput", "--apply-layernorm-1p", "--manual-gc", "--cross-entropy-loss-fusion",
+    "--calculate-per-token-loss", "--grad-reduce-in-bf16", "--fp8-param-gather", "--use-flash-attn",
+    "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion",
+    "--no-bias-dropout-fusion", "--no-rope-fusion", "--tp-comm-overlap", "--finetune", "--eod-mask-loss",
+    "--no-load-optim", "--no-load-rng", "--use-checkpoint-args", "--reset-position-ids", "--reset-attention-mask",
+    "--no-position-embedding", "--fp16-lm-cross-entropy", "--accumulate-allreduce-grads-in-fp32",
+})
+# Launchers and the script before the script's own flags.
+_SCRIPT = re.compile(r"\.py$")
+
+
+def _tokens(text: str) -> tuple[list[str], list[str]]:
+    """The words of a pasted command line as the shell would split them (quotes, escapes, line continuations,
+    comments), `--flag=value` as two words: the launcher's (before the training script) and the script's."""
+    try:
+        words = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as error:  # an unclosed quote
+        raise CommandLineError(f"the command line does not parse as a shell would: {error}") from None
+    out = []
+    for word in words:
+        if word.startswith("--") and "=" in word:
+            out += word.split("=", 1)
+        else:
+            out.append(word)
+    scripts = [i for i, word in enumerate(out) if _SCRIPT.search(word)]
+    return (out[:scripts[-1]], out[scripts[-1] + 1:]) if scripts else ([], out)
+
+
+def _world_size(launcher: list[str]) -> int | None:
+    """Ranks torchrun starts (--nnodes x --nproc-per-node), None when the command line does not say."""
+    flags, _ = _flags(launcher)
+    per_node = flags.get("--nproc-per-node") or flags.get("--nproc_per_node")
+    nodes = flags.get("--nnodes") or "1"
+    if per_node is None or not per_node.isdigit() or not nodes.isdigit():
+        return None
+    return int(per_node) * int(nodes)
+
+
+def _flags(words: list[str]) -> tuple[dict[str, str | None], list[str]]:
+    """flag -> value (None for a switch), and the words that are not flags or values."""
+    flags: dict[str, str | None] = {}
+    stray = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--"):
+            stray.append(word)
+            i += 1
+            continue
+        takes_value = word not in _SWITCHES and i + 1 < len(words) and not words[i + 1].startswith("--")
+        flags[word] = words[i + 1] if takes_value else None
+        i += 2 if takes_value else 1
+    return flags, stray
+
+
+def _number(flags: dict, name: str, default, kind: type = int):
+    """`name`'s value read as `kind` (int or float), `default` when the flag is absent."""
+    value = flags.get(name)
+    if value is None:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise CommandLineError(f"{name} {value!r} is not a {'whole number' if kind is int else 'number'}") from None
+
+
+def _int(flags: dict, name: str, default: int | None = None) -> int | None:
+    return _number(flags, name, default)
+
+
+def _float(flags: dict, name: str, default: float) -> float:
+    return _number(flags, name, default, float)
+
+
+def _required(flags: dict, name: str) -> int:
+    value = _int(flags, name)
+    if value is None:
+        raise CommandLineError(f"the command line has no {name}: resiplan cannot estimate a job without it")
+    return value
+
+
+def _split_from_layout(text: str, pp: int) -> tuple[list[int], int]:
+    """Layers per physical stage and chunks per stage from --pipeline-model-parallel-layout ("Et*3|t*5|...|tL":
+    one entry per virtual stage, E the embedding, L the loss)."""
+    entries = text.split("|")
+    if len(entries) % pp:
+        raise CommandLineError(f"--pipeline-model-parallel-layout has {len(entries)} entries, not a multiple of pp {pp}")
+    split = [0] * pp
+    for index, entry in enumerate(entries):
+        body = entry.replace("E", "").replace("L", "")
+        layers = 0
+        for run in re.findall(r"t(?:\*(\d+))?", body):
+            layers += int(run) if run else 1
+        if body.replace("t", "").replace("*", "").strip("0123456789"):
+            raise CommandLineError(f"--pipeline-model-parallel-layout entry {entry!r} holds more than transformer layers")
+        split[index % pp] += layers
+    return split, len(entries) // pp
+
+
+# Flags that change time or memory in ways the cost model does not represent, and why; a flag at the value
+# that changes nothing (context parallelism 1) is not reported.
+_NOT_MODELLED = {
+    "--context-parallel-size": "context parallelism is not in the cost model (issue 19)",
+    "--expert-model-parallel-size": "expert parallelism is not in the cost model (issue 19)",
+    "--num-experts": "mixture-of-experts models are not in the cost model (issue 19)",
+    "--fp8-format": "FP8 training is not in the cost model (issue 19): estimated in bf16",
+    "--fp8-param-gather": "FP8 parameters are not in the cost model",
+    "--tp-comm-overlap": "TP communication overlap is not in the cost model (issue 17)",
+    "--overlap-param-gather": "the parameter all-gather's overlap is not in the cost model (issue 17)",
+    "--grad-reduce-in-bf16": "the gradient reduce precision is not a request field",
+    "--accumulate-allreduce-grads-in-fp32": "the gradient reduce precision is not a request field",
+    "--cpu-offloading": "CPU offloading is not in the cost model",
+    "--apply-layernorm-1p": "a LayerNorm variant: timed as LayerNorm",
+    "--cross-entropy-loss-fusion": "a fused loss kernel: its speed is not modelled",
+    "--empty-unused-memory-level": "the allocator's cache emptying is not modelled",
+    "--manual-gc": "Python's garbage-collection pauses are not modelled",
+    "--attention-backend": "the attention kernel is not a request field",
+    "--calculate-per-token-loss": "the loss reduction's cost is not modelled",
+}
+_HARMLESS_VALUES = {"--context-parallel-size": "1", "--expert-model-parallel-size": "1",
+                    "--empty-unused-memory-level": "0"}
+
+
+def _not_modelled(flags: dict) -> list[str]:
+    out = []
+    for name, why in _NOT_MODELLED.items():
+        if name in flags and flags[name] != _HARMLESS_VALUES.get(name, object()):
+            value = flags[name]
+            out.append(f"{name}{'' if value is None else ' ' + value}: {why}")
+    return out
+
+
+def import_megatron(text: str, vocab_size: int | None = None) -> MegatronImport:
+    """The estimate request (less its cluster) a Megatron-LM pretrain_gpt.py command line describes."""
+    launcher, words = _tokens(text)
+    flags, stray = _flags(words)
+    notes: list[str] = []
+    layers = _required(flags, "--num-layers")
+    heads = _required(flags, "--num-attention-heads")
+    hidden = _required(flags, "--hidden-size")
+    ffn = _int(flags, "--ffn-hidden-size", 4 * hidden)
+    kv_heads = _int(flags, "--num-query-groups", heads) if "--group-query-attention" in flags else heads
+    kv_channels = _int(flags, "--kv-channels", hidden // heads)
+    not_modelled = _not_modelled(flags)
+    if kv_channels != hidden // heads:
+        not_modelled.append(f"--kv-channels {kv_channels}: the model takes hidden_size / heads ({hidden // heads})")
+    arch: dict = {"num_layers": layers, "hidden_size": hidden, "ffn_hidden_size": ffn, "num_attention_heads": heads,
+                  "num_kv_heads": kv_heads, "swiglu": "--swiglu" in flags,
+                  "tied_embeddings": "--untie-embeddings-and-output-weights" not in flags}
+    normalization = (flags.get("--normalization") or "LayerNorm").lower()
+    if normalization not in ("layernorm", "rmsnorm"):
+        raise CommandLineError(f"--normalization {flags['--normalization']}: resiplan models LayerNorm and RMSNorm")
+    arch["normalization"] = normalization
+    arch["norm_epsilon"] = _float(flags, "--norm-epsilon", 1e-5)
+    positions = flags.get("--position-embedding-type") or "learned_absolute"
+    seq_length = _required(flags, "--seq-length")
+    if positions == "rope":
+        arch["position_embedding"] = "rope"
+        arch["rope_theta"] = _float(flags, "--rotary-base", 10000.0)
+        arch["rotary_percent"] = _float(flags, "--rotary-percent", 1.0)
+        if "--use-rope-scaling" in flags:
+            arch["rope_scaling"] = {"factor": _float(flags, "--rope-scaling-factor", 8.0), "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    elif positions == "learned_absolute":
+        arch["position_embedding"] = "learned"
+        arch["max_position_embeddings"] = _int(flags, "--max-position-embeddings", seq_length)
+    else:
+        raise CommandLineError(f"--position-embedding-type {positions}: resiplan models rope and learned_absolute")
+    arch["linear_bias"] = "--disable-bias-linear" not in flags
+    arch["qkv_bias"] = not arch["linear_bias"] and "--add-qkv-bias" in flags
+    arch["vocab_size"] = _vocab(flags, arch, vocab_size, notes)
+
+    tp = _int(flags, "--tensor-model-parallel-size", 1)
+    pp = _int(flags, "--pipeline-model-parallel-size", 1)
+    layout: dict = {"tp": tp, "pp": pp, "micro_batch_size": _int(flags, "--micro-batch-size", 1)}
+    v = _int(flags, "--num-virtual-stages-per-pipeline-rank", 1)
+    per_virtual = _int(flags, "--num-layers-per-virtual-pipeline-stage")
+    if per_virtual is not None:
+        v = layers // (pp * per_virtual)
+    split = None
+    if "--pipeline-model-parallel-layout" in flags:
+        split, v = _split_from_layout(flags["--pipeline-model-parallel-layout"], pp)
+    elif "--decoder-first-pipeline-num-layers" in flags or "--decoder-last-pipeline-num-layers" in flags:
+        first = _int(flags, "--decoder-first-pipeline-num-layers")
+        last = _int(flags, "--decoder-last-pipeline-num-layers")
+        middle_stages = pp - (first is not None) - (last is not None)
+        rest = layers - (first or 0) - (last or 0)
+        if middle_stages < 0 or (middle_stages and rest % middle_stages) or (not middle_stages and rest):
+            raise CommandLineError(f"--decoder-first/last-pipeline-num-layers leave {rest} layers for {middle_stages} "
+                               "middle stages: they do not split evenly")
+        middle = [rest // middle_stages] * middle_stages if middle_stages else []
+        split = ([first] if first is not None else []) + middle + ([last] if last is not None else [])
+    if split is not None and len(set(split)) > 1:
+        layout["layers_per_stage"] = split
+    layout["virtual_stages"] = v
+    layout["schedule"] = "interleaved" if v > 1 else "1f1b"
+    layout["recompute"] = _recompute(flags, not_modelled)
+    world = _world_size(launcher)
+    if world is not None:
+        if world % (tp * pp):
+            raise CommandLineError(f"torchrun starts {world} ranks, not a multiple of tp {tp} x pp {pp}")
+        layout["dp"] = world // (tp * pp)
+    training = {"global_batch_size": _required(flags, "--global-batch-size"), "seq_length": seq_length,
+                "zero_stage": 1 if "--use-distributed-optimizer" in flags else 0,
+                "precision": _precision(flags)}
+    ignored = sorted(name for name in flags if name.startswith(_NO_EFFECT_PREFIXES))
+    known = {
+        "--num-layers", "--num-attention-heads", "--hidden-size", "--ffn-hidden-size", "--group-query-attention",
+        "--num-query-groups", "--kv-channels", "--swiglu", "--untie-embeddings-and-output-weights", "--normalization",
+        "--norm-epsilon", "--position-embedding-type", "--rotary-base", "--rotary-percent", "--use-rope-scaling",
+        "--rope-scaling-factor", "--max-position-embeddings", "--disable-bias-linear", "--add-qkv-bias",
+        "--vocab-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+        "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
+        "--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--seq-length",
+        "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
+        "--bf16", "--fp16", "--sequence-parallel", "--overlap-grad-reduce", *_NOT_MODELLED,
+    }
+    for name in sorted(flags):
+        if name not in known and name not in ignored:
+            value = flags[name]
+            not_modelled.append(f"{name}{'' if value is None else ' ' + value}: not a flag resiplan knows; "
+                                "its effect on time and memory is not modelled")
+    if "--sequence-parallel" not in flags and tp > 1:
+        not_modelled.append("no --sequence-parallel with tp > 1: the model assumes sequence parallelism")
+    if stray:
+        notes.append(f"words that are not flags, left out: {' '.join(stray[:8])}")
+    request = {"model": arch, "training": training, "layout": layout}
+    return MegatronImport(request=request, not_modelled=not_modelled, ignored=ignored, notes=notes)
+
+
+def _vocab(flags: dict, arch: dict, vocab_size: int | None, notes: list[str]) -> int:
+    given = _int(flags, "--vocab-size")
+    if given is not None:
+        if vocab_size is not None and vocab_size != given:
+            raise CommandLineError(f"--vocab-size {given} vs vocab_size {vocab_size}: give it once, or make them agree")
+        return given
+    if vocab_size is not None:
+        return vocab_size
+    shape = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads")
+    for name in model_preset_names():
+        preset = model_preset(name)
+        if all(getattr(preset, key) == arch[key] for key in shape):
+            notes.append(f"the vocabulary is preset {name}'s ({preset.vocab_size}), the preset of the same shape: "
+                         "Megatron reads it from the tokenizer, which the command line names but resiplan cannot open")
+            return preset.vocab_size
+    raise CommandLineError("Megatron reads the vocabulary from its tokenizer, and no model preset has this shape: give "
+                       "--vocab-size in the command line or vocab_size beside it")
+
+
+def _recompute(flags: dict, not_modelled: list[str]) -> str:
+    granularity = flags.get("--recompute-granularity")
+    if granularity is None:
+        return "none"
+    if granularity == "selective":
+        return "selective"
+    if granularity != "full":
+        raise CommandLineError(f"--recompute-granularity {granularity}: Megatron knows full and selective")
+    method, count = flags.get("--recompute-method"), _int(flags, "--recompute-num-layers", 1)
+    if (method, count) != ("uniform", 1):
+        not_modelled.append(f"--recompute-method {method} --recompute-num-layers {count}: recompute is modelled as "
+                            "every layer recomputed on its own (uniform, 1)")
+    return "full"
+
+
+def _precision(flags: dict) -> str:
+    if "--bf16" in flags and "--fp16" in flags:
+        raise CommandLineError("--bf16 and --fp16 both given: Megatron refuses that too")
+    if "--bf16" in flags:
+        return "bf16"
+    if "--fp16" in flags:
+        return "fp16"
+    raise CommandLineError("neither --bf16 nor --fp16: Megatron would train in fp32, which resiplan does not model")

@@ -1,0 +1,117 @@
+"""The user's layout against the best plan: what each difference buys alone (`/v1/compare`, `resiplan compare`).
+
+Each change is one field of the user's layout set to the best plan's (its first replica's, for a non-uniform
+plan) and estimated alone, so the gains say which change matters, not how they combine: the best plan's time
+is the combination. The user's layout lies in the space the planner searches (any uniform layout with a
+stock split, every allowed schedule), so a best plan slower than it is a planner bug: the answer says so
+(`planner_slower`) and the service logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from api.tasks.planning import estimate_for, plan_for
+from planner.errors import PlanningError
+from wire.comparison import CompareChange, CompareResponse
+from wire.schemas import EstimateRequest, Plan, PlanRequest
+
+log = logging.getLogger("resiplan.compare")
+
+# Rounding of reported times (1 us) under which the two are equal.
+_TIE_S = 2e-6
+
+
+def _shape(plan: Plan) -> dict:
+    """The best plan's layout in `layout` fields, read from its first replica."""
+    stages = plan.replicas[0].stages
+    split = [stage.layers[1] - stage.layers[0] for stage in stages]
+    return {"tp": max(stage.tp for stage in stages), "pp": len(stages), "layers_per_stage": split,
+            "micro_batch_size": plan.micro_batch_size, "recompute": plan.recompute,
+            "schedule": plan.schedule, "virtual_stages": plan.virtual_stages}
+
+
+def _split(layout: dict, layers: int) -> list[int]:
+    return layout.get("layers_per_stage") or [layers // layout["pp"]] * layout["pp"]
+
+
+def _candidate_changes(yours: dict, best: dict, layers: int) -> list[tuple[str, dict]]:
+    """(description, the user's layout with that one change) for every field the best plan sets otherwise."""
+    out = []
+    for name in ("micro_batch_size", "recompute"):
+        if yours[name] != best[name]:
+            out.append((f"{name} {yours[name]} → {best[name]}", {**yours, name: best[name]}))
+    if yours["tp"] != best["tp"]:
+        out.append((f"tp {yours['tp']} → {best['tp']}", {**yours, "tp": best["tp"], "dp": None}))
+    even = len(set(best["layers_per_stage"])) == 1
+    split = None if even else best["layers_per_stage"]
+    if yours["pp"] != best["pp"]:
+        chunked = {"schedule": yours["schedule"], "virtual_stages": yours["virtual_stages"]}
+        if yours["virtual_stages"] > 1 and best["pp"] == 1:
+            chunked = {"schedule": "1f1b", "virtual_stages": 1}
+        out.append((f"pp {yours['pp']} → {best['pp']}" + ("" if even else f" (layers {split})"),
+                    {**yours, "pp": best["pp"], "layers_per_stage": split, "dp": None, **chunked}))
+    elif _split(yours, layers) != best["layers_per_stage"]:
+        out.append((f"layers per stage {_split(yours, layers)} → {best['layers_per_stage']}",
+                    {**yours, "layers_per_stage": best["layers_per_stage"]}))
+    if (yours["schedule"], yours["virtual_stages"]) != (best["schedule"], best["virtual_stages"]):
+        if best["schedule"] == "optimized":
+            out.append(("schedule → optimized (CP-SAT)", {}))
+        else:
+            v = f" v={best['virtual_stages']}" if best["virtual_stages"] > 1 else ""
+            out.append((f"schedule {yours['schedule']} → {best['schedule']}{v}",
+                        {**yours, "schedule": best["schedule"], "virtual_stages": best["virtual_stages"]}))
+    return out
+
+
+def _without_layout_choices(request: EstimateRequest) -> dict:
+    """The request without its layout, and without the training fields a layout fixes (micro-batch size,
+    recompute), so that neither a changed layout nor the best plan is held to the user's."""
+    body = request.model_dump(exclude={"layout"}, exclude_none=True)
+    body["training"] = {key: value for key, value in body["training"].items()
+                        if key not in ("micro_batch_size", "recompute")}
+    return body
+
+
+def _estimated(request: EstimateRequest, layout: dict) -> Plan:
+    fields = {key: value for key, value in layout.items() if value is not None}
+    return estimate_for(EstimateRequest.model_validate({**_without_layout_choices(request), "layout": fields}))
+
+
+def compare_for(request: EstimateRequest) -> CompareResponse:
+    """The user's layout (`request.layout`, by shape) against the best plan for the same request."""
+    if request.layout.replicas is not None:
+        raise PlanningError("compare takes a layout by shape (tp, pp, ...); a replica-by-replica layout is already "
+                            "a plan: estimate it with /v1/estimate")
+    yours = estimate_for(request)
+    # The best plan chooses what the layout fixed: micro-batch size and recompute too.
+    body = _without_layout_choices(request)
+    best = plan_for(PlanRequest.model_validate({**body, "training": {**body["training"], "recompute": "auto"}}))
+    stated = request.layout.model_dump(include={"tp", "pp", "dp", "micro_batch_size", "recompute", "schedule",
+                                                "virtual_stages", "layers_per_stage"})
+    your_s, best_s = yours.predicted.iteration_time_s, best.predicted.iteration_time_s
+    changes = []
+    for description, layout in _candidate_changes(stated, _shape(best), yours.architecture.num_layers):
+        if not layout:
+            changes.append(CompareChange(change=description, iteration_time_s=None, gain=None,
+                                         why="CP-SAT's schedule is built for the best plan's layout; it is not a "
+                                         "named schedule an estimate can apply"))
+            continue
+        try:
+            changed_s = _estimated(request, layout).predicted.iteration_time_s
+        except PlanningError as error:
+            changes.append(CompareChange(change=description, iteration_time_s=None, gain=None, why=str(error)))
+            continue
+        changes.append(CompareChange(change=description, iteration_time_s=changed_s,
+                                     gain=round(1 - changed_s / your_s, 6)))
+    changes.sort(key=lambda c: (c.gain is None, -(c.gain or 0.0)))
+    slower = best_s > your_s + _TIE_S
+    if slower:
+        log.error("planner slower than the user's layout: best %.6f s, user's %.6f s", best_s, your_s)
+    return CompareResponse(yours=yours, best=best, speedup=round(your_s / best_s, 6), changes=changes,
+                           planner_slower=slower)
+
+
+def compare_json(request: EstimateRequest) -> str:
+    """compare_for as JSON text, for a solver worker."""
+    return compare_for(request).model_dump_json()

@@ -1,0 +1,149 @@
+"""Megatron-LM command lines read back (issue 21): the Llama 3 8B example Megatron-LM publishes, the round trip
+export -> import on the real plans `test_megatron.py` exports, and pasted shell text."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from adapters.megatron import launch_command, megatron_args
+from adapters.megatron_import import CommandLineError, import_megatron
+from api.tasks.planning import estimate_for
+from cost_models.model_spec import model_preset
+from tests.adapters.test_megatron import PLANS, real_plan
+from wire.schemas import EstimateRequest
+
+# Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh as its torchrun line expands with its defaults
+# (mock data; one node of 8 GPUs), pasted with its quoting and line continuations.
+LLAMA3_8B_EXAMPLE = r"""
+torchrun --nproc_per_node 8 --nnodes 1 --node_rank 0 --master_addr localhost --master_port 6000 \
+    examples/classes/pretrain_gpt.py \
+    --use-mcore-models --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 \
+    --group-query-attention --num-query-groups 8 --kv-channels 128 --seq-length 8192 \
+    --max-position-embeddings 8192 --position-embedding-type rope --rotary-base 1000000 --rotary-percent 1.0 \
+    --attention-dropout 0.0 --hidden-dropout 0.0 --swiglu --init-method-std 0.0134 --attention-backend fused \
+    --apply-layernorm-1p --untie-embeddings-and-output-weights --disable-bias-linear \
+    --micro-batch-size 1 --global-batch-size 128 --train-samples 1953125000 --lr-decay-samples 1949218748 \
+    --lr-warmup-samples 3906252 --lr 0.00015 --min-lr 0.00001 --decoupled-lr 5.0e-4 --decoupled-min-lr 4.5e-5 \
+    --lr-decay-style cosine --clip-grad 1.0 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --bf16 \
+    --grad-reduce-in-bf16 --cross-entropy-loss-fusion --calculate-per-token-loss --manual-gc \
+    --empty-unused-memory-level 1 --exit-duration-in-mins 235 \
+    --fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather \
+    --tensor-model-parallel-size 1 --context-parallel-size 1 --sequence-parallel \
+    --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
+    --mock-data --tokenizer-type NullTokenizer --vocab-size 128256 --data-cache-path "${PWD}/benchmark_cache" \
+    --tiktoken-pattern v2 --split '99,1,0' --no-create-attention-mask-in-dataloader --no-mmap-bin-files \
+    --num-workers 1 --log-interval 1 --eval-iters 32 --eval-interval 100 --save-interval 1000 --log-throughput \
+    --profile --profile-step-start 4 --profile-step-end 6 --ckpt-format torch_dist --distributed-timeout-minutes 60 \
+    --save "checkpoints/llama3_8b_fp8" --load "checkpoints/llama3_8b_fp8" --tensorboard-dir "tensorboard_logs/x"
+"""
+
+SHAPE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
+
+
+def test_megatrons_llama3_8b_example_is_the_llama3_8b_preset_shape_and_the_flags_layout():
+    imported = import_megatron(LLAMA3_8B_EXAMPLE)
+    model, preset = imported.request["model"], model_preset("llama3-8b")
+    assert {key: model[key] for key in SHAPE} == {key: getattr(preset, key) for key in SHAPE}
+    assert imported.request["layout"] == {"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1, "virtual_stages": 1,
+                                          "schedule": "1f1b", "recompute": "none"}
+    assert imported.request["training"] == {"global_batch_size": 128, "seq_length": 8192, "zero_stage": 1,
+                                            "precision": "bf16"}
+    # The script builds LayerNorm (it never says --normalization RMSNorm) with a RoPE base of 1e6: what runs.
+    assert (model["normalization"], model["rope_theta"], model["swiglu"], model["tied_embeddings"]) == (
+        "layernorm", 1e6, True, False)
+    reported = " ".join(imported.not_modelled)
+    for flag in ("--fp8-format hybrid", "--overlap-param-gather", "--grad-reduce-in-bf16", "--fp8-amax-history-len"):
+        assert flag in reported, flag
+    assert "--context-parallel-size" not in reported, "context parallelism 1 changes nothing"
+    assert {"--lr", "--save", "--tokenizer-type", "--split"} <= set(imported.ignored)
+    # Every flag is mapped, reported or ignored: none dropped silently.
+    flags = {word for word in shlex.split(LLAMA3_8B_EXAMPLE.replace("\\\n", " ")) if word.startswith("--")}
+    script_flags = flags - {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port"}
+    accounted = set(imported.ignored) | {entry.split(":")[0].split(" ")[0] for entry in imported.not_modelled}
+    mapped = script_flags - accounted
+    assert mapped <= MAPPED_FLAGS, f"flags neither mapped, reported nor ignored: {mapped - MAPPED_FLAGS}"
+
+
+# What the importer maps into the request (the module's table), written out here so that a flag it drops
+# fails the test above.
+MAPPED_FLAGS = {
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
+    "--num-query-groups", "--kv-channels", "--seq-length", "--max-position-embeddings", "--position-embedding-type",
+    "--rotary-base", "--rotary-percent", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+    "--micro-batch-size", "--global-batch-size", "--bf16", "--tensor-model-parallel-size", "--sequence-parallel",
+    "--use-distributed-optimizer", "--overlap-grad-reduce", "--vocab-size",
+    "--context-parallel-size",  # at 1: no context parallelism, as the model runs it
+}
+
+
+def _stock_plan(name: str):
+    plan = real_plan(name)
+    try:
+        return plan, megatron_args(plan)
+    except Exception as error:  # a plan Megatron cannot run is not a round trip
+        pytest.skip(f"{name}: the export refuses it ({error})")
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_export_then_import_gives_the_same_layout_and_model(name):
+    plan, args = _stock_plan(name)
+    arch = plan.architecture
+    imported = import_megatron(shlex.join(["pretrain_gpt.py", *args]), vocab_size=arch.vocab_size)
+    layout, training, model = (imported.request[key] for key in ("layout", "training", "model"))
+    first = plan.replicas[0]
+    split = [stage.layers[1] - stage.layers[0] for stage in first.stages]
+    assert (layout["tp"], layout["pp"], layout["virtual_stages"]) == (first.stages[0].tp, len(first.stages),
+                                                                      plan.virtual_stages)
+    assert layout.get("layers_per_stage", [arch.num_layers // len(split)] * len(split)) == split
+    assert (layout["micro_batch_size"], layout["recompute"]) == (plan.micro_batch_size, plan.recompute)
+    assert layout["schedule"] == ("interleaved" if plan.virtual_stages > 1 else "1f1b")
+    assert training == {"global_batch_size": plan.global_batch_size, "seq_length": plan.seq_length,
+                        "zero_stage": plan.zero_stage, "precision": plan.precision}
+    exported = arch.model_dump(exclude={"name"})
+    for key, value in model.items():
+        if key == "rope_scaling":
+            assert {k: v for k, v in exported[key].items() if k != "rope_type"} == value
+        else:
+            assert exported[key] == value, (key, exported[key], value)
+    assert imported.not_modelled == [] or all("--use-tp-pp-dp-mapping" not in entry for entry in imported.not_modelled)
+
+
+@pytest.mark.parametrize("name", ["healthy-interleaved-70b", "gqa-llama3-8b", "recompute-full-layout"])
+def test_the_imported_launch_command_estimates_to_the_plans_prediction(name):
+    """The launch command (torchrun, then the script) imported and estimated on the plan's cluster predicts what
+    the plan predicted: the same layout, model and replica count, priced by the same model."""
+    plan, _ = _stock_plan(name)
+    imported = import_megatron(launch_command(plan), vocab_size=plan.architecture.vocab_size)
+    assert imported.request["layout"]["dp"] == len(plan.replicas)
+    cluster = {"num_nodes": 1 + max(int(d.split(":")[0]) for r in plan.replicas for s in r.stages for d in s.devices),
+               "gpus_per_node": 8, "gpu": "A100-80GB"}  # these three plans' GPUs
+    body = {**imported.request, "cluster": cluster}
+    estimate = estimate_for(EstimateRequest.model_validate(body))
+    assert estimate.predicted.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=2e-3)
+
+
+def test_shell_quoting_continuations_and_equals_forms():
+    text = ("python pretrain_gpt.py --num-layers=4 --hidden-size 256 \\\n --num-attention-heads '4' "
+            '--seq-length "128" --global-batch-size 8 --bf16 --vocab-size 1000  # --fp16 is a comment')
+    imported = import_megatron(text)
+    assert imported.request["model"]["num_layers"] == 4
+    assert imported.request["training"]["precision"] == "bf16"
+    # Megatron-LM's defaults where a flag is absent: LayerNorm, learned positions, biases, tied embeddings, GELU.
+    model = imported.request["model"]
+    assert (model["normalization"], model["position_embedding"], model["linear_bias"], model["tied_embeddings"],
+            model["swiglu"]) == ("layernorm", "learned", True, True, False)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 "
+     "--global-batch-size 8 --vocab-size 10", "neither --bf16 nor --fp16"),
+    ("pretrain_gpt.py --hidden-size 256 --num-attention-heads 4 --bf16", "no --num-layers"),
+    ("pretrain_gpt.py --num-layers 4 --hidden-size 'unclosed", "does not parse as a shell would"),
+    ("pretrain_gpt.py --num-layers 4 --hidden-size 300 --num-attention-heads 4 --seq-length 128 "
+     "--global-batch-size 8 --bf16", "no model preset has this shape"),
+])
+def test_what_cannot_be_imported_says_why(text, fragment):
+    with pytest.raises(CommandLineError, match=fragment):
+        import_megatron(text)

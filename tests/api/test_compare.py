@@ -1,0 +1,82 @@
+"""POST /v1/compare and `resiplan compare` (issue 21): the stock Megatron layout a user picks by hand (TP 8 in a
+node, PP as memory requires, micro-batch 1) against the best plan, on every sample scenario."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from api.tasks.comparing import compare_for
+from api.tasks.planning import estimate_for
+from planner.errors import PlanningError
+from tests.api.support import EXAMPLES_DIR, assert_detail, estimate_request
+from tests.cli.test_cli import run_ok, write
+from wire.comparison import CompareResponse
+from wire.schemas import EstimateRequest
+
+SCENARIOS = sorted(path.stem for path in EXAMPLES_DIR.glob("*.json"))
+
+
+def _by_hand(name: str) -> dict:
+    """The scenario with the layout a Megatron user would write: TP 8 in a node, the least PP that fits memory
+    (an even split, as Megatron's default), micro-batch 1."""
+    body = json.loads((EXAMPLES_DIR / f"{name}.json").read_text())
+    body["options"] = {**body.get("options", {}), "time_limit_s": 3}
+    for pp in range(1, 129):
+        layout = {"tp": 8, "pp": pp, "micro_batch_size": 1}
+        try:
+            estimate_for(EstimateRequest.model_validate({**body, "layout": layout}))
+        except PlanningError:
+            continue
+        return {**body, "layout": layout}
+    raise AssertionError(f"{name}: no pipeline length fits")
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_best_plan_is_never_slower_than_the_hand_written_layout(name):
+    comparison = compare_for(EstimateRequest.model_validate(_by_hand(name)))
+    yours_s, best_s = comparison.yours.predicted.iteration_time_s, comparison.best.predicted.iteration_time_s
+    assert not comparison.planner_slower and best_s <= yours_s + 2e-6, (best_s, yours_s)
+    assert comparison.speedup == pytest.approx(yours_s / best_s, rel=1e-5)
+    assert comparison.yours.status == "fixed"
+    gains = [c.gain for c in comparison.changes if c.gain is not None]
+    assert gains == sorted(gains, reverse=True), "changes are ranked by what each buys"
+    for change in comparison.changes:
+        if change.iteration_time_s is not None:
+            assert change.gain == pytest.approx(1 - change.iteration_time_s / yours_s, abs=1e-6)
+        else:
+            assert change.why
+    if best_s < yours_s * 0.999:
+        assert comparison.changes, "a faster plan differs from the user's layout somewhere"
+
+
+def test_a_change_is_the_users_layout_with_that_field_alone(client):
+    """The micro-batch change, estimated independently, is what compare reports for it."""
+    body = estimate_request({"tp": 8, "pp": 1, "micro_batch_size": 1})
+    comparison = compare_for(EstimateRequest.model_validate(body))
+    best_mbs = comparison.best.micro_batch_size
+    if best_mbs == 1:
+        pytest.skip("the best plan keeps micro-batch 1 here")
+    (change,) = [c for c in comparison.changes if c.change.startswith("micro_batch_size")]
+    alone = estimate_for(EstimateRequest.model_validate(estimate_request({"tp": 8, "pp": 1, "micro_batch_size": best_mbs})))
+    assert change.iteration_time_s == alone.predicted.iteration_time_s
+
+
+def test_the_route(client):
+    body = estimate_request({"tp": 8, "pp": 1, "micro_batch_size": 1})
+    response = client.post("/v1/compare", json=body)
+    assert response.status_code == 200, response.text
+    comparison = CompareResponse.model_validate(response.json())
+    assert comparison.best.predicted.iteration_time_s <= comparison.yours.predicted.iteration_time_s
+
+
+def test_a_replica_by_replica_layout_is_refused(client):
+    body = estimate_request({"replicas": [{"num_microbatches": 256, "stages": [{"devices": ["0:0"], "layers": [0, 32]}]}]})
+    assert_detail(client.post("/v1/compare", json=body), "by shape")
+
+
+def test_the_command_line(tmp_path, capsys):
+    request = write(tmp_path, estimate_request({"tp": 8, "pp": 1, "micro_batch_size": 1}))
+    out = run_ok(capsys, ["compare", "--request", request, "--format", "table"])
+    assert "Each change alone" in out and "yours" in out and "best" in out
