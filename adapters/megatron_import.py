@@ -75,15 +75,18 @@ _SWITCHES = frozenset({
     "--no-load-optim", "--no-load-rng", "--use-checkpoint-args", "--reset-position-ids", "--reset-attention-mask",
     "--no-position-embedding", "--fp16-lm-cross-entropy", "--accumulate-allreduce-grads-in-fp32",
 })
-# Launchers and the script before the script's own flags.
+# Launchers and the script before the script's own flags; shell operators between commands.
 _SCRIPT = re.compile(r"\.py$")
+_SEPARATORS = ";&|"
 
 
 def _tokens(text: str) -> tuple[list[str], list[str]]:
     """The words of a pasted command line as the shell would split them (quotes, escapes, line continuations,
     comments), `--flag=value` as two words: the launcher's (before the training script) and the script's."""
+    lexer = shlex.shlex(text.replace("\\\n", " "), posix=True, punctuation_chars=_SEPARATORS)
+    lexer.whitespace_split = True
     try:
-        words = shlex.split(text.replace("\\\n", " "), comments=True)
+        words = list(lexer)
     except ValueError as error:  # an unclosed quote
         raise CommandLineError(f"the command line does not parse as a shell would: {error}") from None
     out = []
@@ -93,7 +96,19 @@ def _tokens(text: str) -> tuple[list[str], list[str]]:
         else:
             out.append(word)
     scripts = [i for i, word in enumerate(out) if _SCRIPT.search(word)]
-    return (out[:scripts[-1]], out[scripts[-1] + 1:]) if scripts else ([], out)
+    if not scripts:
+        return [], _one_command(out)
+    launcher = out[:scripts[-1]]
+    starts = [i for i, word in enumerate(launcher) if set(word) <= set(_SEPARATORS)]
+    return launcher[starts[-1] + 1:] if starts else launcher, _one_command(out[scripts[-1] + 1:])
+
+
+def _one_command(words: list[str]) -> list[str]:
+    """The words up to the first command separator (`;`, `&&`, `|`, ...): what follows is another command."""
+    for i, word in enumerate(words):
+        if set(word) <= set(_SEPARATORS):
+            return words[:i]
+    return words
 
 
 def _world_size(launcher: list[str]) -> int | None:

@@ -19,9 +19,10 @@ from api.core.metrics import CONTENT_TYPE, Metrics
 from api.core.observe import ObserveMiddleware
 from api.core.settings import Settings
 from api.core.store import PlanStore, StoreUnavailable, make_engine
-from api.routes import detect, gpus, plans, replan, ui
+from api.routes import detect, gpus, imports, plans, replan, ui
 from planner.errors import PlanningError
 from wire.errors import RequestBodyInvalid, error_body, field_errors, validation_detail
+from wire.importing import ImportRequest
 from wire.schemas import ErrorDetail, EstimateRequest, PlanRequest, ReplanRequest
 
 # Seconds a client is told to wait when the plan store is down: a restart of a database server.
@@ -121,7 +122,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(replan.router)
     app.include_router(detect.router)
     app.include_router(gpus.router)
+    app.include_router(imports.router)
     app.include_router(ui.router)
-    document_bodies(app, (PlanRequest, EstimateRequest, ReplanRequest, plans.ViewLinkRequest))
+    document_bodies(app, (PlanRequest, EstimateRequest, ReplanRequest, plans.ViewLinkRequest, ImportRequest))
     detect.document_request_body(app)
     return app

@@ -1,0 +1,26 @@
+"""A Megatron-LM command line as an estimate request (`/v1/import`); the text is parsed, never run."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from adapters.megatron_import import import_megatron
+from planner.errors import PlanningError
+from wire.errors import field_errors, validation_detail
+from wire.importing import ImportRequest, ImportResponse
+from wire.schemas import EstimateRequest
+
+
+def import_for(request: ImportRequest) -> ImportResponse:
+    """The estimate request the command line describes on `request`'s cluster, checked as /v1/estimate checks it
+    (PlanningError, a 422, when the command line describes what no request can hold)."""
+    imported = import_megatron(request.megatron_args, vocab_size=request.vocab_size)
+    body = {**imported.request, "cluster": request.cluster.model_dump(mode="json"),
+            "failures": request.failures.model_dump(mode="json")}
+    try:
+        checked = EstimateRequest.model_validate(body)
+    except ValidationError as error:
+        errors = field_errors(error.errors(include_url=False, include_input=False))
+        raise PlanningError(f"the command line describes a request resiplan cannot take: {validation_detail(errors)}") from None
+    return ImportResponse(request=checked.model_dump(mode="json", exclude_none=True), not_modelled=imported.not_modelled,
+                          ignored=imported.ignored, notes=imported.notes)

@@ -1,0 +1,48 @@
+"""POST /v1/import (issue 21): a Megatron-LM command line as an estimate request; pasted text is parsed, never
+run."""
+
+from __future__ import annotations
+
+from tests.adapters.test_megatron_import import LLAMA3_8B_EXAMPLE
+from tests.api.support import assert_detail, verify_plan
+
+CLUSTER = {"num_nodes": 1, "gpus_per_node": 8, "gpu": "H200"}
+
+
+def test_the_llama3_example_imports_and_estimates(client):
+    response = client.post("/v1/import", json={"megatron_args": LLAMA3_8B_EXAMPLE, "cluster": CLUSTER})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["request"]["layout"]["dp"] == 8 and answer["request"]["cluster"] == CLUSTER
+    assert any(entry.startswith("--fp8-format hybrid") for entry in answer["not_modelled"])
+    estimate = client.post("/v1/estimate", json=answer["request"])
+    assert estimate.status_code == 200, estimate.text
+    plan = verify_plan(estimate.json(), answer["request"])
+    assert plan.status == "fixed" and len(plan.replicas) == 8
+
+
+def test_a_command_line_resiplan_cannot_take_is_a_422(client):
+    args = ("pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --bf16 "
+            "--vocab-size 1000")
+    assert_detail(client.post("/v1/import", json={"megatron_args": args, "cluster": CLUSTER}), "--global-batch-size")
+    # tp 16 on 8-GPU nodes: the command line parses, the request it describes does not hold.
+    args = LLAMA3_8B_EXAMPLE.replace("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 16")
+    response = client.post("/v1/import", json={"megatron_args": args, "cluster": CLUSTER})
+    assert response.status_code == 422, response.text
+
+
+def test_shell_text_is_parsed_never_run(client, tmp_path):
+    marker = tmp_path / "ran"
+    args = (f"pretrain_gpt.py $(touch {marker}) `touch {marker}` --num-layers 32 --hidden-size 4096 "
+            "--ffn-hidden-size 11008 --num-attention-heads 32 --swiglu --normalization RMSNorm "
+            "--position-embedding-type rope --seq-length 4096 --global-batch-size 64 --bf16; "
+            f"touch {marker}")
+    response = client.post("/v1/import", json={"megatron_args": args, "cluster": CLUSTER})
+    assert response.status_code == 200, response.text
+    assert not marker.exists()
+    assert any("not flags" in note for note in response.json()["notes"])
+
+
+def test_unknown_body_forms_are_refused(client):
+    body = {"torchtitan_toml": "[parallelism]\ntensor_parallel_degree = 2", "cluster": CLUSTER}
+    assert client.post("/v1/import", json=body).status_code == 422
