@@ -88,9 +88,18 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from adapters.megatron_import import import_megatron
+    if args.trainer == "megatron":
+        from adapters.megatron_import import import_megatron
 
-    imported = import_megatron(_read_text(args.command_line), vocab_size=args.vocab_size)
+        imported = import_megatron(_read_text(args.command_line), vocab_size=args.vocab_size)
+    else:
+        from adapters.torchtitan_import import import_torchtitan
+
+        model = args.model
+        if model is not None and model.endswith(".json"):
+            model = json.loads(_read_text(model))
+        toml = _read_text(args.toml) if args.toml else None
+        imported = import_torchtitan(_read_text(args.command_line), toml=toml, model=model)
     request = imported.request
     if args.cluster:
         request = {**request, "cluster": json.loads(_read_text(args.cluster))}
@@ -191,16 +200,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     imports = commands.add_parser(
         "import",
-        help="read a trainer's command line back into a request (Megatron-LM's pretrain_gpt.py flags)",
+        help="read a trainer's settings back into a request (Megatron-LM flags, torchtitan overrides)",
         description="Prints {request, not_modelled, ignored, notes}: the estimate request the command line "
         "describes (add the cluster with --cluster, or by hand), the flags that change time or memory but are not "
         "modelled, and those ignored because they change neither. Shell quoting, line continuations and comments "
         "are read as a shell would.",
     )
-    imports.add_argument("trainer", choices=("megatron",), help="the trainer whose command line it is")
-    imports.add_argument("command_line", metavar="COMMAND.sh", help="a file holding the command line, '-' for stdin")
+    imports.add_argument("trainer", choices=("megatron", "torchtitan"), help="the trainer whose settings they are")
+    imports.add_argument("command_line", metavar="COMMAND.sh",
+                         help="a file holding the command line (torchtitan: its overrides), '-' for stdin")
     imports.add_argument("--vocab-size", type=_non_negative_int, default=None,
-                         help="the tokenizer's vocabulary when the command line has no --vocab-size")
+                         help="megatron: the tokenizer's vocabulary when the command line has no --vocab-size")
+    imports.add_argument("--toml", default=None, metavar="JOB.toml",
+                         help="torchtitan: an older torchtitan's TOML job file, under the overrides")
+    imports.add_argument("--model", default=None, metavar="PRESET|MODEL.json",
+                         help="torchtitan: the model, where --module/--config name none resiplan reads")
     imports.add_argument("--cluster", default=None, metavar="CLUSTER.json",
                          help="a cluster object to complete the request with (checked as an estimate request)")
     imports.set_defaults(run=_import, request=None)

@@ -29,27 +29,9 @@ a model preset of the same shape whose vocabulary it then takes (and says so).
 from __future__ import annotations
 
 import re
-import shlex
-from dataclasses import dataclass, field
 
+from adapters.command_line import CommandLineError, Imported, command_words, world_size
 from cost_models.model_spec import model_preset, model_preset_names
-from planner.errors import PlanningError
-
-
-class CommandLineError(PlanningError):
-    """A command line that does not describe a job resiplan can estimate; the message says why."""
-
-
-@dataclass
-class MegatronImport:
-    """What a command line says: the request (a `/v1/estimate` body without its cluster, which the command
-    line does not name), the flags that change time or memory but are not modelled, and those ignored
-    because they change neither (learning rate, paths, logging)."""
-
-    request: dict
-    not_modelled: list[str] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
 
 # Flags that change neither time nor memory of an iteration: read and set aside, by prefix.
@@ -75,52 +57,6 @@ _SWITCHES = frozenset({
     "--no-load-optim", "--no-load-rng", "--use-checkpoint-args", "--reset-position-ids", "--reset-attention-mask",
     "--no-position-embedding", "--fp16-lm-cross-entropy", "--accumulate-allreduce-grads-in-fp32",
 })
-# Launchers and the script before the script's own flags; shell operators between commands.
-_SCRIPT = re.compile(r"\.py$")
-_SEPARATORS = ";&|"
-
-
-def _tokens(text: str) -> tuple[list[str], list[str]]:
-    """The words of a pasted command line as the shell would split them (quotes, escapes, line continuations,
-    comments), `--flag=value` as two words: the launcher's (before the training script) and the script's."""
-    lexer = shlex.shlex(text.replace("\\\n", " "), posix=True, punctuation_chars=_SEPARATORS)
-    lexer.whitespace_split = True
-    try:
-        words = list(lexer)
-    except ValueError as error:  # an unclosed quote
-        raise CommandLineError(f"the command line does not parse as a shell would: {error}") from None
-    out = []
-    for word in words:
-        if word.startswith("--") and "=" in word:
-            out += word.split("=", 1)
-        else:
-            out.append(word)
-    scripts = [i for i, word in enumerate(out) if _SCRIPT.search(word)]
-    if not scripts:
-        return [], _one_command(out)
-    launcher = out[:scripts[-1]]
-    starts = [i for i, word in enumerate(launcher) if set(word) <= set(_SEPARATORS)]
-    return launcher[starts[-1] + 1:] if starts else launcher, _one_command(out[scripts[-1] + 1:])
-
-
-def _one_command(words: list[str]) -> list[str]:
-    """The words up to the first command separator (`;`, `&&`, `|`, ...): what follows is another command."""
-    for i, word in enumerate(words):
-        if set(word) <= set(_SEPARATORS):
-            return words[:i]
-    return words
-
-
-def _world_size(launcher: list[str]) -> int | None:
-    """Ranks torchrun starts (--nnodes x --nproc-per-node), None when the command line does not say."""
-    flags, _ = _flags(launcher)
-    per_node = flags.get("--nproc-per-node") or flags.get("--nproc_per_node")
-    nodes = flags.get("--nnodes") or "1"
-    if per_node is None or not per_node.isdigit() or not nodes.isdigit():
-        return None
-    return int(per_node) * int(nodes)
-
-
 def _flags(words: list[str]) -> tuple[dict[str, str | None], list[str]]:
     """flag -> value (None for a switch), and the words that are not flags or values."""
     flags: dict[str, str | None] = {}
@@ -215,9 +151,9 @@ def _not_modelled(flags: dict) -> list[str]:
     return out
 
 
-def import_megatron(text: str, vocab_size: int | None = None) -> MegatronImport:
+def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     """The estimate request (less its cluster) a Megatron-LM pretrain_gpt.py command line describes."""
-    launcher, words = _tokens(text)
+    launcher, words = command_words(text)
     flags, stray = _flags(words)
     notes: list[str] = []
     layers = _required(flags, "--num-layers")
@@ -280,7 +216,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> MegatronImport:
     layout["virtual_stages"] = v
     layout["schedule"] = "interleaved" if v > 1 else "1f1b"
     layout["recompute"] = _recompute(flags, not_modelled)
-    world = _world_size(launcher)
+    world = world_size(launcher)
     if world is not None:
         if world % (tp * pp):
             raise CommandLineError(f"torchrun starts {world} ranks, not a multiple of tp {tp} x pp {pp}")
@@ -311,7 +247,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> MegatronImport:
     if stray:
         notes.append(f"words that are not flags, left out: {' '.join(stray[:8])}")
     request = {"model": arch, "training": training, "layout": layout}
-    return MegatronImport(request=request, not_modelled=not_modelled, ignored=ignored, notes=notes)
+    return Imported(request=request, not_modelled=not_modelled, ignored=ignored, notes=notes)
 
 
 def _vocab(flags: dict, arch: dict, vocab_size: int | None, notes: list[str]) -> int:

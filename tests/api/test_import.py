@@ -43,6 +43,23 @@ def test_shell_text_is_parsed_never_run(client, tmp_path):
     assert any("not flags" in note for note in response.json()["notes"])
 
 
-def test_unknown_body_forms_are_refused(client):
-    body = {"torchtitan_toml": "[parallelism]\ntensor_parallel_degree = 2", "cluster": CLUSTER}
+def test_unknown_body_forms_are_refused(client):  # DeepSpeed is not read yet
+    body = {"deepspeed_config": {"train_micro_batch_size_per_gpu": 1}, "cluster": CLUSTER}
     assert client.post("/v1/import", json=body).status_code == 422
+
+
+def test_torchtitan_overrides_import(client):
+    body = {"overrides": ["--module", "llama3", "--config", "llama3_8b", "--parallelism.tensor_parallel_degree", "2",
+                          "--parallelism.data_parallel_shard_degree", "4", "--training.local_batch_size", "2",
+                          "--training.seq_len", "4096", "activation_checkpoint:selective"],
+            "cluster": CLUSTER}
+    response = client.post("/v1/import", json=body)
+    assert response.status_code == 200, response.text
+    request = response.json()["request"]
+    assert request["model"] == "llama3.1-8b"
+    assert (request["layout"]["tp"], request["layout"]["dp"], request["training"]["global_batch_size"]) == (2, 4, 8)
+
+
+def test_one_trainers_settings_at_a_time(client):
+    body = {"megatron_args": LLAMA3_8B_EXAMPLE, "overrides": ["--training.seq_len", "8"], "cluster": CLUSTER}
+    assert_detail(client.post("/v1/import", json=body), "one trainer's settings")

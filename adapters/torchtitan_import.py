@@ -1,0 +1,230 @@
+"""torchtitan settings read back into a resiplan estimate request: `--section.field value` overrides (torchtitan
+0.3, as `adapters.torchtitan` writes them and as a launch command passes them), optionally on top of an older
+torchtitan's TOML job file, with every setting that changes time or memory mapped or reported as not modelled.
+
+    torchtitan                                           request
+    --parallelism.tensor_parallel_degree / pipeline_...  layout.tp / layout.pp
+    data_parallel_replicate_degree x _shard_degree       layout.dp (shard -1: what torchrun's ranks leave)
+    data_parallel_shard_degree > 1                       training.zero_stage 1 (FSDP; resharding after forward,
+                                                         ZeRO-3-like, is reported as not modelled)
+    --parallelism.pipeline_parallel_microbatch_size      layout.micro_batch_size (pp > 1; else local_batch_size)
+    --training.global_batch_size, --training.seq_len     training (global -1: local_batch_size x dp)
+    --parallelism.pipeline_parallel_schedule             GPipe / 1F1B / Interleaved1F1B / LoopedBFS by name
+    pipeline_parallel_layers_per_stage L                 layout.virtual_stages = layers / (pp L)
+    module_fqns_per_model_part                           layout.layers_per_stage and virtual_stages
+    activation_checkpoint:<mode>                         layout.recompute
+    --training.mixed_precision_param                     training.precision (bfloat16; float32 is refused)
+    --module M --config C                                model: torchtitan's own config functions that are a
+                                                         resiplan preset field for field; any other needs `model`
+"""
+
+from __future__ import annotations
+
+import tomllib
+
+from adapters.command_line import CommandLineError, Imported, command_words, world_size
+from adapters.torchtitan import BUILTIN_CONFIGS, NAMED_SCHEDULES
+from cost_models.model_spec import model_preset
+
+_SCHEDULES = {name: ours for ours, name in NAMED_SCHEDULES.items()}
+_CHUNKED = {"interleaved", "looped-bfs"}
+_PRECISIONS = {"bfloat16": "bf16"}
+# Settings that change neither time nor memory of an iteration, by prefix.
+_NO_EFFECT = ("--optimizer.", "--lr_scheduler.", "--dataloader.", "--checkpoint.", "--metrics.", "--job.",
+              "--validation.", "--profiling.", "--hf_assets_path", "--training.steps", "--comm.", "--fault_tolerance.",
+              "--training.seed", "--training.deterministic", "--training.max_norm", "--tokenizer.",
+              "--training.dataset", "--debug.")
+_NOT_MODELLED = {
+    "--compile.": "torch.compile's speed-up is not in the cost model",
+    "--quantize.": "float8 / MX training is not in the cost model (issue 19)",
+    "--model.converters": "model converters (float8) are not in the cost model (issue 19)",
+    "--parallelism.enable_async_tensor_parallel": "asynchronous TP overlap is not in the cost model (issue 17)",
+    "--training.mixed_precision_reduce": "the gradient reduce precision is not a request field",
+    "--parallelism.fsdp_reshard_after_forward": "FSDP resharding after forward (ZeRO-3-like) is estimated as ZeRO-1",
+    "--training.disable_cuda_graphs": "CUDA graphs are not in the cost model",
+    "--activation_checkpoint.selective_ac_option": "torchtitan's selective policy is timed as Megatron-style "
+                                                   "selective recompute",
+}
+_MAPPED = {
+    "--parallelism.tensor_parallel_degree", "--parallelism.pipeline_parallel_degree",
+    "--parallelism.data_parallel_replicate_degree", "--parallelism.data_parallel_shard_degree",
+    "--parallelism.context_parallel_degree", "--parallelism.expert_parallel_degree",
+    "--parallelism.enable_sequence_parallel", "--parallelism.pipeline_parallel_microbatch_size",
+    "--parallelism.pipeline_parallel_schedule", "--parallelism.pipeline_parallel_schedule_csv",
+    "--parallelism.pipeline_parallel_layers_per_stage", "--parallelism.pipeline_parallel_first_stage_less_layers",
+    "--parallelism.pipeline_parallel_last_stage_less_layers", "--parallelism.module_fqns_per_model_part",
+    "--training.local_batch_size", "--training.global_batch_size", "--training.seq_len", "--training.dtype",
+    "--training.mixed_precision_param", "--activation_checkpoint.mode", "--module", "--config",
+}
+
+
+def _options(words: list[str]) -> tuple[dict[str, list[str]], str | None, list[str]]:
+    """--key -> its values (none for a switch), the activation-checkpoint subcommand's mode, stray words."""
+    options: dict[str, list[str]] = {}
+    mode, stray, key = None, [], None
+    for word in words:
+        if word.startswith("--"):
+            key = word
+            options[key] = []
+        elif word.startswith("activation_checkpoint:"):
+            mode, key = word.split(":", 1)[1], None
+        elif key is not None:
+            options[key].append(word)
+        else:
+            stray.append(word)
+    return options, mode, stray
+
+
+def _from_toml(text: str) -> dict[str, list[str]]:
+    """An older torchtitan's TOML job file as the overrides it stands for: [section] field = value."""
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise CommandLineError(f"the TOML job file does not parse: {error}") from None
+    out = {}
+    for section, fields in table.items():
+        if not isinstance(fields, dict):
+            continue
+        for name, value in fields.items():
+            values = value if isinstance(value, list) else [value]
+            out[f"--{section}.{name}"] = [str(v).lower() if isinstance(v, bool) else str(v) for v in values]
+    return out
+
+
+def _int(options: dict, key: str, default: int | None) -> int | None:
+    values = options.get(key)
+    if not values:
+        return default
+    try:
+        return int(values[0])
+    except ValueError:
+        raise CommandLineError(f"{key} {values[0]!r} is not a whole number") from None
+
+
+def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict | None = None) -> Imported:
+    """The estimate request (less its cluster) torchtitan settings describe: `text` a command line or overrides
+    (CLI overrides win over `toml`, an older torchtitan's job file); `model` (a preset name or architecture)
+    where `--module`/`--config` name none of torchtitan's own that resiplan knows."""
+    launcher, words = command_words(text)
+    cli, mode, stray = _options(words)
+    options = {**(_from_toml(toml) if toml else {}), **cli}
+    mode = mode or (options.get("--activation_checkpoint.mode") or [None])[0]
+    notes: list[str] = []
+    request_model = _model(options, model, notes)
+    tp = _int(options, "--parallelism.tensor_parallel_degree", 1)
+    pp = _int(options, "--parallelism.pipeline_parallel_degree", 1)
+    not_modelled = []
+    for key in ("--parallelism.context_parallel_degree", "--parallelism.expert_parallel_degree"):
+        if _int(options, key, 1) != 1:
+            not_modelled.append(f"{key} {options[key][0]}: not in the cost model (issue 19)")
+    replicate = _int(options, "--parallelism.data_parallel_replicate_degree", 1)
+    shard = _int(options, "--parallelism.data_parallel_shard_degree", -1)
+    world = world_size(launcher)
+    if shard == -1:
+        rest = world // (tp * pp * replicate) if world else None
+        shard = rest
+    dp = replicate * shard if shard else None
+    if shard and shard > 1 and replicate > 1:
+        not_modelled.append(f"hybrid sharding (replicate {replicate} x shard {shard}): estimated as ZeRO-1 over all "
+                            f"{dp} replicas")
+    local = _int(options, "--training.local_batch_size", None)
+    mbs = _int(options, "--parallelism.pipeline_parallel_microbatch_size", 1) if pp > 1 else (local or 1)
+    seq = _int(options, "--training.seq_len", None)
+    if seq is None:
+        raise CommandLineError("--training.seq_len is not given: resiplan cannot estimate without the sequence length")
+    batch = _int(options, "--training.global_batch_size", -1)
+    if batch == -1:
+        if local is None or dp is None:
+            raise CommandLineError("the global batch is neither given (--training.global_batch_size) nor implied "
+                                   "(--training.local_batch_size and the data-parallel degree)")
+        batch = local * dp
+    layout: dict = {"tp": tp, "pp": pp, "micro_batch_size": mbs, **_pipeline(options, pp, request_model, not_modelled, notes)}
+    if dp is not None:
+        layout["dp"] = dp
+    layout["recompute"] = _recompute(mode, notes)
+    precision = (options.get("--training.mixed_precision_param") or ["bfloat16"])[0]
+    if precision not in _PRECISIONS:
+        raise CommandLineError(f"--training.mixed_precision_param {precision}: resiplan models bf16 and fp16 training, "
+                               "torchtitan 0.3 trains in bfloat16 or float32")
+    # FSDP over the data-parallel ranks shards optimizer state (with one rank, the reshard setting says FSDP was asked).
+    sharded = bool(shard and shard > 1) or "--parallelism.fsdp_reshard_after_forward" in options
+    training = {"global_batch_size": batch, "seq_length": seq, "zero_stage": 1 if sharded else 0,
+                "precision": _PRECISIONS[precision]}
+    ignored = sorted(key for key in options if key.startswith(_NO_EFFECT))
+    for key in sorted(options):
+        if key in _MAPPED or key in ignored:
+            continue
+        why = next((reason for prefix, reason in _NOT_MODELLED.items() if key.startswith(prefix)),
+                   "not a setting resiplan knows; its effect on time and memory is not modelled")
+        if key == "--parallelism.fsdp_reshard_after_forward" and options[key] == ["never"]:
+            continue  # ZeRO-1's traffic: what the export writes for zero_stage 1
+        not_modelled.append(f"{key} {' '.join(options[key])}".strip() + f": {why}")
+    if stray:
+        notes.append(f"words that are not settings, left out: {' '.join(stray[:8])}")
+    return Imported(request={"model": request_model, "training": training, "layout": layout},
+                    not_modelled=not_modelled, ignored=ignored, notes=notes)
+
+
+def _model(options: dict, model: str | dict | None, notes: list[str]) -> str | dict:
+    selection = ((options.get("--module") or [None])[0], (options.get("--config") or [None])[0])
+    preset = BUILTIN_CONFIGS.get(selection)
+    if preset is not None:
+        if model is not None and model != preset:
+            raise CommandLineError(f"--module {selection[0]} --config {selection[1]} builds {preset}, not the model given")
+        return preset
+    if model is None:
+        named = f"--module {selection[0]} --config {selection[1]}" if selection[0] else "no --module/--config"
+        raise CommandLineError(f"torchtitan builds its model in Python ({named}), which resiplan cannot read: give the "
+                               "model (a preset name or an architecture) beside the settings")
+    if selection[0]:
+        notes.append(f"the model is the one given: --module {selection[0]} --config {selection[1]} is not one "
+                     "resiplan reads")
+    return model
+
+
+def _layers(model: str | dict) -> int:
+    return int(model["num_layers"]) if isinstance(model, dict) else model_preset(model).num_layers
+
+
+def _pipeline(options: dict, pp: int, model: str | dict, not_modelled: list[str], notes: list[str]) -> dict:
+    """Schedule, virtual stages and layer split."""
+    if pp == 1:
+        return {"schedule": "1f1b", "virtual_stages": 1}
+    named = (options.get("--parallelism.pipeline_parallel_schedule") or ["1F1B"])[0]
+    parts = options.get("--parallelism.module_fqns_per_model_part")
+    per_stage = _int(options, "--parallelism.pipeline_parallel_layers_per_stage", None)
+    layers = _layers(model)
+    split, v = None, 1
+    if parts:
+        v = len(parts) // pp
+        counts = [sum(1 for fqn in part.split(",") if fqn.startswith("layers.")) for part in parts]
+        split = [sum(counts[c * pp + s] for c in range(v)) for s in range(pp)]
+    elif per_stage:
+        v = max(1, layers // (pp * per_stage))
+        for key in ("--parallelism.pipeline_parallel_first_stage_less_layers",
+                    "--parallelism.pipeline_parallel_last_stage_less_layers"):
+            if _int(options, key, 0):
+                not_modelled.append(f"{key} {options[key][0]}: estimated with every model part holding {per_stage} layers")
+    schedule = _SCHEDULES.get(named)
+    if schedule is None:
+        chunked = named not in ("PipelineScheduleSingle", "ZBVZeroBubble") and (v > 1 or named.startswith(
+            ("Interleaved", "PipelineScheduleMulti")))
+        schedule = "interleaved" if chunked else "1f1b"
+        not_modelled.append(f"--parallelism.pipeline_parallel_schedule {named}: estimated as {schedule} (a CSV or "
+                            "zero-bubble schedule is not read back by name)")
+    if schedule in _CHUNKED and v == 1:
+        v = 2
+        notes.append(f"{named} without a layer count per model part: estimated with 2 model parts per stage")
+    out = {"schedule": schedule, "virtual_stages": v}
+    if split is not None and len(set(split)) > 1:
+        out["layers_per_stage"] = split
+    return out
+
+
+def _recompute(mode: str | None, notes: list[str]) -> str:
+    if mode is None:
+        notes.append("no activation_checkpoint mode given: the config function's, estimated as selective")
+        return "selective"
+    if mode not in ("none", "selective", "full"):
+        raise CommandLineError(f"activation_checkpoint:{mode}: torchtitan knows none, selective and full")
+    return mode

@@ -1,0 +1,101 @@
+"""torchtitan settings read back (issue 21): the overrides `adapters.torchtitan` writes for the real plans of
+`test_torchtitan.py` import to the same layout and model, a TOML job file of an older torchtitan too, and the
+launch command estimates to the plan's own prediction."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from adapters.command_line import CommandLineError
+from adapters.torchtitan import CSV_SCHEDULES, launch_command, model_selection, override_argv
+from adapters.torchtitan_import import import_torchtitan
+from api.tasks.planning import estimate_for
+from tests.adapters.test_torchtitan import REQUESTS, real_plan
+from wire.schemas import EstimateRequest
+
+NAMED = sorted(name for name in REQUESTS if not any(s in name for s in ("zb-h1", "optimized")))
+
+
+def _model_args(plan) -> tuple[str, dict | None]:
+    selection = model_selection(plan)
+    if selection is not None:
+        return f"--module {selection[0]} --config {selection[1]} ", None
+    return "", plan.architecture.model_dump(exclude={"name"}, exclude_none=True)
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_export_then_import_gives_the_same_layout_and_model(name):
+    plan = real_plan(name)
+    model_text, model = _model_args(plan)
+    imported = import_torchtitan(model_text + shlex.join(override_argv(plan)), model=model)
+    layout, training = imported.request["layout"], imported.request["training"]
+    first = plan.replicas[0]
+    split = [stage.layers[1] - stage.layers[0] for stage in first.stages]
+    assert (layout["tp"], layout["pp"], layout["virtual_stages"]) == (first.stages[0].tp, len(first.stages),
+                                                                      plan.virtual_stages)
+    assert layout.get("layers_per_stage", [split[0]] * len(split)) == split
+    assert (layout["micro_batch_size"], layout["recompute"], layout["schedule"]) == (
+        plan.micro_batch_size, plan.recompute, plan.schedule)
+    assert layout["dp"] == len(plan.replicas)
+    assert training == {"global_batch_size": plan.global_batch_size, "seq_length": plan.seq_length,
+                        "zero_stage": plan.zero_stage, "precision": plan.precision}
+    if model is None:
+        assert imported.request["model"] == plan.model
+    assert not [entry for entry in imported.not_modelled if "not a setting resiplan knows" in entry], imported.not_modelled
+
+
+@pytest.mark.parametrize("name", ["1f1b-even", "interleaved", "no-pp-selective"])
+def test_the_imported_launch_command_estimates_to_the_plans_prediction(name):
+    plan = real_plan(name)
+    _, model = _model_args(plan)
+    imported = import_torchtitan(launch_command(plan), model=model or plan.model)
+    body = {**imported.request, "cluster": REQUESTS[name]["cluster"], "failures": REQUESTS[name].get("failures", {})}
+    estimate = estimate_for(EstimateRequest.model_validate(body))
+    assert estimate.predicted.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=2e-3)
+
+
+def test_csv_schedules_say_they_do_not_round_trip():
+    name = next(name for name in REQUESTS if "zb-h1" in name)
+    plan = real_plan(name)
+    assert plan.schedule in CSV_SCHEDULES
+    _, model = _model_args(plan)
+    imported = import_torchtitan(shlex.join(override_argv(plan)), model=model or plan.model)
+    assert any("not read back by name" in entry for entry in imported.not_modelled)
+
+
+def test_an_older_torchtitan_toml_job_file():
+    toml = """
+[parallelism]
+tensor_parallel_degree = 2
+pipeline_parallel_degree = 2
+data_parallel_shard_degree = 4
+pipeline_parallel_microbatch_size = 1
+pipeline_parallel_schedule = "1F1B"
+
+[training]
+local_batch_size = 8
+global_batch_size = 32
+seq_len = 4096
+
+[activation_checkpoint]
+mode = "full"
+
+[optimizer]
+lr = 3e-4
+
+[compile]
+enable = true
+"""
+    imported = import_torchtitan("--parallelism.tensor_parallel_degree 4", toml=toml, model="llama3-8b")
+    layout = imported.request["layout"]
+    assert (layout["tp"], layout["pp"], layout["dp"], layout["recompute"]) == (4, 2, 4, "full"), "the CLI wins"
+    assert imported.request["training"]["zero_stage"] == 1
+    assert "--optimizer.lr" in imported.ignored
+    assert any(entry.startswith("--compile.enable") for entry in imported.not_modelled)
+
+
+def test_a_model_torchtitan_builds_in_python_must_be_named():
+    with pytest.raises(CommandLineError, match="give the model"):
+        import_torchtitan("--module mine --config my_model --training.seq_len 2048 --training.global_batch_size 8")
