@@ -92,6 +92,11 @@ def _import(args: argparse.Namespace) -> int:
         from adapters.megatron_import import import_megatron
 
         imported = import_megatron(_read_text(args.command_line), vocab_size=args.vocab_size)
+    elif args.trainer == "deepspeed":
+        from adapters.deepspeed_import import import_deepspeed
+
+        megatron_args = _read_text(args.megatron_args) if args.megatron_args else None
+        imported = import_deepspeed(json.loads(_read_text(args.command_line)), megatron_args, vocab_size=args.vocab_size)
     else:
         from adapters.torchtitan_import import import_torchtitan
 
@@ -200,15 +205,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     imports = commands.add_parser(
         "import",
-        help="read a trainer's settings back into a request (Megatron-LM flags, torchtitan overrides)",
+        help="read a trainer's settings back into a request (Megatron-LM flags, torchtitan overrides, DeepSpeed configs)",
         description="Prints {request, not_modelled, ignored, notes}: the estimate request the command line "
         "describes (add the cluster with --cluster, or by hand), the flags that change time or memory but are not "
         "modelled, and those ignored because they change neither. Shell quoting, line continuations and comments "
         "are read as a shell would.",
     )
-    imports.add_argument("trainer", choices=("megatron", "torchtitan"), help="the trainer whose settings they are")
-    imports.add_argument("command_line", metavar="COMMAND.sh",
-                         help="a file holding the command line (torchtitan: its overrides), '-' for stdin")
+    imports.add_argument("trainer", choices=("megatron", "torchtitan", "deepspeed"),
+                         help="the trainer whose settings they are")
+    imports.add_argument("command_line", metavar="SETTINGS",
+                         help="a file holding the command line (torchtitan: its overrides; deepspeed: ds_config.json), "
+                         "'-' for stdin")
+    imports.add_argument("--megatron-args", default=None, metavar="COMMAND.sh",
+                         help="deepspeed: the Megatron-DeepSpeed command line the config runs beside")
     imports.add_argument("--vocab-size", type=_non_negative_int, default=None,
                          help="megatron: the tokenizer's vocabulary when the command line has no --vocab-size")
     imports.add_argument("--toml", default=None, metavar="JOB.toml",

@@ -26,6 +26,9 @@ class ImportRequest(_Strict):
         description="torchtitan `--section.field value` overrides (torchtitan 0.3 is configured by them; a "
         "launch command's words work too, `--module`/`--config` and torchrun's flags included); on top of "
         "torchtitan_toml when both are given.")
+    deepspeed_config: dict | None = Field(
+        default=None, description="A DeepSpeed config (ds_config.json); give the Megatron-DeepSpeed command line "
+        "beside it as megatron_args (or use the DeepSpeed export's, whose \"resiplan\" key says the model).")
     model: ModelField | None = Field(
         default=None, description="torchtitan only: the model, where `--module`/`--config` name no config "
         "function resiplan reads (torchtitan builds its model in Python).")
@@ -39,11 +42,12 @@ class ImportRequest(_Strict):
 
     @model_validator(mode="after")
     def _one_trainer(self) -> ImportRequest:
-        given = [name for name, value in (("megatron_args", self.megatron_args),
+        given = [name for name, value in (("megatron", self.megatron_args or self.deepspeed_config),
                                           ("torchtitan", self.torchtitan_toml or self.overrides)) if value]
         if len(given) != 1:
-            raise ValueError("give megatron_args, or torchtitan_toml and/or overrides: one trainer's settings")
-        if self.megatron_args and self.model is not None:
+            raise ValueError("give megatron_args, deepspeed_config (with the megatron_args it runs beside), or "
+                             "torchtitan_toml and/or overrides: one trainer's settings")
+        if given == ["megatron"] and self.model is not None:
             raise ValueError("model is read from megatron_args; give it only with torchtitan settings")
         return self
 

@@ -7,6 +7,7 @@ import shlex
 
 from pydantic import ValidationError
 
+from adapters.deepspeed_import import import_deepspeed
 from adapters.megatron_import import import_megatron
 from adapters.torchtitan_import import import_torchtitan
 from wire.convert import resolve_model
@@ -26,7 +27,9 @@ def model_field(model) -> str | dict | None:
 def import_for(request: ImportRequest) -> ImportResponse:
     """The estimate request the command line describes on `request`'s cluster, checked as /v1/estimate checks it
     (PlanningError, a 422, when the command line describes what no request can hold)."""
-    if request.megatron_args is not None:
+    if request.deepspeed_config is not None:
+        imported = import_deepspeed(request.deepspeed_config, request.megatron_args, vocab_size=request.vocab_size)
+    elif request.megatron_args is not None:
         imported = import_megatron(request.megatron_args, vocab_size=request.vocab_size)
     else:
         imported = import_torchtitan(shlex.join(request.overrides or []), toml=request.torchtitan_toml,

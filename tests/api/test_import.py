@@ -43,9 +43,24 @@ def test_shell_text_is_parsed_never_run(client, tmp_path):
     assert any("not flags" in note for note in response.json()["notes"])
 
 
-def test_unknown_body_forms_are_refused(client):  # DeepSpeed is not read yet
-    body = {"deepspeed_config": {"train_micro_batch_size_per_gpu": 1}, "cluster": CLUSTER}
+def test_unknown_body_forms_are_refused(client):
+    body = {"nemo_config": {"trainer": {}}, "cluster": CLUSTER}
     assert client.post("/v1/import", json=body).status_code == 422
+
+
+def test_a_deepspeed_config_beside_its_megatron_deepspeed_flags(client):
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 8,
+              "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
+              "pipeline": {"activation_checkpoint_interval": 1}}
+    args = ("deepspeed pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+            "--num-layers 32 --hidden-size 4096 --ffn-hidden-size 11008 --num-attention-heads 32 --swiglu "
+            "--normalization rmsnorm --use-rotary-position-embeddings --no-position-embedding --seq-length 4096 "
+            "--untie-embeddings-and-output-weights --disable-bias-linear")
+    response = client.post("/v1/import", json={"deepspeed_config": config, "megatron_args": args, "cluster": CLUSTER})
+    assert response.status_code == 200, response.text
+    layout = response.json()["request"]["layout"]
+    assert (layout["tp"], layout["pp"], layout["dp"], layout["micro_batch_size"], layout["recompute"]) == (
+        2, 2, 4, 2, "full")
 
 
 def test_torchtitan_overrides_import(client):

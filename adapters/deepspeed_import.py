@@ -1,0 +1,143 @@
+"""A DeepSpeed config, with the Megatron-DeepSpeed command line it runs beside, read back into a resiplan
+estimate request; every setting that changes time or memory is mapped or reported as not modelled.
+
+    ds_config                                          request
+    train_batch_size                                   training.global_batch_size
+    train_micro_batch_size_per_gpu                     layout.micro_batch_size
+    gradient_accumulation_steps, with the batch        layout.dp = train_batch_size / (micro x accumulation)
+    zero_optimization.stage 0 / 1                      training.zero_stage (2 and 3 are reported: not modelled)
+    bf16.enabled / fp16.enabled                        training.precision
+    pipeline.activation_checkpoint_interval 1          layout.recompute full (0: none; others reported)
+    "resiplan" (what the DeepSpeed export adds)        the PipelineModule's stages, split and TP size, and the model
+
+The model, tp and pp come from the Megatron-DeepSpeed pretrain_gpt.py flags (its spellings: --num-key-value-heads,
+--layernorm-epsilon, --use-rotary-position-embeddings, --rotary-position-embeddings-theta), read as
+`adapters.megatron_import` reads Megatron-LM's, or from the export's "resiplan" key when there are none.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from adapters.command_line import CommandLineError, Imported, command_words
+from adapters.megatron_import import import_megatron
+
+# Megatron-DeepSpeed's spellings of what Megatron-LM names otherwise (adapters.megatron_model's table).
+_SPELLINGS = {
+    "--num-key-value-heads": ["--group-query-attention", "--num-query-groups"],
+    "--layernorm-epsilon": ["--norm-epsilon"],
+    "--use-rotary-position-embeddings": ["--position-embedding-type", "rope"],
+    "--rotary-position-embeddings-theta": ["--rotary-base"],
+    "--no-position-embedding": [],
+    "--checkpoint-activations": ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                                 "--recompute-num-layers", "1"],
+}
+_KNOWN_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+               "zero_optimization", "bf16", "fp16", "pipeline", "activation_checkpointing", "resiplan", "data_types",
+               "gradient_clipping"}
+_NO_EFFECT_KEYS = {"optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown", "tensorboard", "wandb",
+                   "csv_monitor", "flops_profiler", "comms_logger", "gradient_clipping", "prescale_gradients",
+                   "seed"}
+
+
+def _megatron_spelling(args: str) -> str:
+    launcher, words = command_words(args)
+    out = []
+    for word in words:
+        out += _SPELLINGS.get(word, [word])
+    return shlex.join([*launcher, "pretrain_gpt.py", *out])
+
+
+def _number(config: dict, key: str) -> int | None:
+    value = config.get(key)
+    if value is None or value == "auto":
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise CommandLineError(f"{key} {value!r} is not a positive whole number")
+    return value
+
+
+def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size: int | None = None) -> Imported:
+    """The estimate request (less its cluster) a DeepSpeed config and its Megatron-DeepSpeed flags describe."""
+    if not isinstance(config, dict):
+        raise CommandLineError("deepspeed_config must be a JSON object")
+    exported = config.get("resiplan") if isinstance(config.get("resiplan"), dict) else None
+    notes: list[str] = []
+    not_modelled: list[str] = []
+    if megatron_args:
+        imported = import_megatron(_with_config_flags(_megatron_spelling(megatron_args), config), vocab_size=vocab_size)
+        model, layout = imported.request["model"], dict(imported.request["layout"])
+        seq = imported.request["training"]["seq_length"]
+        not_modelled += imported.not_modelled
+        notes += imported.notes
+        ignored = list(imported.ignored)
+    elif exported is not None:
+        module = exported.get("pipeline_module", {})
+        model = {k: v for k, v in exported.get("model", {}).items() if k != "name"}
+        split = list(module.get("transformer_layers_per_stage", []))
+        tp = exported.get("tensor_parallel", {}).get("size", 1)
+        layout = {"tp": tp, "pp": module.get("num_stages", 1), "virtual_stages": 1, "schedule": "1f1b"}
+        if len(set(split)) > 1:
+            layout["layers_per_stage"] = split
+        seq, ignored = exported.get("seq_length"), []
+        notes.append("the model, stages and TP size are the export's (the config's \"resiplan\" key)")
+    else:
+        raise CommandLineError("a DeepSpeed config does not say the model or how it is split: give the "
+                               "Megatron-DeepSpeed command line beside it (megatron_args)")
+    if seq is None:
+        raise CommandLineError("the sequence length is not given (--seq-length)")
+    batch = _number(config, "train_batch_size")
+    mbs = _number(config, "train_micro_batch_size_per_gpu") or layout.get("micro_batch_size", 1)
+    steps = _number(config, "gradient_accumulation_steps")
+    if batch is None:
+        raise CommandLineError("train_batch_size is not given: resiplan cannot estimate without the global batch")
+    if steps is not None:
+        if batch % (mbs * steps):
+            raise CommandLineError(f"train_batch_size {batch} is not micro {mbs} x accumulation {steps} x some dp: "
+                                   "DeepSpeed refuses such a config too")
+        layout["dp"] = batch // (mbs * steps)
+    layout["micro_batch_size"] = mbs
+    stage = (config.get("zero_optimization") or {}).get("stage", 0)
+    if stage not in (0, 1):
+        not_modelled.append(f"zero_optimization.stage {stage}: ZeRO-2/3 are not in the cost model (issue 19); "
+                            "estimated as ZeRO-1")
+    interval = (config.get("pipeline") or {}).get("activation_checkpoint_interval", 0)
+    if interval not in (0, 1):
+        not_modelled.append(f"pipeline.activation_checkpoint_interval {interval}: checkpointing every "
+                            f"{interval} layers is estimated as every layer")
+    if interval:
+        layout["recompute"] = "full"
+    elif megatron_args is None:  # the export's: DeepSpeed's config has no selective recompute of its own
+        layout["recompute"] = (exported.get("recompute") or {}).get("plan", "none")
+    training = {"global_batch_size": batch, "seq_length": seq, "zero_stage": 1 if stage else 0,
+                "precision": _precision(config)}
+    for key in sorted(config):
+        if key in _NO_EFFECT_KEYS:
+            ignored.append(key)
+        elif key not in _KNOWN_KEYS:
+            not_modelled.append(f"{key}: not a DeepSpeed setting resiplan knows; its effect on time and memory is "
+                                "not modelled")
+    return Imported(request={"model": model, "training": training, "layout": layout}, not_modelled=not_modelled,
+                    ignored=sorted(set(ignored)), notes=notes)
+
+
+def _precision(config: dict) -> str:
+    bf16 = bool((config.get("bf16") or {}).get("enabled"))
+    fp16 = bool((config.get("fp16") or {}).get("enabled"))
+    if bf16 and fp16:
+        raise CommandLineError("bf16 and fp16 both enabled: DeepSpeed refuses that too")
+    if not (bf16 or fp16):
+        raise CommandLineError("neither bf16 nor fp16 is enabled: DeepSpeed would train in fp32, which resiplan does "
+                               "not model")
+    return "bf16" if bf16 else "fp16"
+
+
+def _with_config_flags(args: str, config: dict) -> str:
+    """The command line with what Megatron-DeepSpeed may take from the config instead (the precision, the global
+    and micro batch), where it does not say them itself; the config's values are the ones used either way."""
+    words = shlex.split(args)
+    extra = [] if {"--bf16", "--fp16"} & set(words) else [f"--{_precision(config)}"]
+    for flag, key in (("--global-batch-size", "train_batch_size"), ("--micro-batch-size", "train_micro_batch_size_per_gpu")):
+        if flag not in words and _number(config, key) is not None:
+            extra += [flag, str(config[key])]
+    return shlex.join([*words, *extra])
