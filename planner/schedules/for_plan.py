@@ -23,6 +23,7 @@ bound, and the plan says so.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import replace
@@ -30,6 +31,7 @@ from dataclasses import replace
 from cost_models.pipeline import pipeline_time_ms
 from planner.assemble import predicted_figures
 from planner.budget import Budget
+from planner.config import PlannerConfig
 from planner.deadline import TIMELINE_WIRE_SHARE, ops_cost_s
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
@@ -47,6 +49,8 @@ from planner.schedules.optimal import OPTIMIZED
 from planner.schedules.result import ReplicaTimeline, ScheduleChoice
 from planner.schedules.simulator import SimulationResult, simulate, validate
 
+# CP-SAT limits are whole multiples of this (`_quantized_limit_s`).
+CP_SAT_LIMIT_STEP_S = 0.25
 SHARED_TIMELINES_NOTE = (
     "replicas alike but for their stages' speeds share one timeline, their envelope's (each op as long as in "
     "the slowest of them), to answer in time: predicted.iteration_time_s is an upper bound"
@@ -106,7 +110,7 @@ def with_schedules(
         optimized.add(slowest)
         current = chosen[slowest].schedule
         chosen[slowest] = choose_schedule(
-            specs[slowest], allowed=allowed, optimize_time_limit_s=min(remaining, problem.config.max_optimize_s_per_replica),
+            specs[slowest], allowed=allowed, optimize_time_limit_s=_quantized_limit_s(remaining, problem.config),
             min_gain_ms=min_gain_ms, seed=problem.random_seed, simulated=handcrafted[slowest],
             start=current if current.name == OPTIMIZED else None, config=problem.config,
         )
@@ -117,6 +121,15 @@ def with_schedules(
         solver = replace(solver, status="FEASIBLE")
         scheduled = replace(scheduled, status="feasible")
     return replace(scheduled, solver=replace(solver, notes=(*solver.notes, *notes)))
+
+
+def _quantized_limit_s(remaining_s: float, config: PlannerConfig) -> float:
+    """CP-SAT's limit for one replica: what is left, at most the per-replica cap, rounded down to
+    `CP_SAT_LIMIT_STEP_S`. CP-SAT counts it in deterministic work, but what is left after the list schedules
+    depends on how fast they ran: rounded, the same request gets the same limit, so the same schedule, on a
+    faster or busier machine (a sample's schedule moved 0.4% between two machines before)."""
+    capped = min(remaining_s, config.max_optimize_s_per_replica)
+    return max(config.min_optimize_s, math.floor(capped / CP_SAT_LIMIT_STEP_S) * CP_SAT_LIMIT_STEP_S)
 
 
 def handcrafted_reported_ms(problem: PlanningProblem, result: PlanResult) -> float:
