@@ -22,6 +22,7 @@ from api.core.store import PlanStore, StoreUnavailable, make_engine
 from api.routes import detect, gpus, imports, plans, replan, ui
 from planner.errors import PlanningError
 from wire.errors import RequestBodyInvalid, error_body, field_errors, validation_detail
+from wire.comparison import CompareRequest
 from wire.importing import ImportRequest
 from wire.schemas import ErrorDetail, EstimateRequest, PlanRequest, ReplanRequest
 
@@ -124,6 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(gpus.router)
     app.include_router(imports.router)
     app.include_router(ui.router)
-    document_bodies(app, (PlanRequest, EstimateRequest, ReplanRequest, plans.ViewLinkRequest, ImportRequest))
+    document_bodies(app, (PlanRequest, EstimateRequest, ReplanRequest, plans.ViewLinkRequest, ImportRequest,
+                          CompareRequest))
     detect.document_request_body(app)
     return app

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from api.core.body import body_openapi, json_body
-from api.routes.plans import V1_RESPONSES
+from api.routes.plans import SOLVE_RESPONSES, V1_RESPONSES
 from api.tasks.importing import import_for
 from wire.importing import ImportRequest, ImportResponse
 
@@ -23,7 +23,7 @@ _EXAMPLE = {
 }
 
 
-@router.post("/import", response_model=ImportResponse,
+@router.post("/import", response_model=ImportResponse, responses={413: SOLVE_RESPONSES[413]},
              openapi_extra=body_openapi(ImportRequest, {"megatron": {"summary": "a Megatron-LM command line",
                                                                        "value": _EXAMPLE}}))
 async def import_settings(request: Annotated[ImportRequest, json_body(ImportRequest)]) -> ImportResponse:

@@ -29,8 +29,8 @@ from api.tasks.comparing import compare_json
 from api.tasks.planning import PlanAnswer, estimate_answer, plan_answer
 from api.tasks.rendering import render_export
 from planner.budget import Budget
-from wire.comparison import CompareResponse
-from wire.schemas import ErrorDetail, EstimateRequest, Plan, PlanRequest
+from wire.comparison import CompareRequest, CompareResponse
+from wire.schemas import ErrorDetail, EstimateRequest, Options, Plan, PlanRequest
 
 log = logging.getLogger("resiplan.routes")
 
@@ -134,16 +134,18 @@ SEND_CHUNK_BYTES = 256 * 1024
 
 
 @router.post("/compare", response_model=CompareResponse, responses=_ERRORS,
-             openapi_extra=body_openapi(EstimateRequest, estimate_examples()))
+             openapi_extra=body_openapi(CompareRequest, estimate_examples()))
 async def create_comparison(
-    request: Annotated[EstimateRequest, json_body(EstimateRequest)],
+    request: Annotated[CompareRequest, json_body(CompareRequest)],
     settings: SettingsDep,
     pool: PoolDep,
 ) -> Response:
-    """The layout you run (`layout`, by shape) against the best plan for the same cluster, model and batch: both
-    plans, the speed-up, and what each difference buys applied alone to your layout, best first. Neither plan
-    is stored."""
-    text = await pool.run(compare_json, request, deadline_s=settings.time_limit_s(request.options.time_limit_s))
+    """The layout you run (`layout`, by shape, or your trainer's settings as `/v1/import` takes them) against the
+    best plan for the same cluster, model and batch: both plans, the speed-up, and what each difference buys
+    applied alone to your layout, best first. Neither plan is stored."""
+    options = getattr(request.root, "options", None)
+    deadline_s = settings.time_limit_s((options or Options()).time_limit_s)
+    text = await pool.run(compare_json, request.root, deadline_s=deadline_s)
     return Response(text, media_type=JSON)
 
 

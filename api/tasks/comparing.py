@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 
+from api.tasks.importing import import_for
 from api.tasks.planning import estimate_for, plan_for
 from planner.errors import PlanningError
 from wire.comparison import CompareChange, CompareResponse
+from wire.importing import ImportRequest
 from wire.schemas import EstimateRequest, Plan, PlanRequest
 
 log = logging.getLogger("resiplan.compare")
@@ -112,6 +114,11 @@ def compare_for(request: EstimateRequest) -> CompareResponse:
                            planner_slower=slower)
 
 
-def compare_json(request: EstimateRequest) -> str:
-    """compare_for as JSON text, for a solver worker."""
+def compare_json(request: EstimateRequest | ImportRequest) -> str:
+    """compare_for as JSON text, for a solver worker; an import body is imported first, and what it could not
+    model is reported with the comparison."""
+    if isinstance(request, ImportRequest):
+        imported = import_for(request)
+        comparison = compare_for(EstimateRequest.model_validate(imported.request))
+        return comparison.model_copy(update={"not_modelled": imported.not_modelled}).model_dump_json()
     return compare_for(request).model_dump_json()

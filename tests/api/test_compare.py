@@ -80,3 +80,19 @@ def test_the_command_line(tmp_path, capsys):
     request = write(tmp_path, estimate_request({"tp": 8, "pp": 1, "micro_batch_size": 1}))
     out = run_ok(capsys, ["compare", "--request", request, "--format", "table"])
     assert "Each change alone" in out and "yours" in out and "best" in out
+
+
+def test_an_import_body_is_imported_then_compared(client):
+    """API.md: compare takes an import body too; what the import could not model comes with the answer."""
+    command = ("torchrun --nnodes 4 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 8 "
+               "--num-layers 32 --hidden-size 4096 --ffn-hidden-size 11008 --num-attention-heads 32 --swiglu "
+               "--untie-embeddings-and-output-weights --normalization RMSNorm --position-embedding-type rope "
+               "--disable-bias-linear --seq-length 4096 --micro-batch-size 1 --global-batch-size 256 --bf16 "
+               "--overlap-param-gather")
+    body = {"megatron_args": command, "cluster": {"num_nodes": 4, "gpus_per_node": 8, "gpu": "A100-80GB"}}
+    response = client.post("/v1/compare", json=body)
+    assert response.status_code == 200, response.text
+    comparison = CompareResponse.model_validate(response.json())
+    assert len(comparison.yours.replicas) == 4 and comparison.yours.replicas[0].stages[0].tp == 8
+    assert comparison.best.predicted.iteration_time_s <= comparison.yours.predicted.iteration_time_s
+    assert any(entry.startswith("--overlap-param-gather") for entry in comparison.not_modelled)
