@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from cost_models.choices import Recompute, ScheduleName
+from cost_models.choices import Recompute
 from cost_models.hardware import GIB
 from cost_models.layout import ParallelShape
 from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
