@@ -33,7 +33,8 @@ from api.tasks.planning import estimate_for
 from benchmarks.telemetry import Slowdown, TelemetryConfig, generate_telemetry, to_wire
 from detector import Microbatch, TelemetryItem
 from wire.convert import resolve_model
-from wire.schemas import DetectRequest, EstimateRequest, Plan
+from wire.detection import DetectRequest
+from wire.schemas import EstimateRequest, Plan
 
 MIB = 1024 * 1024
 

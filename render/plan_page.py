@@ -115,6 +115,7 @@ def plan_page_html(plan: Plan, replica_id: int | None = None, slow_speeds: Mappi
         '<link rel="icon" href="data:,">',
         f"<title>{html_text(title)}</title><style>{_CSS}</style></head><body>",
         _header(plan),
+        _comparison_section(plan),
         '<h2 id="cluster">Cluster map</h2>',
         _cluster_section(plan, speeds),
         '<h2 id="stages">Replicas and stages</h2>',
@@ -185,6 +186,37 @@ class _Links:
 
 def _no_link(_: int) -> None:
     return None
+
+
+def _comparison_section(plan: Plan) -> str:
+    """On a layout `/v1/compare` compared: its figures beside the best plan's, and each change alone, ranked."""
+    comparison = plan.comparison
+    if comparison is None:
+        return ""
+    yours, best = plan.predicted, comparison.best
+    rows = [("iteration time s", f"{yours.iteration_time_s:,.3f}", f"{best.iteration_time_s:,.3f}"),
+            ("tokens / s", f"{yours.tokens_per_s:,.0f}", f"{best.tokens_per_s:,.0f}"),
+            ("MFU", f"{yours.mfu * 100:.1f} %", f"{best.mfu * 100:.1f} %")]
+    for key in type(yours.breakdown).model_fields:
+        rows.append((key.removesuffix("_s").replace("_", " ") + " s", f"{getattr(yours.breakdown, key):,.3f}",
+                     f"{getattr(best.breakdown, key):,.3f}"))
+    side = "".join(f"<tr><th>{html_text(a)}</th><td>{html_text(b)}</td><td>{html_text(c)}</td></tr>" for a, b, c in rows)
+    changes = "".join(
+        f"<tr><td>{html_text(c.change)}</td><td>{html_text(f'{c.iteration_time_s:,.3f}')}</td>"
+        f"<td>{html_text(f'{c.gain * 100:+.1f} %')}</td></tr>" if c.iteration_time_s is not None else
+        f"<tr><td>{html_text(c.change)}</td><td>cannot run</td><td>{html_text(c.why or '')}</td></tr>"
+        for c in comparison.changes)
+    href = service_href(f"/ui/plans/{url_path_segment(comparison.best_plan_id)}")
+    warning = ('<p class="note"><strong>The best plan is slower than this layout, which lies in the space it '
+               'searches: a planner bug; please report this request.</strong></p>' if comparison.planner_slower else "")
+    return ('<h2 id="comparison">Compared with the best plan</h2>'
+            f'<p class="note">The best plan for the same cluster, model and batch is {comparison.speedup:.3f}x as fast: '
+            f'<a href="{href}">plan {html_text(comparison.best_plan_id)}</a>. Each change below is applied alone to '
+            f'this layout.</p>{warning}'
+            f'<div class="card table-card"><table><thead><tr><th></th><th>this layout</th><th>best plan</th></tr></thead>'
+            f"<tbody>{side}</tbody></table></div>"
+            f'<div class="card table-card"><table><thead><tr><th>change</th><th>iteration time s</th><th>gain</th></tr>'
+            f"</thead><tbody>{changes}</tbody></table></div>")
 
 
 def _header(plan: Plan) -> str:

@@ -7,18 +7,7 @@ from typing import Annotated
 from pydantic import BaseModel, Discriminator, Field, RootModel, Tag
 
 from wire.importing import ImportRequest
-from wire.schemas import EstimateRequest, Plan
-
-
-class CompareChange(BaseModel):
-    """One difference between the user's layout and the best plan, applied alone to the user's layout."""
-
-    change: str = Field(description='What changes, e.g. "micro_batch_size 1 → 4".')
-    iteration_time_s: float | None = Field(description="The user's layout with only this change; null when it "
-                                           "cannot run (`why` says why).")
-    gain: float | None = Field(description="Share of the user's iteration time this change alone saves (negative: it "
-                               "costs); null when it cannot run.")
-    why: str | None = None
+from wire.schemas import CompareChange, EstimateRequest, Plan
 
 
 class CompareResponse(BaseModel):

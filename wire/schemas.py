@@ -492,6 +492,27 @@ class PipelineSchedule(BaseModel):
     replicas: list[ReplicaSchedule]
 
 
+class CompareChange(BaseModel):
+    """One difference between the user's layout and the best plan, applied alone to the user's layout."""
+
+    change: str = Field(description='What changes, e.g. "micro_batch_size 1 → 4".')
+    iteration_time_s: float | None = Field(description="The user's layout with only this change; null when it "
+                                           "cannot run (`why` says why).")
+    gain: float | None = Field(description="Share of the user's iteration time this change alone saves (negative: it "
+                               "costs); null when it cannot run.")
+    why: str | None = None
+
+
+class PlanComparison(BaseModel):
+    """On a layout `/v1/compare` stored: the best plan it was compared with (stored too) and the ranked changes."""
+
+    best_plan_id: str
+    best: Predicted
+    speedup: float
+    planner_slower: bool
+    changes: list[CompareChange]
+
+
 class Plan(BaseModel):
     plan_id: str
     status: str
@@ -517,6 +538,9 @@ class Plan(BaseModel):
     global_batch_size: int | None = None
     seq_length: int | None = None
     precision: str | None = None
+    comparison: PlanComparison | None = Field(
+        default=None, description="Only on a layout `/v1/compare` compared: the best plan's id and figures and what "
+        "each difference buys; the plan page shows them.")
     gpu_memory_gib: float | None = Field(
         default=None, description="HBM capacity of one GPU, GiB: what each stage's memory_gib is measured against."
     )
@@ -538,34 +562,6 @@ class ErrorDetail(BaseModel):
     errors: list[FieldError] | None = None
 
 
-# POST /v1/detect -------------------------------------------------------------
-
-MAX_TELEMETRY_ITEMS = 131_072  # e.g. 4,096 devices x 32 iterations, or 16,384 x 8
-MAX_MICROBATCHES_PER_ITEM = 4_096
-MAX_SEQUENCES_PER_MICROBATCH = 65_536
-
-
-class TelemetryMicrobatch(_Strict):
-    seq_lengths: list[Annotated[int, Field(ge=1, le=1_048_576)]] = Field(
-        min_length=1, max_length=MAX_SEQUENCES_PER_MICROBATCH, description="Tokens of every sequence packed in it."
-    )
-    compute_ms: float = Field(ge=0, allow_inf_nan=False, description="The device's compute time for it, ms.")
-
-
-class DeviceTelemetry(_Strict):
-    device: str = Field(max_length=MAX_DEVICE_ID_CHARS, description='"<node>:<gpu>", a device of the plan\'s stages')
-    iteration: int = Field(ge=0, le=2**62)
-    microbatches: list[TelemetryMicrobatch] = Field(
-        max_length=MAX_MICROBATCHES_PER_ITEM, description="May be empty for a device that ran nothing."
-    )
-    last_heartbeat_s_ago: float = Field(ge=0, allow_inf_nan=False)
-
-    @field_validator("device")
-    @classmethod
-    def _device_form(cls, value: str) -> str:
-        return _checked_device(value, "telemetry")
-
-
 class ReplanRequest(_Strict):
     """The complete failure state now; options not given are the parent request's."""
 
@@ -573,23 +569,3 @@ class ReplanRequest(_Strict):
     options: Options | None = Field(
         default=None, description="Only the fields given change the parent request's options, e.g. "
         "{\"time_limit_s\": 5, \"amortize_iterations\": 1000}.")
-
-
-class DetectRequest(_Strict):
-    plan_id: str = Field(min_length=1, max_length=64)
-    telemetry: list[DeviceTelemetry] = Field(
-        min_length=1,
-        max_length=MAX_TELEMETRY_ITEMS,
-        description="The last iterations (8 recommended, at least 3) of every device, one item per device and iteration.",
-    )
-
-
-class FailSlowDevice(BaseModel):
-    device: str
-    speed: float = Field(description="Estimated fraction of healthy speed, (0, 1].")
-    confidence: float = Field(description="0..1; 0.5 at the minimum evidence (3 iterations just over the threshold).")
-
-
-class DetectResponse(BaseModel):
-    fail_slow: list[FailSlowDevice]
-    fail_stop: list[str]

@@ -11,7 +11,8 @@ from api.core.body import body_openapi, document_bodies
 from api.deps import PoolDep, SettingsDep, StoreDep
 from api.routes.plans import SOLVE_RESPONSES, V1_RESPONSES
 from api.tasks.detection import PlanNeeded, detect_json
-from wire.schemas import DetectRequest, DetectResponse, ErrorDetail
+from wire.detection import DetectRequest, DetectResponse
+from wire.schemas import ErrorDetail
 
 DETECT_PATH = "/v1/detect"
 

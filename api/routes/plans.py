@@ -25,7 +25,7 @@ from api.core.settings import MAX_VIEW_LINK_TTL_S
 from api.core.store import PlanStore, StoreUnavailable
 from api.deps import PoolDep, SettingsDep, StoreDep
 from api.examples import estimate_examples, scenario_examples
-from api.tasks.comparing import compare_json
+from api.tasks.comparing import compare_answer
 from api.tasks.planning import PlanAnswer, estimate_answer, plan_answer
 from api.tasks.rendering import render_export
 from planner.budget import Budget
@@ -138,15 +138,22 @@ SEND_CHUNK_BYTES = 256 * 1024
 async def create_comparison(
     request: Annotated[CompareRequest, json_body(CompareRequest)],
     settings: SettingsDep,
+    store: StoreDep,
     pool: PoolDep,
 ) -> Response:
     """The layout you run (`layout`, by shape, or your trainer's settings as `/v1/import` takes them) against the
     best plan for the same cluster, model and batch: both plans, the speed-up, and what each difference buys
-    applied alone to your layout, best first. Neither plan is stored."""
+    applied alone to your layout, best first. Both plans are stored: your layout's page (`/ui/plans/{id}`) shows
+    the comparison, and links the best plan's."""
     options = getattr(request.root, "options", None)
     deadline_s = settings.time_limit_s((options or Options()).time_limit_s)
-    text = await pool.run(compare_json, request.root, deadline_s=deadline_s)
-    return Response(text, media_type=JSON)
+    answer = await pool.run(compare_answer, request.root, deadline_s=deadline_s)
+    for plan in answer.plans:
+        try:
+            await run_in_threadpool(store.save_json, plan.plan_id, plan.request_json, plan.plan_json)
+        except StoreUnavailable as error:  # the comparison is still the answer; only its pages are lost
+            log.error("compared plan %s not stored: %s", plan.plan_id, error)
+    return Response(answer.response_json, media_type=JSON)
 
 
 @router.get("/plans/{plan_id}", response_model=Plan, responses=_READ_ERRORS)

@@ -10,13 +10,14 @@ stock split, every allowed schedule), so a best plan slower than it is a planner
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from api.tasks.importing import import_for
-from api.tasks.planning import estimate_for, plan_for
+from api.tasks.planning import PlanAnswer, estimate_for, plan_for
 from planner.errors import PlanningError
-from wire.comparison import CompareChange, CompareResponse
+from wire.comparison import CompareResponse
 from wire.importing import ImportRequest
-from wire.schemas import EstimateRequest, Plan, PlanRequest
+from wire.schemas import CompareChange, EstimateRequest, Plan, PlanComparison, PlanRequest
 
 log = logging.getLogger("resiplan.compare")
 
@@ -75,6 +76,13 @@ def _without_layout_choices(request: EstimateRequest) -> dict:
     return body
 
 
+def _best_request(request: EstimateRequest) -> PlanRequest:
+    """The plan request the best plan answers: the user's, its layout's choices (micro-batch size and recompute
+    too) left to the planner."""
+    body = _without_layout_choices(request)
+    return PlanRequest.model_validate({**body, "training": {**body["training"], "recompute": "auto"}})
+
+
 def _estimated(request: EstimateRequest, layout: dict) -> Plan:
     fields = {key: value for key, value in layout.items() if value is not None}
     return estimate_for(EstimateRequest.model_validate({**_without_layout_choices(request), "layout": fields}))
@@ -86,9 +94,7 @@ def compare_for(request: EstimateRequest) -> CompareResponse:
         raise PlanningError("compare takes a layout by shape (tp, pp, ...); a replica-by-replica layout is already "
                             "a plan: estimate it with /v1/estimate")
     yours = estimate_for(request)
-    # The best plan chooses what the layout fixed: micro-batch size and recompute too.
-    body = _without_layout_choices(request)
-    best = plan_for(PlanRequest.model_validate({**body, "training": {**body["training"], "recompute": "auto"}}))
+    best = plan_for(_best_request(request))
     stated = request.layout.model_dump(include={"tp", "pp", "dp", "micro_batch_size", "recompute", "schedule",
                                                 "virtual_stages", "layers_per_stage"})
     your_s, best_s = yours.predicted.iteration_time_s, best.predicted.iteration_time_s
@@ -114,11 +120,27 @@ def compare_for(request: EstimateRequest) -> CompareResponse:
                            planner_slower=slower)
 
 
-def compare_json(request: EstimateRequest | ImportRequest) -> str:
-    """compare_for as JSON text, for a solver worker; an import body is imported first, and what it could not
-    model is reported with the comparison."""
+@dataclass(frozen=True)
+class ComparisonAnswer:
+    """A comparison as a solver worker hands it back: the answer's JSON text, and both plans to store (the
+    user's layout carrying the comparison, which its page shows, and the best plan)."""
+
+    response_json: str
+    plans: tuple[PlanAnswer, PlanAnswer]
+
+
+def compare_answer(request: EstimateRequest | ImportRequest) -> ComparisonAnswer:
+    """compare_for, for a solver worker; an import body is imported first, and what it could not model is
+    reported with the comparison."""
+    not_modelled: list[str] = []
     if isinstance(request, ImportRequest):
         imported = import_for(request)
-        comparison = compare_for(EstimateRequest.model_validate(imported.request))
-        return comparison.model_copy(update={"not_modelled": imported.not_modelled}).model_dump_json()
-    return compare_for(request).model_dump_json()
+        request, not_modelled = EstimateRequest.model_validate(imported.request), imported.not_modelled
+    comparison = compare_for(request)
+    summary = PlanComparison(best_plan_id=comparison.best.plan_id, best=comparison.best.predicted,
+                             speedup=comparison.speedup, planner_slower=comparison.planner_slower,
+                             changes=comparison.changes)
+    yours = comparison.yours.model_copy(update={"comparison": summary})
+    response = comparison.model_copy(update={"yours": yours, "not_modelled": not_modelled})
+    return ComparisonAnswer(response.model_dump_json(),
+                            (PlanAnswer.of(yours, request), PlanAnswer.of(comparison.best, _best_request(request))))

@@ -9,7 +9,8 @@ from api.tasks.telemetry_body import parse_detect_body
 from detector import ItemTotals, TelemetryError, detect, layout_from_plan
 from planner.errors import PlanningError
 from wire.convert import resolve_model
-from wire.schemas import DetectResponse, FailSlowDevice, Plan
+from wire.detection import DetectResponse, FailSlowDevice
+from wire.schemas import Plan
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from detector.telemetry import TelemetryTotals, squared_lengths
 from wire.errors import RequestBodyInvalid, field_errors, validation_detail
-from wire.schemas import MAX_TELEMETRY_ITEMS, DetectRequest, DeviceTelemetry
+from wire.detection import DetectRequest, DeviceTelemetry, MAX_TELEMETRY_ITEMS
 
 # Validation stops after this many problems: a body of 100,000 bad items answers with a few, at once.
 MAX_REPORTED_ERRORS = 20

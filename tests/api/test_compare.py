@@ -96,3 +96,20 @@ def test_an_import_body_is_imported_then_compared(client):
     assert len(comparison.yours.replicas) == 4 and comparison.yours.replicas[0].stages[0].tp == 8
     assert comparison.best.predicted.iteration_time_s <= comparison.yours.predicted.iteration_time_s
     assert any(entry.startswith("--overlap-param-gather") for entry in comparison.not_modelled)
+
+
+def test_the_compared_layouts_page_shows_the_comparison(client):
+    """Both plans are stored; the user's layout's page shows the two side by side and the ranked changes, and
+    links the best plan's page."""
+    body = estimate_request({"tp": 8, "pp": 1, "micro_batch_size": 1})
+    comparison = CompareResponse.model_validate(client.post("/v1/compare", json=body).json())
+    stored = client.get(f"/v1/plans/{comparison.yours.plan_id}").json()
+    assert stored["comparison"]["best_plan_id"] == comparison.best.plan_id
+    assert client.get(f"/v1/plans/{comparison.best.plan_id}").status_code == 200
+    page = client.get(f"/ui/plans/{comparison.yours.plan_id}")
+    assert page.status_code == 200, page.text
+    assert "Compared with the best plan" in page.text and f"/ui/plans/{comparison.best.plan_id}" in page.text
+    for change in comparison.changes:
+        assert change.change.replace("→", "&rarr;") in page.text or change.change in page.text
+    best_page = client.get(f"/ui/plans/{comparison.best.plan_id}").text
+    assert "Compared with the best plan" not in best_page

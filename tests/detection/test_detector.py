@@ -38,7 +38,8 @@ from detector import (
 )
 from tests.api.support import assert_detail, assert_validation, small_request
 from wire.convert import resolve_model
-from wire.schemas import DetectRequest, EstimateRequest, Plan
+from wire.detection import DetectRequest
+from wire.schemas import EstimateRequest, Plan
 
 
 @pytest.fixture(scope="module")

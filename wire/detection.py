@@ -1,0 +1,54 @@
+"""`/v1/detect`'s request and answer: a window of per-device telemetry in, fail-slow and fail-stop devices out."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, Field, field_validator
+
+from wire.schemas import MAX_DEVICE_ID_CHARS, _checked_device, _Strict
+
+MAX_TELEMETRY_ITEMS = 131_072  # e.g. 4,096 devices x 32 iterations, or 16,384 x 8
+MAX_MICROBATCHES_PER_ITEM = 4_096
+MAX_SEQUENCES_PER_MICROBATCH = 65_536
+
+
+class TelemetryMicrobatch(_Strict):
+    seq_lengths: list[Annotated[int, Field(ge=1, le=1_048_576)]] = Field(
+        min_length=1, max_length=MAX_SEQUENCES_PER_MICROBATCH, description="Tokens of every sequence packed in it."
+    )
+    compute_ms: float = Field(ge=0, allow_inf_nan=False, description="The device's compute time for it, ms.")
+
+
+class DeviceTelemetry(_Strict):
+    device: str = Field(max_length=MAX_DEVICE_ID_CHARS, description='"<node>:<gpu>", a device of the plan\'s stages')
+    iteration: int = Field(ge=0, le=2**62)
+    microbatches: list[TelemetryMicrobatch] = Field(
+        max_length=MAX_MICROBATCHES_PER_ITEM, description="May be empty for a device that ran nothing."
+    )
+    last_heartbeat_s_ago: float = Field(ge=0, allow_inf_nan=False)
+
+    @field_validator("device")
+    @classmethod
+    def _device_form(cls, value: str) -> str:
+        return _checked_device(value, "telemetry")
+
+
+class DetectRequest(_Strict):
+    plan_id: str = Field(min_length=1, max_length=64)
+    telemetry: list[DeviceTelemetry] = Field(
+        min_length=1,
+        max_length=MAX_TELEMETRY_ITEMS,
+        description="The last iterations (8 recommended, at least 3) of every device, one item per device and iteration.",
+    )
+
+
+class FailSlowDevice(BaseModel):
+    device: str
+    speed: float = Field(description="Estimated fraction of healthy speed, (0, 1].")
+    confidence: float = Field(description="0..1; 0.5 at the minimum evidence (3 iterations just over the threshold).")
+
+
+class DetectResponse(BaseModel):
+    fail_slow: list[FailSlowDevice]
+    fail_stop: list[str]
