@@ -54,7 +54,8 @@ _MAPPED = {
     "--parallelism.pipeline_parallel_layers_per_stage", "--parallelism.pipeline_parallel_first_stage_less_layers",
     "--parallelism.pipeline_parallel_last_stage_less_layers", "--parallelism.module_fqns_per_model_part",
     "--training.local_batch_size", "--training.global_batch_size", "--training.seq_len", "--training.dtype",
-    "--training.mixed_precision_param", "--activation_checkpoint.mode", "--module", "--config",
+    "--training.mixed_precision_param", "--activation_checkpoint.mode", "--module", "--config", "--model.name",
+    "--model.flavor",
 }
 
 
@@ -167,6 +168,9 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
 
 def _model(options: dict, model: str | dict | None, notes: list[str]) -> str | dict:
     selection = ((options.get("--module") or [None])[0], (options.get("--config") or [None])[0])
+    name, flavor = (options.get("--model.name") or [None])[0], (options.get("--model.flavor") or [None])[0]
+    if selection == (None, None) and name and flavor:  # an older torchtitan's [model] name and flavor
+        selection = (name, f"{name}_{flavor.lower()}")
     preset = BUILTIN_CONFIGS.get(selection)
     if preset is not None:
         if model is not None and model != preset:

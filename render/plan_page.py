@@ -200,6 +200,8 @@ def _comparison_section(plan: Plan) -> str:
     for key in type(yours.breakdown).model_fields:
         rows.append((key.removesuffix("_s").replace("_", " ") + " s", f"{getattr(yours.breakdown, key):,.3f}",
                      f"{getattr(best.breakdown, key):,.3f}"))
+    most_memory_gib = max(stage.memory_gib for replica in plan.replicas for stage in replica.stages)
+    rows.append(("fullest stage GiB", f"{most_memory_gib:,.1f}", f"{comparison.best_most_memory_gib:,.1f}"))
     side = "".join(f"<tr><th>{html_text(a)}</th><td>{html_text(b)}</td><td>{html_text(c)}</td></tr>" for a, b, c in rows)
     changes = "".join(
         f"<tr><td>{html_text(c.change)}</td><td>{html_text(f'{c.iteration_time_s:,.3f}')}</td>"

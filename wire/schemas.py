@@ -508,6 +508,7 @@ class PlanComparison(BaseModel):
 
     best_plan_id: str
     best: Predicted
+    best_most_memory_gib: float = Field(description="The best plan's fullest stage, GiB per GPU.")
     speedup: float
     planner_slower: bool
     changes: list[CompareChange]

@@ -137,7 +137,9 @@ def compare_answer(request: EstimateRequest | ImportRequest) -> ComparisonAnswer
         imported = import_for(request)
         request, not_modelled = EstimateRequest.model_validate(imported.request), imported.not_modelled
     comparison = compare_for(request)
+    best_memory_gib = max(stage.memory_gib for replica in comparison.best.replicas for stage in replica.stages)
     summary = PlanComparison(best_plan_id=comparison.best.plan_id, best=comparison.best.predicted,
+                             best_most_memory_gib=best_memory_gib,
                              speedup=comparison.speedup, planner_slower=comparison.planner_slower,
                              changes=comparison.changes)
     yours = comparison.yours.model_copy(update={"comparison": summary})

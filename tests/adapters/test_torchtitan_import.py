@@ -89,6 +89,8 @@ lr = 3e-4
 enable = true
 """
     imported = import_torchtitan("--parallelism.tensor_parallel_degree 4", toml=toml, model="llama3-8b")
+    # [model] name and flavor name torchtitan's own model: its llama3 8B is resiplan's llama3.1-8b.
+    assert import_torchtitan("", toml=toml + '[model]\nname = "llama3"\nflavor = "8B"\n').request["model"] == "llama3.1-8b"
     layout = imported.request["layout"]
     assert (layout["tp"], layout["pp"], layout["dp"], layout["recompute"]) == (4, 2, 4, "full"), "the CLI wins"
     assert imported.request["training"]["zero_stage"] == 1

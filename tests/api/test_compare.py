@@ -109,6 +109,7 @@ def test_the_compared_layouts_page_shows_the_comparison(client):
     page = client.get(f"/ui/plans/{comparison.yours.plan_id}")
     assert page.status_code == 200, page.text
     assert "Compared with the best plan" in page.text and f"/ui/plans/{comparison.best.plan_id}" in page.text
+    assert "fullest stage GiB" in page.text
     for change in comparison.changes:
         assert change.change.replace("→", "&rarr;") in page.text or change.change in page.text
     best_page = client.get(f"/ui/plans/{comparison.best.plan_id}").text
