@@ -29,9 +29,14 @@ def _shape(plan: Plan) -> dict:
     """The best plan's layout in `layout` fields, read from its first replica."""
     stages = plan.replicas[0].stages
     split = [stage.layers[1] - stage.layers[0] for stage in stages]
-    return {"tp": max(stage.tp for stage in stages), "pp": len(stages), "layers_per_stage": split,
-            "micro_batch_size": plan.micro_batch_size, "recompute": plan.recompute,
-            "schedule": plan.schedule, "virtual_stages": plan.virtual_stages}
+    shape = {"tp": max(stage.tp for stage in stages), "pp": len(stages), "layers_per_stage": split,
+             "micro_batch_size": plan.micro_batch_size, "recompute": plan.recompute,
+             "schedule": plan.schedule, "virtual_stages": plan.virtual_stages}
+    # CP-SAT's order is built for this plan: the best named schedule it was chosen over is one a user can apply.
+    named = {name: ms for name, ms in (plan.pipeline_schedule.candidates_ms if plan.pipeline_schedule else {}).items()
+             if name != "optimized"}
+    shape["named_schedule"] = min(named, key=named.get) if named else None
+    return shape
 
 
 def _split(layout: dict, layers: int) -> list[int]:
@@ -60,6 +65,12 @@ def _candidate_changes(yours: dict, best: dict, layers: int) -> list[tuple[str, 
     if (yours["schedule"], yours["virtual_stages"]) != (best["schedule"], best["virtual_stages"]):
         if best["schedule"] == "optimized":
             out.append(("schedule → optimized (CP-SAT)", {}))
+            named = best["named_schedule"]
+            if named is not None and named != yours["schedule"]:
+                v = f" v={best['virtual_stages']}" if named in ("interleaved", "looped-bfs") else ""
+                out.append((f"schedule {yours['schedule']} → {named}{v}",
+                            {**yours, "schedule": named,
+                             "virtual_stages": best["virtual_stages"] if v else 1}))
         else:
             v = f" v={best['virtual_stages']}" if best["virtual_stages"] > 1 else ""
             out.append((f"schedule {yours['schedule']} → {best['schedule']}{v}",
