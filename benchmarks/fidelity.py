@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cost_models.efficiency import (
+    EFFICIENCY_BOUNDS,
     MEGATRON_2021,
     EfficiencyParams,
     SoftwareConfig,
@@ -195,13 +196,7 @@ def fit(runs: list[CalibrationRun], start: EfficiencyParams) -> EfficiencyParams
     from scipy.optimize import minimize
 
     names = EfficiencyParams.field_names()
-    # Physically plausible ranges: what A100 GEMM, STREAM-like copy and NCCL
-    # bus-bandwidth measurements reach; outside them a fit is absorbing a
-    # missing effect, not measuring an efficiency.
-    bounds = {
-        "gemm_peak_fraction": (0.6, 0.9), "gemm_half_width": (8.0, 512.0), "hbm_fraction": (0.5, 0.92),
-        "nvlink_fraction": (0.5, 0.9), "network_fraction": (0.5, 0.95), "layer_overhead_ms": (0.005, 0.3),
-    }
+    bounds = EFFICIENCY_BOUNDS
 
     def params_of(x) -> EfficiencyParams:
         values = {n: min(max(math.exp(v), bounds[n][0]), bounds[n][1]) for n, v in zip(names, x)}

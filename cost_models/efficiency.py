@@ -45,6 +45,19 @@ class EfficiencyParams:
         return asdict(self)
 
 
+# Physically plausible ranges of each parameter: what A100/H100 GEMM, STREAM-like copy and NCCL
+# bus-bandwidth measurements reach. A fit that wants to leave them is absorbing a missing effect,
+# not measuring an efficiency, so fits stop at them (and say so).
+EFFICIENCY_BOUNDS: dict[str, tuple[float, float]] = {
+    "gemm_peak_fraction": (0.6, 0.9),
+    "gemm_half_width": (8.0, 512.0),
+    "hbm_fraction": (0.5, 0.92),
+    "nvlink_fraction": (0.5, 0.9),
+    "network_fraction": (0.5, 0.95),
+    "layer_overhead_ms": (0.005, 0.3),
+}
+
+
 @cache
 def fitted_efficiency() -> EfficiencyParams:
     """The parameters last fitted by `benchmarks/fidelity.py --fit` (package data)."""

@@ -18,8 +18,16 @@ from cost_models.pipeline import interleaved_group_sizes
 WEIGHT_AND_GRAD_BYTES_PER_PARAM = 6.0
 OPTIMIZER_BYTES_PER_PARAM = 12.0
 
-# CUDA context, NCCL buffers and workspace kept free per GPU.
-RESERVED_BYTES = 2.0 * 1024**3
+# Memory per GPU a plan leaves free for what this model does not count, unless the request says
+# otherwise (`options.memory_reserve_gib`). Measured pieces: the CUDA context PyTorch creates takes
+# ~0.7 GiB (discuss.pytorch.org/t/high-gpu-memory-overhead/81330), and each NCCL communicator ~0.5-0.7
+# GiB of buffers on A100 NVLink without NVLink SHARP (544 MB for 2 ranks, 688 MB for more:
+# github.com/NVIDIA/nccl/issues/964). A Megatron-style GPU talks in at least three (tensor-parallel,
+# data-parallel, pipeline neighbours): 0.7 + 3 x 0.65 ~ 2.7 GiB, rounded up for cuBLAS workspaces and
+# the embedding group. NVLink SHARP (NCCL's default on H100 NVSwitch systems) costs ~1.6 GB per
+# communicator (github.com/NVIDIA/nccl/issues/864); NVIDIA's NeMo launcher turns it off for memory
+# (NeMo-Framework-Launcher#127): jobs that keep it on should raise the reserve to ~5 GiB.
+DEFAULT_MEMORY_RESERVE_GIB = 3.0
 # PyTorch's caching allocator fragments memory that is freed and reallocated
 # every microbatch (activations); a plan at 99% of HBM by the books OOMs.
 ACTIVATION_FRAGMENTATION = 0.10

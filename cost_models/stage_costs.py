@@ -20,7 +20,6 @@ from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.layout import Hardware, ParallelShape, Workload
 from cost_models.memory import (
     ACTIVATION_FRAGMENTATION,
-    RESERVED_BYTES,
     embedding_activation_bytes,
     head_activation_bytes,
     in_flight_microbatches,
@@ -203,7 +202,7 @@ def pipeline_p2p_ms(
 class StageMemory:
     """One GPU of a stage: memory that stays, and what each in-flight microbatch adds."""
 
-    static_bytes: float  # weights, gradients, optimizer state, the head's logits, reserved
+    static_bytes: float  # weights, gradients, optimizer state, the head's logits
     per_microbatch_bytes: float  # activations of one microbatch through the stage's layers
 
     def peak_bytes(self, in_flight: float) -> float:
@@ -224,7 +223,7 @@ def stage_memory(terms: StageCostTerms, stage: int, layers: int) -> StageMemory:
         once += terms.head.activation_bytes
     fragmentation = 1 + ACTIVATION_FRAGMENTATION
     return StageMemory(
-        static_bytes=params * terms.state_bytes_per_param + once * fragmentation + RESERVED_BYTES,
+        static_bytes=params * terms.state_bytes_per_param + once * fragmentation,
         per_microbatch_bytes=per_microbatch * fragmentation,
     )
 

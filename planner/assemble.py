@@ -202,4 +202,5 @@ def finish_plan(
         seq_length=problem.workload.seq_length,
         precision=problem.precision,
         gpu_memory_gib=problem.hardware.gpu.memory_gib,
+        memory_reserve_gib=problem.memory_reserve_gib,
     )

@@ -156,14 +156,14 @@ def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult
         layout.tp, layout.pp, dp, layout.micro_batch_size, layout.recompute, layout.schedule, layout.virtual_stages
     )
     terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
-    capacity = problem.hardware.gpu.memory_bytes
+    capacity = problem.usable_memory_bytes
     for stage, count in enumerate(split):
         need = stage_memory_bytes(terms, stage, count)
         if need > capacity:
             raise InfeasibleError(
                 f"stage {stage} ({count} layers, tp={layout.tp}, micro_batch_size={layout.micro_batch_size}, "
-                f"recompute={layout.recompute}) needs {need / GIB:.1f} GiB per GPU; a {problem.hardware.gpu.name} "
-                f"holds {problem.hardware.gpu.memory_gib:.0f} GiB"
+                f"recompute={layout.recompute}) needs {need / GIB:.1f} GiB per GPU; "
+                f"{problem.capacity_text()}"
             )
     candidate = Candidate(terms=terms, inventory=slot_inventory(problem.cluster, layout.tp), lower_bound_ms=0.0)
     estimate = evaluate(candidate, split)

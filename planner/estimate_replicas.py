@@ -134,7 +134,7 @@ def _templates(problem: PlanningProblem, layout: ReplicaLayout, cache: TermsCach
 def _replica_results(
     problem: PlanningProblem, layout: ReplicaLayout, cache: TermsCache, templates: Sequence[Template]
 ) -> list[ReplicaResult]:
-    capacity = problem.hardware.gpu.memory_bytes
+    capacity = problem.usable_memory_bytes
     out = []
     for r, (replica, template) in enumerate(zip(layout.replicas, templates)):
         stages = []
@@ -147,8 +147,8 @@ def _replica_results(
                 raise InfeasibleError(
                     f"replica {r} stage {s} ({stage.layers[1] - stage.layers[0]} layers, tp={stage_type.tp}, "
                     f"micro_batch_size={layout.micro_batch_size}, recompute={layout.recompute}) needs "
-                    f"{least_bytes / GIB:.1f} GiB per GPU with one microbatch in flight; a {problem.hardware.gpu.name} holds "
-                    f"{problem.hardware.gpu.memory_gib:.0f} GiB"
+                    f"{least_bytes / GIB:.1f} GiB per GPU with one microbatch in flight; "
+                    f"{problem.capacity_text()}"
                 )
             stages.append(StageResult(
                 id=s, layers=stage.layers, devices=tuple(device_id(*d) for d in stage.devices), tp=stage_type.tp,

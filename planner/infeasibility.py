@@ -59,12 +59,12 @@ def obvious_infeasibility(problem: PlanningProblem) -> str | None:
             f"{model.num_kv_heads} KV heads are {tps}, but no node has that many healthy GPUs"
         )
     state = model.total_params * (WEIGHT_AND_GRAD_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM)
-    capacity = surviving * gpu.memory_bytes
+    capacity = surviving * problem.usable_memory_bytes
     if state > capacity:
         return (
             f"{problem.model_name} needs at least {format_bytes(state)} for weights, gradients and optimizer state "
             f"({model.total_params / 1e9:.1f}B parameters x 18 bytes); the {surviving} surviving {gpu.name} GPUs "
-            f"hold {format_bytes(capacity)}"
+            f"hold {format_bytes(capacity)} after the {problem.memory_reserve_gib:g} GiB memory reserve each"
         )
     return None
 
@@ -79,11 +79,11 @@ def explain_infeasible(problem: PlanningProblem) -> str:
     leanest = _leanest_layout(problem)
     if leanest is not None:
         need, shape = leanest
-        if need > gpu.memory_bytes:
+        if need > problem.usable_memory_bytes:
             return (
                 f"no layout fits in memory: even the leanest (tp={shape.tp}, pp={shape.pp}, micro_batch_size=1, "
-                f"recompute={shape.recompute}) needs {need / GIB:.1f} GiB on its fullest GPU, and a {gpu.name} "
-                f"holds {gpu.memory_gib:.0f} GiB at seq_length {problem.workload.seq_length}"
+                f"recompute={shape.recompute}) needs {need / GIB:.1f} GiB on its fullest GPU, and "
+                f"{problem.capacity_text()} at seq_length {problem.workload.seq_length}"
             )
     batch = problem.workload.global_batch_size
     sizes = problem.micro_batch_sizes

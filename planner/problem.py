@@ -7,7 +7,9 @@ from functools import cached_property
 
 from cost_models.choices import Recompute, ScheduleName
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+from cost_models.hardware import GIB
 from cost_models.layout import Hardware, Workload
+from cost_models.memory import DEFAULT_MEMORY_RESERVE_GIB
 from planner.config import DEFAULT_CONFIG, PlannerConfig
 from planner.numbers import divisors
 
@@ -85,9 +87,24 @@ class PlanningProblem:
     time_limit_s: float = 10.0
     random_seed: int = 0
     schedules: frozenset[str] | None = None  # pipeline schedules allowed; None: all (stock ones if stock_layouts_only)
+    memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB  # per GPU, left free for what the model does not count
     efficiency: EfficiencyParams = field(default_factory=EfficiencyParams)
     software: SoftwareConfig = field(default_factory=SoftwareConfig)
     config: PlannerConfig = DEFAULT_CONFIG  # the planner's tuning (planner.config)
+
+    @property
+    def usable_memory_gib(self) -> float:
+        """What a stage may fill on one GPU: its capacity less the memory reserve."""
+        return self.hardware.gpu.memory_gib - self.memory_reserve_gib
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        return self.usable_memory_gib * GIB
+
+    def capacity_text(self) -> str:
+        """The usable memory in words, for messages: "a A100-80GB holds 77 GiB after the 3 GiB reserve"."""
+        gpu = self.hardware.gpu
+        return f"a {gpu.name} holds {self.usable_memory_gib:g} GiB ({gpu.memory_gib:g} less the {self.memory_reserve_gib:g} GiB memory reserve)"
 
     @property
     def recompute_modes(self) -> tuple[str, ...]:

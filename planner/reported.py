@@ -49,7 +49,7 @@ def as_fixed_layout(result: PlanResult) -> PlanResult:
 def refuse_overflow(problem: PlanningProblem, result: PlanResult) -> PlanResult:
     """`result`, unless its schedule keeps more activations in flight than some stage's GPUs hold: then
     the layout does not run as given (the memory check before scheduling assumes 1F1B's in-flight count)."""
-    capacity_gib = problem.hardware.gpu.memory_gib
+    capacity_gib = problem.usable_memory_gib
     for replica in result.replicas:
         for stage in replica.stages:
             # Stage figures are rounded to 1e-3 GiB.
@@ -57,8 +57,8 @@ def refuse_overflow(problem: PlanningProblem, result: PlanResult) -> PlanResult:
                 raise InfeasibleError(
                     f"replica {replica.id} stage {stage.id}: the {result.schedule} schedule keeps "
                     f"{stage.memory_gib - stage.static_memory_gib:.2f} GiB of activations in flight beside "
-                    f"{stage.static_memory_gib:.2f} GiB of weights and state, {stage.memory_gib:.2f} GiB per GPU; a "
-                    f"{problem.hardware.gpu.name} holds {capacity_gib:.0f} GiB. A schedule with fewer microbatches in "
+                    f"{stage.static_memory_gib:.2f} GiB of weights and state, {stage.memory_gib:.2f} GiB per GPU; "
+                    f"{problem.capacity_text()}. A schedule with fewer microbatches in "
                     "flight (1f1b), a smaller micro_batch_size or recompute fits better"
                 )
     return result

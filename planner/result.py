@@ -79,7 +79,8 @@ class PlanResult:
     global_batch_size: int | None = None
     seq_length: int | None = None
     precision: str | None = None
-    gpu_memory_gib: float | None = None  # one GPU's capacity: what every stage's memory_gib is measured against
+    gpu_memory_gib: float | None = None  # one GPU's capacity
+    memory_reserve_gib: float | None = None  # left free per GPU: every stage's memory_gib fits capacity less this
 
 
 def stage_schedule_fields(timing: StageTime) -> dict[str, float]:

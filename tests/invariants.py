@@ -10,6 +10,9 @@ from cost_models.hardware import GpuSpec
 from cost_models.model_spec import ModelSpec
 from wire.schemas import EstimateRequest, Plan, PlanRequest
 
+# README, "Memory reserve": what a plan leaves free per GPU when the request does not say.
+DOCUMENTED_MEMORY_RESERVE_GIB = 3.0
+
 
 def expand_failed(request: PlanRequest) -> set[str]:
     gpus = request.cluster.gpus_per_node
@@ -69,10 +72,15 @@ def check_invariants(plan: Plan, request: PlanRequest, model: ModelSpec, gpu: Gp
     total = sum(r.num_microbatches for r in plan.replicas) * plan.micro_batch_size
     assert total == request.training.global_batch_size, f"{total} sequences != global_batch_size"
 
-    # 5. Memory fits.
+    # 5. Memory fits the GPU less the reserve (the request's, else the documented default).
+    reserve_gib = request.options.memory_reserve_gib
+    reserve_gib = DOCUMENTED_MEMORY_RESERVE_GIB if reserve_gib is None else reserve_gib
+    if plan.memory_reserve_gib is not None:
+        assert plan.memory_reserve_gib == reserve_gib, f"plan reserves {plan.memory_reserve_gib} GiB, asked {reserve_gib}"
     for replica in plan.replicas:
         for stage in replica.stages:
-            assert 0 < stage.memory_gib <= gpu.memory_gib + 1e-9, f"stage needs {stage.memory_gib} GiB > {gpu.memory_gib}"
+            assert 0 < stage.memory_gib <= gpu.memory_gib - reserve_gib + 1e-9, (
+                f"stage needs {stage.memory_gib} GiB > {gpu.memory_gib} less the {reserve_gib} GiB reserve")
 
     # 6. uniform flag is exact.
     def signature(replica):

@@ -10,6 +10,7 @@ from cost_models.device import Device
 from cost_models.efficiency import SoftwareConfig, fitted_efficiency
 from cost_models.hardware import GpuSpec, gpu_preset, gpu_preset_names
 from cost_models.layout import Hardware, Workload
+from cost_models.memory import DEFAULT_MEMORY_RESERVE_GIB
 from cost_models.model_spec import (
     HfConfigError,
     ModelSpec,
@@ -142,6 +143,14 @@ def to_problem(request: PlanRequest) -> PlanningProblem:
         [(s.device, s.speed) for s in request.failures.slow],
     )
     software = SoftwareConfig(grad_reduce_bytes=4 if training.precision == "bf16" else 2)
+    reserve_gib = request.options.memory_reserve_gib
+    if reserve_gib is None:
+        reserve_gib = DEFAULT_MEMORY_RESERVE_GIB
+    elif reserve_gib >= hardware.gpu.memory_gib:
+        raise PlanningError(
+            f"options.memory_reserve_gib {reserve_gib:g} leaves nothing of a {hardware.gpu.name}'s "
+            f"{hardware.gpu.memory_gib:g} GiB for the model; it must be below the GPU's memory"
+        )
     return PlanningProblem(
         hardware=hardware,
         cluster=state,
@@ -154,6 +163,7 @@ def to_problem(request: PlanRequest) -> PlanningProblem:
         time_limit_s=request.options.time_limit_s,
         random_seed=request.options.random_seed,
         schedules=frozenset(request.options.schedules) if request.options.schedules is not None else None,
+        memory_reserve_gib=reserve_gib,
         efficiency=fitted_efficiency(),
         software=software,
     )

@@ -29,6 +29,7 @@ from cost_models.model_spec import (
     HfConfigError,
     model_from_hf_config,
 )
+from wire.migration import Migration, ReplanCandidate  # noqa: F401  (re-exported: part of the Plan)
 
 MAX_NODES = 16_384
 MAX_GPUS_PER_NODE = 72
@@ -259,6 +260,10 @@ class Training(_Strict):
 class Options(_Strict):
     time_limit_s: float = Field(default=10.0, gt=0, le=3600, description="Solver wall-time budget, seconds.")
     allow_non_uniform: bool = True
+    memory_reserve_gib: float | None = Field(
+        default=None, ge=0, le=1024,
+        description="GiB per GPU a plan leaves free for what the cost model does not count: CUDA context, NCCL "
+        "buffers, allocator fragmentation. Default 3 (README, \"Memory reserve\"); raise it to ~5 with NVLink SHARP on.")
     random_seed: int = Field(default=0, ge=0, le=2**31 - 1, description="CP-SAT seed; fixed for reproducible plans.")
     amortize_iterations: int = Field(
         default=500, ge=1, le=10_000_000,
@@ -434,31 +439,6 @@ class SolverReport(BaseModel):
         "(an estimate).")
 
 
-class ReplanCandidate(BaseModel):
-    """One layout the replan weighed: `replan` (the new optimum on the devices that hold most of its
-    state), `scratch` (the same optimum placed ignoring the running layout; for comparison, never
-    chosen) or `keep` (the running layout, when all its devices are alive; its iteration time is then
-    an upper bound when a device it uses got slower or faster)."""
-
-    name: Literal["replan", "scratch", "keep"]
-    iteration_time_s: float
-    bytes_moved: int
-    migration_s: float
-    objective_ms: float = Field(description="iteration_time_s plus migration_s / amortize_iterations, in ms.")
-
-
-class Migration(BaseModel):
-    bytes_moved: int = Field(description="Weights and optimizer state the devices of the new plan receive.")
-    devices_changed: list[str] = Field(description="Alive devices whose state changes: receive, shed or leave.")
-    estimated_s: float = Field(description="Transfer time of the slowest receiving device over the cluster's links.")
-    bytes_from_checkpoint: int = Field(
-        default=0, description="State only failed devices held (e.g. their ZeRO-1 optimizer shards): it must be "
-        "read from the last checkpoint.")
-    amortize_iterations: int | None = None
-    chosen: str | None = Field(default=None, description="The candidate this plan is.")
-    candidates: list[ReplanCandidate] = Field(default_factory=list)
-
-
 class StageTimeline(BaseModel):
     """One stage's operations in the order it runs them, with simulated times."""
 
@@ -542,9 +522,10 @@ class Plan(BaseModel):
     comparison: PlanComparison | None = Field(
         default=None, description="Only on a layout `/v1/compare` compared: the best plan's id and figures and what "
         "each difference buys; the plan page shows them.")
-    gpu_memory_gib: float | None = Field(
-        default=None, description="HBM capacity of one GPU, GiB: what each stage's memory_gib is measured against."
-    )
+    gpu_memory_gib: float | None = Field(default=None, description="HBM capacity of one GPU, GiB.")
+    memory_reserve_gib: float | None = Field(
+        default=None, description="GiB per GPU the plan leaves free for the CUDA context, NCCL buffers and the "
+        "allocator (options.memory_reserve_gib or its default): every stage's memory_gib fits gpu_memory_gib less this.")
     stored: bool | None = Field(
         default=None, description="Only in an answer, and only false: the plan store was unavailable, so this plan "
         "was not kept; reading it back by id (GET, exports, replan, detect) answers 404.")

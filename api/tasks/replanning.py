@@ -18,14 +18,8 @@ from planner.problem import PlanningProblem
 from planner.replan.choice import ReplanResult, replan, running_plan
 from wire.convert import to_problem, to_wire
 from wire.errors import RequestBodyInvalid
-from wire.schemas import (
-    Migration,
-    Plan,
-    PlanRequest,
-    ReplanCandidate,
-    ReplanRequest,
-    SlowDevice,
-)
+from wire.migration import Migration, ReplanCandidate, transfer_to_wire
+from wire.schemas import Plan, PlanRequest, ReplanRequest, SlowDevice
 
 
 def replan_request(parent_request: dict[str, Any], body: ReplanRequest) -> PlanRequest:
@@ -65,13 +59,14 @@ def _kept(parent: Plan, problem: PlanningProblem, plan_id: str, iteration_s: flo
     }, deep=True)
 
 
-def _migration(found: ReplanResult) -> Migration:
+def _migration(found: ReplanResult, num_layers: int) -> Migration:
     cost = found.migration
     return Migration(
         bytes_moved=cost.bytes_moved,
         devices_changed=list(cost.devices_changed),
         estimated_s=round(cost.estimated_s, 3),
         bytes_from_checkpoint=cost.bytes_from_checkpoint,
+        transfers=[transfer_to_wire(transfer, num_layers) for transfer in cost.transfers],
         amortize_iterations=found.amortize_iterations,
         chosen=found.chosen.name,
         candidates=[
@@ -94,7 +89,7 @@ def replan_for(request: PlanRequest, parent_plan: dict[str, Any] | Plan, plan_id
         plan = _kept(parent, problem, plan_id, found.chosen.iteration_s)
     else:
         plan = to_wire(with_deadline_report(found.result, deadline), plan_id)
-    return plan.model_copy(update={"parent_plan_id": parent.plan_id, "migration": _migration(found)})
+    return plan.model_copy(update={"parent_plan_id": parent.plan_id, "migration": _migration(found, problem.workload.model.num_layers)})
 
 
 def replan_answer(parent_request: dict[str, Any], body: ReplanRequest, parent_plan_json: str,

@@ -282,7 +282,7 @@ def _base_bottleneck_uncached(problem: PlanningProblem, outer: OuterChoice, cach
         per_layer_ms, fixed_ms = affines[0 if i == 0 else (2 if i == stages - 1 else 1)]
         per_layer.append(per_layer_ms)
         fixed.append(fixed_ms)
-    caps = list(cache.layer_caps(outer.tp, stages, problem.hardware.gpu.memory_bytes))
+    caps = list(cache.layer_caps(outer.tp, stages, problem.usable_memory_bytes))
     split = best_split(per_layer, fixed, caps, problem.workload.model.num_layers, outer.virtual_stages)
     if split is None:
         return None

@@ -355,7 +355,7 @@ def build_template(
     sync_replicas: int,
 ) -> Template | None:
     stages = len(stage_types)
-    capacity = problem.hardware.gpu.memory_bytes
+    capacity = problem.usable_memory_bytes
     rows = {st: (cache.stage_affines(st, stages), cache.layer_caps(st.tp, stages, capacity)) for st in set(stage_types)}
     return _build_template(problem, outer, cache, stage_types, rows, base, sync_replicas)
 
@@ -540,7 +540,7 @@ def enumerate_templates(
     templates no allocation could ever build."""
     base = StageType(outer.tp, 1.0)
     memo = {} if memo is None else memo
-    capacity = problem.hardware.gpu.memory_bytes
+    capacity = problem.usable_memory_bytes
 
     def buildable(needed: int, stage_type: StageType) -> bool:
         return most_groups is None or needed <= most_groups.get(stage_type, 0)

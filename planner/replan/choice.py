@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from cost_models.device import device_id, device_order
-from cost_models.migration import Holding, MigrationCost, migration_cost, unit_params
+from cost_models.migration import Holding, unit_params
+from cost_models.transfers import MigrationCost, migration_cost
 from planner.budget import Budget
 from planner.plan import plan
 from planner.problem import PlanningProblem

@@ -9,6 +9,7 @@ plan, so a running job's layout and a new one compare alike.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -90,9 +91,16 @@ def chunk_layer_runs(layer_counts: Sequence[int], virtual_stages: int) -> list[l
 
 
 def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
-    """Every used device's shards: units 0 (embedding), 1..L (layers), L + 1 (head)."""
+    """Every used device's shards: units 0 (embedding), 1..L (layers), L + 1 (head).
+
+    With ZeRO-1 replica r of R owns, of each T-th of a unit's tensor-parallel dimension (T the
+    least common multiple of the layout's TP sizes), the r-th R-th: a device whose TP slice spans
+    T/t of those pieces holds its replica's share of each. With equal TP everywhere (T = t) that is
+    the r-th R-th of the device's slice; with mixed TP it still covers every piece exactly once
+    (splitting each device's slice alone into R would leave pieces nobody holds)."""
     holdings: dict[str, Holding] = {}
     replicas = len(layout.replicas)
+    finest = math.lcm(*(len(stage.devices) for stages in layout.replicas for stage in stages)) if replicas else 1
     for index, stages in enumerate(layout.replicas):
         counts = [stage.layers[1] - stage.layers[0] for stage in stages]
         runs = chunk_layer_runs(counts, layout.virtual_stages)
@@ -103,17 +111,20 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
             if s == len(stages) - 1:
                 units.append((layout.num_layers + 1, layout.num_layers + 2))
             tp = len(stage.devices)
+            pieces = finest // tp if layout.zero_stage >= 1 else 1
             for rank, device in enumerate(stage.devices):
-                weight_lo, weight_hi = rank / tp, (rank + 1) / tp
-                if layout.zero_stage >= 1:
-                    share = (weight_hi - weight_lo) / replicas
-                    optimizer_lo, optimizer_hi = weight_lo + index * share, weight_lo + (index + 1) * share
-                else:
-                    optimizer_lo, optimizer_hi = weight_lo, weight_hi
-                holdings[device] = tuple(
-                    ShardBlock(first, end, weight_lo, weight_hi, optimizer_lo, optimizer_hi)
-                    for first, end in _merged(units)
-                )
+                blocks = []
+                for piece in range(pieces):
+                    weight_lo = rank / tp + piece / (tp * pieces)
+                    weight_hi = rank / tp + (piece + 1) / (tp * pieces)
+                    if layout.zero_stage >= 1:
+                        share = (weight_hi - weight_lo) / replicas
+                        optimizer_lo, optimizer_hi = weight_lo + index * share, weight_lo + (index + 1) * share
+                    else:
+                        optimizer_lo, optimizer_hi = weight_lo, weight_hi
+                    blocks.extend(ShardBlock(first, end, weight_lo, weight_hi, optimizer_lo, optimizer_hi)
+                                  for first, end in _merged(units))
+                holdings[device] = tuple(blocks)
     return holdings
 
 

@@ -67,7 +67,7 @@ def with_schedules(
     schedules than the first choices are looked for during at most `optional_s` of it."""
     started = time.monotonic()
     allowed = problem.allowed_schedules
-    gpu_memory_gib = problem.hardware.gpu.memory_gib
+    gpu_memory_gib = problem.usable_memory_gib
     groups = _exact_groups(result.replicas)
     specs = {key: replica_spec(members[0], result.virtual_stages, gpu_memory_gib) for key, members in groups.items()}
     notes: tuple[str, ...] = ()
@@ -142,7 +142,7 @@ def handcrafted_reported_ms(problem: PlanningProblem, result: PlanResult) -> flo
     orders: dict[tuple, Schedule] = {}
     slowest_ms = 0.0
     for members in groups.values():
-        spec = replica_spec(members[0], result.virtual_stages, problem.hardware.gpu.memory_gib)
+        spec = replica_spec(members[0], result.virtual_stages, problem.usable_memory_gib)
         names = handcrafted_names(spec.virtual_stages)
         if allowed is not None and any(name in allowed for name in names):
             names = tuple(name for name in names if name in allowed)

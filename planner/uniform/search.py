@@ -126,7 +126,7 @@ class UniformSearch:
         """Per-stage layer caps, or None when no split of the allowed form fits."""
         if index not in self._caps:
             problem, candidate = self._problem, self._candidates[index]
-            limits = candidate.max_layers(problem.hardware.gpu.memory_bytes)
+            limits = candidate.max_layers(problem.usable_memory_bytes)
             fits = split_fits(candidate.shape, limits, problem.workload.model.num_layers, problem.stock_layouts_only)
             self._caps[index] = limits if fits else None
         return self._caps[index]

@@ -159,7 +159,7 @@ class StockSearch:
         queued at the first."""
         problem, candidate = self._problem, self._candidates[index]
         shape = candidate.shape
-        caps = candidate.max_layers(problem.hardware.gpu.memory_bytes)
+        caps = candidate.max_layers(problem.usable_memory_bytes)
         priced = [(self._split_bound(candidate, split), split)
                   for split in stock_splits(problem.workload.model.num_layers, shape.pp, caps, shape.virtual_stages)]
         self._units += max(1, len(priced))
@@ -212,7 +212,7 @@ class StockSearch:
         terms, v = candidate.terms, candidate.shape.virtual_stages
         stages = tuple(self._stage(candidate, i, n, speed) for i, (n, speed) in enumerate(zip(split, speeds)))
         replica = ReplicaResult(id=0, num_microbatches=terms.num_microbatches, stages=tuple(s for s, _ in stages))
-        spec = replica_spec(replica, v, self._problem.hardware.gpu.memory_gib)
+        spec = replica_spec(replica, v, self._problem.usable_memory_gib)
         bubble = pipeline_time_ms([s.forward_ms + s.backward_ms for s, _ in stages], terms.num_microbatches, v)
         healthy = [self._stage(candidate, i, n, 1.0)[1] for i, n in enumerate(split)]
         return _Replica(spec, bubble, iteration_of_stages(terms, [t for _, t in stages], healthy).iteration_ms)

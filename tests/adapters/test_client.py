@@ -88,7 +88,7 @@ def test_infeasible_request_raises_the_servers_detail(base_url):
     error = raised.value
     assert error.status_code == 422
     assert "llama3-405b needs at least" in error.detail
-    assert "640 GiB" in error.detail
+    assert "616 GiB" in error.detail
     assert error.detail in str(error)
     assert "\n" not in str(error)
 

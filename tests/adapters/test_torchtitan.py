@@ -89,8 +89,9 @@ REQUESTS = {
     "interleaved": _request("llama2-13b", 64, 4096, {"schedules": ["interleaved"]}),
     # breadth-first over looped chunks: torchtitan's LoopedBFS, by name
     "looped-bfs": _request("llama2-13b", 16, 4096, {"schedules": ["looped-bfs"]}),
-    # GPipe holds every microbatch: 16 of them still fit beside 70B on 16 GPUs with full recompute
-    "gpipe-full": _request("llama2-70b", 16, 4096, {"schedules": ["gpipe"]}),
+    # GPipe holds every microbatch: 8 of them still fit beside 70B on 16 GPUs (less the memory reserve)
+    # with full recompute
+    "gpipe-full": _request("llama2-70b", 8, 4096, {"schedules": ["gpipe"]}),
     # pp 1: torchtitan accumulates the 4 microbatches as gradient-accumulation steps
     "no-pp-selective": _request("llama3-8b", 64, 8192, {"schedules": ["1f1b"]}, training={"recompute": "selective"}),
     # zero-bubble and optimized orders travel as the torch-csv export

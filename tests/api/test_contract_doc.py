@@ -69,7 +69,7 @@ def test_the_contracts_plan_request_example_validates():
     _, contract = _sections()
     request = json.loads(_json_blocks(contract)[0])
     request["options"] = {k: v for k, v in request["options"].items()
-                          if k not in {"calibration_id", "memory_reserve_gib"}}
+                          if k != "calibration_id"}
     assert PlanRequest.model_validate(request).cluster.num_nodes == 32
 
 

@@ -108,7 +108,7 @@ def test_body_that_is_not_json(client):
 
 def test_model_that_cannot_fit(client):
     body = small_request(model="llama3-405b", cluster={"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-80GB"})
-    assert_detail(plan(client, body), "llama3-405b", "TiB", "8 surviving", "A100-80GB", "640 GiB")
+    assert_detail(plan(client, body), "llama3-405b", "TiB", "8 surviving", "A100-80GB", "616 GiB", "3 GiB memory reserve")
 
 
 def test_model_that_cannot_fit_after_failures(client):
@@ -202,7 +202,7 @@ def test_time_limit_must_be_positive(client):
 
 def test_no_layout_fits_in_memory_gives_the_numbers(client):
     """Enough total memory for the state, but no layout's fullest GPU fits: the detail carries GiB figures."""
-    body = small_request(model="llama2-70b", failures={"failed": ["0:3"]},
-                         training={"global_batch_size": 64, "seq_length": 4096})
-    detail = assert_detail(plan(client, body), "GiB", "A100-80GB", "80 GiB")
+    # 16 x (80 - 3 reserved) GiB hold llama2-70b's 1.13 TiB of state; at 32k tokens no layout's activations fit.
+    body = small_request(model="llama2-70b", training={"global_batch_size": 64, "seq_length": 32768})
+    detail = assert_detail(plan(client, body), "GiB", "A100-80GB", "77 GiB", "3 GiB memory reserve")
     assert "fits" in detail

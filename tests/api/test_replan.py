@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
+import pytest
+
 from tests.api.support import (
     assert_detail,
     estimate_request,
@@ -112,3 +116,33 @@ def test_the_client_replans_against_the_service(client):
     assert child.parent_plan_id == parent["plan_id"]
     assert child.migration is not None and child.migration.amortize_iterations == 50
     PlanRequest.model_validate(small_request())  # the client's request type is the service's
+
+
+def _stage_of(plan: dict, device: str) -> dict:
+    return next(stage for replica in plan["replicas"] for stage in replica["stages"] if device in stage["devices"])
+
+
+def test_replan_lists_every_transfer_and_they_add_up_to_the_totals(client):
+    body, parent = _plan(client)
+    child = client.post(f"/v1/plans/{parent['plan_id']}/replan",
+                        json={"failures": {"failed": ["1:3"], "slow": [{"device": "0:1", "speed": 0.5}]}}).json()
+    migration = child["migration"]
+    transfers = migration["transfers"]
+    assert transfers and sum(t["bytes"] for t in transfers) == pytest.approx(migration["bytes_moved"], abs=len(transfers))
+    num_layers = parent["replicas"][0]["stages"][-1]["layers"][1]
+    for t in transfers:
+        assert set(t) >= {"from", "to", "layers", "tp_shard", "part", "state", "bytes"}
+        assert t["from"] != "1:3" and t["from"] != t["to"]
+        sender, receiver = _stage_of(parent, t["from"]), _stage_of(child, t["to"])
+        first, last = t["layers"]
+        # The sender held those layers, the receiver holds them now, in the shard it names.
+        for stage in (sender, receiver):
+            assert stage["layers"][0] <= first <= last <= stage["layers"][1]
+        assert t["tp_shard"] == [receiver["devices"].index(t["to"]), receiver["tp"]]
+        lo, hi, of = t["part"]
+        rank, tp = t["tp_shard"]
+        assert Fraction(rank, tp) <= Fraction(lo, of) < Fraction(hi, of) <= Fraction(rank + 1, tp)
+        assert not t["embedding"] or receiver["layers"][0] == 0
+        assert not t["head"] or receiver["layers"][1] == num_layers
+        assert t["intra_node"] == (t["from"].split(":")[0] == t["to"].split(":")[0])
+    assert {t["to"] for t in transfers} <= set(migration["devices_changed"])

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cost_models.migration import (
-    ShardBlock,
-    UnitParams,
-    common_bytes,
-    lost_bytes,
-    migration_cost,
-    missing_bytes,
-)
+from cost_models.migration import ShardBlock, UnitParams, common_bytes, missing_bytes
+from cost_models.transfers import migration_cost
 
 # 4 layers of 100 parameters, an embedding of 1,000 and a head of 500: units 0..5.
 UNITS = UnitParams(num_layers=4, embedding=1000.0, per_layer=100.0, head=500.0)
@@ -59,10 +53,15 @@ def test_state_only_a_failed_device_held_comes_from_the_checkpoint():
     # Two replicas, ZeRO-1: each holds full weights and half the optimizer of layer unit 1.
     a = (ShardBlock(1, 2, 0.0, 1.0, 0.0, 0.5),)
     b = (ShardBlock(1, 2, 0.0, 1.0, 0.5, 1.0),)
-    # b fails: its weights survive on a, its optimizer half does not.
-    assert lost_bytes([b], [a], UNITS) == pytest.approx(100 * 0.5 * 12)
+    # b fails and a takes the whole optimizer state: its weights survive on a, b's optimizer half does not.
+    cost = migration_cost({"0:0": a, "0:1": b}, {"0:0": (whole(1, 2),)}, frozenset({"0:0"}),
+                          {"0:0": 0, "0:1": 0}, UNITS, 100.0, 10.0)
+    assert cost.bytes_from_checkpoint == pytest.approx(100 * 0.5 * 12)
+    assert cost.bytes_moved == 0 and cost.transfers == ()
     # Without ZeRO both hold everything: nothing is lost.
-    assert lost_bytes([(whole(1, 2),)], [(whole(1, 2),)], UNITS) == 0.0
+    cost = migration_cost({"0:0": (whole(1, 2),), "0:1": (whole(1, 2),)}, {"0:0": (whole(1, 2),)},
+                          frozenset({"0:0"}), {"0:0": 0, "0:1": 0}, UNITS, 100.0, 10.0)
+    assert cost.bytes_from_checkpoint == 0
 
 
 def test_estimate_uses_nvlink_from_a_node_peer_and_the_network_otherwise():
@@ -85,6 +84,6 @@ def test_a_failed_device_is_no_source_and_a_leaving_device_counts_as_changed():
     new = {"0:1": (whole(1, 3),)}
     # 0:0 failed: 0:1 must receive layers 0..1 from elsewhere; they exist nowhere else alive.
     cost = migration_cost(old, new, frozenset({"0:1"}), {"0:0": 0, "0:1": 0}, UNITS, 100.0, 10.0)
-    assert cost.bytes_moved == 200 * 14
+    assert cost.bytes_moved == 0  # no alive peer holds them: nothing moves between devices
     assert cost.bytes_from_checkpoint == 200 * 14
     assert cost.devices_changed == ("0:1",)

@@ -33,8 +33,8 @@ def _stock_splits(total: int, parts: int):
             yield split
 
 
-# A GPU whose 4 GiB (2 GiB of it reserved) holds few layers: memory decides the layout.
-SMALL_GPU = {"name": "small-4g", "peak_tflops": 100.0, "memory_gib": 4.0}
+# A GPU whose 5 GiB (3 GiB of it the default memory reserve) holds few layers: memory decides the layout.
+SMALL_GPU = {"name": "small-5g", "peak_tflops": 100.0, "memory_gib": 5.0}
 HANDCRAFTED = ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"]
 
 

@@ -39,7 +39,7 @@ def healthy_slot_count(problem, tp: int) -> int:
 def brute_force_ms(problem) -> float:
     model = problem.workload.model
     layers, batch = model.num_layers, problem.workload.global_batch_size
-    capacity = problem.hardware.gpu.memory_bytes
+    capacity = problem.usable_memory_bytes
     best = float("inf")
     for tp in range(1, problem.cluster.gpus_per_node + 1):
         if model.num_attention_heads % tp or model.num_kv_heads % tp:

@@ -52,7 +52,7 @@ def _spec(problem, cache, template, microbatches, v):
         for i, (st, n) in enumerate(zip(template.stage_types, template.layers_per_stage))
     ]
     replica = ReplicaResult(id=0, num_microbatches=microbatches, stages=tuple(figures))
-    return replica_spec(replica, v, problem.hardware.gpu.memory_gib)
+    return replica_spec(replica, v, problem.usable_memory_gib)
 
 
 @pytest.mark.parametrize("body", _problems(), ids=[f"instance-{i}" for i in range(INSTANCES)])

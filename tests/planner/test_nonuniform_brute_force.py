@@ -69,7 +69,7 @@ def brute_split(problem, cache, stage_types, unit):
     for cuts in itertools.combinations(range(1, layers // unit), stages - 1):
         bounds = (0, *cuts, layers // unit)
         split = tuple((bounds[i + 1] - bounds[i]) * unit for i in range(stages))
-        if any(n > max_layers_fitting(cache.terms(st.tp, stages), i, problem.hardware.gpu.memory_bytes)
+        if any(n > max_layers_fitting(cache.terms(st.tp, stages), i, problem.usable_memory_bytes)
                for i, (st, n) in enumerate(zip(stage_types, split))):
             continue
         from cost_models.iteration import stage_time

@@ -45,7 +45,7 @@ def test_every_floor_and_split_bound_is_below_the_time_the_split_reports(case, s
     checked = 0
     for index, candidate in enumerate(search._candidates):
         floor = simulation_floor_ms(candidate, layers, full_backward=not search._split_backward)
-        caps = candidate.max_layers(problem.hardware.gpu.memory_bytes)
+        caps = candidate.max_layers(problem.usable_memory_bytes)
         placements, complete, _ = search._placements(index)
         assert complete
         for split in stock_splits(layers, candidate.shape.pp, caps, candidate.shape.virtual_stages):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -50,18 +53,18 @@ def layouts(draw):
 
 @given(layouts())
 def test_every_unit_is_held_once_per_replica_and_its_optimizer_state_as_zero_says(layout):
+    # Exact cover on a grid of atoms: weights once per replica, optimizer state once in all (ZeRO-1,
+    # mixed TP sizes included) or once per replica (no ZeRO); measuring widths alone misses overlaps.
     holdings = device_holdings(layout)
-    weight = {}
-    optimizer = {}
+    sizes = [len(stage.devices) for replica in layout.replicas for stage in replica]
+    grid = math.lcm(*sizes) * len(layout.replicas)
+    weight, optimizer = Counter(), Counter()
     for blocks in holdings.values():
         for b in blocks:
             for unit in range(b.first_unit, b.end_unit):
-                weight[unit] = weight.get(unit, 0.0) + (b.weight_hi - b.weight_lo)
-                optimizer[unit] = optimizer.get(unit, 0.0) + (b.optimizer_hi - b.optimizer_lo)
-    units = range(layout.num_layers + 2)
+                weight.update((unit, a) for a in range(round(b.weight_lo * grid), round(b.weight_hi * grid)))
+                optimizer.update((unit, a) for a in range(round(b.optimizer_lo * grid), round(b.optimizer_hi * grid)))
+    every = {(unit, a) for unit in range(layout.num_layers + 2) for a in range(grid)}
     replicas = len(layout.replicas)
-    assert sorted(weight) == list(units)
-    for unit in units:
-        assert abs(weight[unit] - replicas) < 1e-9
-        expected = 1.0 if layout.zero_stage else replicas
-        assert abs(optimizer[unit] - expected) < 1e-9
+    assert set(weight) == every and set(weight.values()) == {replicas}
+    assert set(optimizer) == every and set(optimizer.values()) == {1 if layout.zero_stage else replicas}

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from cost_models.device import device_id
-from cost_models.migration import MigrationCost, unit_params
+from cost_models.migration import unit_params
+from cost_models.transfers import MigrationCost
 from planner.plan import plan
 from planner.replan.choice import (
     ReplanCandidate,

@@ -1,0 +1,202 @@
+"""Fit the cost model's efficiency parameters to iteration times a user measured on their cluster.
+
+Each run is a fixed layout (what `/v1/estimate` prices) and the iteration time measured for it. The
+fit works on log-times and log-parameters, so every run weighs the same whatever its length and
+every parameter moves by factors:
+
+1. Sensitivities: how much each parameter moves each run's log-time (a 10% step, inside its
+   bounds), at the starting parameters (the built-in fit).
+2. Identifiable parameters: greedily, the one whose sensitivity column is farthest from what the
+   parameters already chosen can explain, while that distance is at least `MIN_EFFECT` (a change of
+   the parameter by a factor e moves some run by 5% that no chosen parameter can mimic), and never
+   more parameters than runs. The rest keep their starting values: the runs cannot tell them
+   apart (a single run cannot separate GEMM efficiency from HBM efficiency, say) and the answer
+   names them.
+3. Damped Gauss-Newton on the chosen parameters, each kept inside its physical range
+   (`EFFICIENCY_BOUNDS`); a parameter that ends on a bound is reported as such.
+4. Leave-one-out: every run predicted by a fit (steps 1-3) on the others; their mean absolute error
+   is the calibration's honest error on runs it has not seen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from cost_models.efficiency import EFFICIENCY_BOUNDS, EfficiencyParams
+from planner.estimate import FixedLayout, estimate_layout
+from planner.estimate_replicas import ReplicaLayout, estimate_replicas
+from planner.problem import PlanningProblem
+
+MIN_EFFECT = 0.05  # least unexplained d log(time) / d log(parameter) over the runs (Euclidean norm)
+_STEP = math.log(1.1)  # finite-difference step in log-parameter
+_MAX_ITERATIONS = 12
+_CONVERGED = 1e-4  # largest log-parameter step that still counts as moving
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    problem: PlanningProblem
+    layout: FixedLayout | ReplicaLayout
+    measured_s: float
+
+
+@dataclass(frozen=True)
+class RunError:
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def error(self) -> float:
+        """Relative error of the prediction: predicted / measured - 1."""
+        return self.predicted_s / self.measured_s - 1
+
+
+@dataclass(frozen=True)
+class CalibrationFit:
+    parameters: EfficiencyParams
+    fitted: tuple[str, ...]  # moved by the fit
+    unidentified: tuple[str, ...]  # kept at the starting value: the runs cannot determine them
+    at_bound: tuple[str, ...]  # fitted, but stopped at the edge of the physical range
+    runs: tuple[RunError, ...]
+    fit_mape: float
+    cross_validated_mape: float | None  # leave-one-out; None with one run
+    cross_validated: tuple[RunError, ...]  # each run as predicted by the fit on the others
+
+
+def predicted_s(run: MeasuredRun, parameters: EfficiencyParams) -> float:
+    problem = replace(run.problem, efficiency=parameters)
+    if isinstance(run.layout, ReplicaLayout):
+        return estimate_replicas(problem, run.layout).predicted.iteration_time_s
+    return estimate_layout(problem, run.layout).predicted.iteration_time_s
+
+
+_NAMES = tuple(EfficiencyParams.field_names())
+_LOG_BOUNDS = {name: (math.log(lo), math.log(hi)) for name, (lo, hi) in EFFICIENCY_BOUNDS.items()}
+
+
+def _with(start: EfficiencyParams, names: Sequence[str], logs: Sequence[float]) -> EfficiencyParams:
+    return replace(start, **{name: math.exp(x) for name, x in zip(names, logs)})
+
+
+def _clamped(name: str, x: float) -> float:
+    lo, hi = _LOG_BOUNDS[name]
+    return min(max(x, lo), hi)
+
+
+class _Pricer:
+    """Log-predictions of the runs, memoized per parameter set (the fit revisits points)."""
+
+    def __init__(self, runs: Sequence[MeasuredRun], predict: Callable[[MeasuredRun, EfficiencyParams], float]) -> None:
+        self._runs = runs
+        self._predict = predict
+        self._memo: dict[tuple[int, EfficiencyParams], float] = {}
+
+    def log_times(self, indices: Sequence[int], parameters: EfficiencyParams) -> np.ndarray:
+        out = []
+        for i in indices:
+            key = (i, parameters)
+            if key not in self._memo:
+                self._memo[key] = math.log(self._predict(self._runs[i], parameters))
+            out.append(self._memo[key])
+        return np.array(out)
+
+    def jacobian(self, indices: Sequence[int], start: EfficiencyParams, names: Sequence[str]) -> np.ndarray:
+        base = self.log_times(indices, start)
+        columns = []
+        for name in names:
+            x = math.log(getattr(start, name))
+            lo, hi = _LOG_BOUNDS[name]
+            step = _STEP if x + _STEP <= hi else -_STEP  # step inward from an upper bound
+            if not lo <= x + step <= hi:
+                step = (hi - lo) / 2
+            moved = replace(start, **{name: math.exp(x + step)})
+            columns.append((self.log_times(indices, moved) - base) / step)
+        return np.column_stack(columns) if columns else np.zeros((len(indices), 0))
+
+
+def _identifiable(jacobian: np.ndarray) -> list[int]:
+    """Columns chosen greedily by the norm of what the chosen ones cannot explain (Gram-Schmidt)."""
+    chosen: list[int] = []
+    basis: list[np.ndarray] = []
+    most = min(jacobian.shape)
+    while len(chosen) < most:
+        best, best_norm, best_residual = None, MIN_EFFECT, None
+        for k in range(jacobian.shape[1]):
+            if k in chosen:
+                continue
+            residual = jacobian[:, k].copy()
+            for q in basis:
+                residual -= (q @ residual) * q
+            norm = float(np.linalg.norm(residual))
+            if norm >= best_norm:
+                best, best_norm, best_residual = k, norm, residual
+        if best is None:
+            break
+        chosen.append(best)
+        basis.append(best_residual / best_norm)
+    return sorted(chosen)
+
+
+def _fit(pricer: _Pricer, indices: Sequence[int], measured: np.ndarray, start: EfficiencyParams,
+         ) -> tuple[EfficiencyParams, tuple[str, ...]]:
+    """(parameters, names fitted) for the runs `indices`."""
+    names = [_NAMES[k] for k in _identifiable(pricer.jacobian(indices, start, _NAMES))]
+    x = np.array([math.log(getattr(start, name)) for name in names])
+    if not names:
+        return start, ()
+    target = np.log(measured)
+    damping = 1e-3
+    current = _with(start, names, x)
+    loss = float(np.sum((pricer.log_times(indices, current) - target) ** 2))
+    for _ in range(_MAX_ITERATIONS):
+        residual = pricer.log_times(indices, current) - target
+        jacobian = pricer.jacobian(indices, current, names)
+        while True:
+            normal = jacobian.T @ jacobian + damping * np.eye(len(names))
+            step = -np.linalg.solve(normal, jacobian.T @ residual)
+            trial_x = np.array([_clamped(name, v) for name, v in zip(names, x + step)])
+            trial = _with(start, names, trial_x)
+            trial_loss = float(np.sum((pricer.log_times(indices, trial) - target) ** 2))
+            if trial_loss <= loss or damping > 1e6:
+                break
+            damping *= 10
+        moved = float(np.max(np.abs(trial_x - x)))
+        if trial_loss <= loss:
+            x, current, loss = trial_x, trial, trial_loss
+            damping = max(damping / 10, 1e-6)
+        if moved < _CONVERGED or trial_loss > loss:
+            break
+    return current, tuple(names)
+
+
+def calibrate(runs: Sequence[MeasuredRun], start: EfficiencyParams,
+              predict: Callable[[MeasuredRun, EfficiencyParams], float] = predicted_s) -> CalibrationFit:
+    """The parameters that best predict `runs`, starting from (and defaulting to) `start`."""
+    pricer = _Pricer(runs, predict)
+    measured = np.array([run.measured_s for run in runs])
+    everything = list(range(len(runs)))
+    parameters, fitted = _fit(pricer, everything, measured, start)
+    errors = tuple(RunError(run.measured_s, math.exp(t)) for run, t in zip(runs, pricer.log_times(everything, parameters)))
+    held_out: list[RunError] = []
+    if len(runs) > 1:
+        for i in everything:
+            others = [j for j in everything if j != i]
+            without, _ = _fit(pricer, others, measured[others], start)
+            held_out.append(RunError(runs[i].measured_s, math.exp(pricer.log_times([i], without)[0])))
+    at_bound = tuple(name for name in fitted
+                     if any(math.isclose(math.log(getattr(parameters, name)), edge, abs_tol=1e-6)
+                            for edge in _LOG_BOUNDS[name]))
+    return CalibrationFit(
+        parameters=parameters,
+        fitted=fitted,
+        unidentified=tuple(name for name in _NAMES if name not in fitted),
+        at_bound=at_bound,
+        runs=errors,
+        fit_mape=sum(abs(e.error) for e in errors) / len(errors),
+        cross_validated_mape=sum(abs(e.error) for e in held_out) / len(held_out) if held_out else None,
+        cross_validated=tuple(held_out),
+    )
