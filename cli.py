@@ -1,4 +1,4 @@
-"""The `resiplan` command line: serve, plan, estimate, compare, export, import, launch."""
+"""The `resiplan` command line: serve, plan, estimate, compare, calibrate, export, import, launch."""
 
 from __future__ import annotations
 
@@ -47,24 +47,41 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibration(args: argparse.Namespace):
+    """The calibration `--calibration FILE` names (what `resiplan calibrate` prints), or None."""
+    if args.calibration is None:
+        return None
+    from wire.calibration import AppliedCalibration, Calibration
+
+    return AppliedCalibration.of(Calibration.model_validate_json(Path(args.calibration).read_text()))
+
+
 def _plan(args: argparse.Namespace) -> int:
     from api.tasks.planning import plan_for
 
-    _print_plan(plan_for(_read_request(args.request, PlanRequest)), args.format)
+    _print_plan(plan_for(_read_request(args.request, PlanRequest), calibration=_calibration(args)), args.format)
     return 0
 
 
 def _estimate(args: argparse.Namespace) -> int:
     from api.tasks.planning import estimate_for
 
-    _print_plan(estimate_for(_read_request(args.request, EstimateRequest)), args.format)
+    _print_plan(estimate_for(_read_request(args.request, EstimateRequest), _calibration(args)), args.format)
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from api.tasks.calibrating import calibration_for
+    from wire.calibration import CalibrationRequest
+
+    print(calibration_for(CalibrationRequest.model_validate_json(_read_text(args.request))).model_dump_json(indent=2))
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
     from api.tasks.comparing import compare_for
 
-    comparison = compare_for(_read_request(args.request, EstimateRequest))
+    comparison = compare_for(_read_request(args.request, EstimateRequest), _calibration(args))
     if args.format == "json":
         print(comparison.model_dump_json(indent=2))
         return 0
@@ -188,7 +205,18 @@ def build_parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=help_text)
         command.add_argument("--request", required=True, metavar="REQUEST.json")
         command.add_argument("--format", choices=("json", "table"), default="json", help="json (default) or a table for people")
+        command.add_argument("--calibration", metavar="CALIBRATION.json",
+                             help="price with this calibration (what `resiplan calibrate` prints); the request's "
+                             "options.calibration_id, if any, must be its id")
         command.set_defaults(run=handler)
+
+    calibrate = commands.add_parser(
+        "calibrate", help="fit the cost model to measured runs and print the calibration JSON",
+        description="RUNS.json is POST /v1/calibrations' body: {\"name\", \"runs\": [estimate request + "
+                    "measured_iteration_time_s, ...]}. The calibration is printed, not stored; pass it to plan, "
+                    "estimate or compare with --calibration.")
+    calibrate.add_argument("--runs", required=True, dest="request", metavar="RUNS.json")
+    calibrate.set_defaults(run=_calibrate)
 
     from adapters.registry import FORMATS
 

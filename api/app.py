@@ -19,7 +19,7 @@ from api.core.metrics import CONTENT_TYPE, Metrics
 from api.core.observe import ObserveMiddleware
 from api.core.settings import Settings
 from api.core.store import PlanStore, StoreUnavailable, make_engine
-from api.routes import detect, gpus, imports, plans, replan, ui
+from api.routes import calibrations, detect, gpus, imports, plans, replan, ui
 from planner.errors import PlanningError
 from wire.errors import RequestBodyInvalid, error_body, field_errors, validation_detail
 from wire.comparison import CompareRequest
@@ -124,6 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(detect.router)
     app.include_router(gpus.router)
     app.include_router(imports.router)
+    app.include_router(calibrations.router)
     app.include_router(ui.router)
     document_bodies(app, (PlanRequest, EstimateRequest, ReplanRequest, plans.ViewLinkRequest, ImportRequest,
                           CompareRequest))

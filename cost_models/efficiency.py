@@ -58,6 +58,19 @@ EFFICIENCY_BOUNDS: dict[str, tuple[float, float]] = {
 }
 
 
+# Wider ranges for a user's calibration (POST /v1/calibrations): their stack may be much slower than the
+# published runs (an older framework, a slow host, congested links) and the fit must be able to say so;
+# beyond these a parameter no longer reads as an efficiency.
+CALIBRATION_BOUNDS: dict[str, tuple[float, float]] = {
+    "gemm_peak_fraction": (0.2, 0.95),
+    "gemm_half_width": (4.0, 2048.0),
+    "hbm_fraction": (0.2, 0.95),
+    "nvlink_fraction": (0.2, 0.95),
+    "network_fraction": (0.1, 0.95),
+    "layer_overhead_ms": (0.001, 5.0),
+}
+
+
 @cache
 def fitted_efficiency() -> EfficiencyParams:
     """The parameters last fitted by `benchmarks/fidelity.py --fit` (package data)."""

@@ -156,6 +156,7 @@ def predicted_figures(
         tokens_per_s=round(workload.global_batch_size * workload.seq_length / iteration_s, 1),
         mfu=round(model_flops / (iteration_s * peak_flops), 4),
         breakdown={k: round(v, 6) for k, v in breakdown_s.items()},
+        calibration_id=problem.calibration_id,
     )
 
 

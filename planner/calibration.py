@@ -13,9 +13,14 @@ every parameter moves by factors:
    apart (a single run cannot separate GEMM efficiency from HBM efficiency, say) and the answer
    names them.
 3. Damped Gauss-Newton on the chosen parameters, each kept inside its physical range
-   (`EFFICIENCY_BOUNDS`); a parameter that ends on a bound is reported as such.
+   (`CALIBRATION_BOUNDS`); a parameter that ends on a bound is reported as such.
 4. Leave-one-out: every run predicted by a fit (steps 1-3) on the others; their mean absolute error
    is the calibration's honest error on runs it has not seen.
+
+Steps 1-3 evaluate hundreds of parameter sets, so they price each run with the bubble model (no
+schedule timeline: milliseconds, where simulating a 64-stage pipeline of 512 microbatches takes a
+second), scaled by that run's ratio of simulated to bubble-model time at the starting parameters.
+The errors reported (fit and leave-one-out) are of the simulated prediction a plan would show.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cost_models.efficiency import EFFICIENCY_BOUNDS, EfficiencyParams
-from planner.estimate import FixedLayout, estimate_layout
+from cost_models.efficiency import CALIBRATION_BOUNDS, EfficiencyParams
+from planner.estimate import FixedLayout, bubble_model_s, estimate_layout
 from planner.estimate_replicas import ReplicaLayout, estimate_replicas
 from planner.problem import PlanningProblem
 
+PRIOR_WEIGHT = 0.01  # squared log-time error that moving a parameter by a factor e costs (see below)
 MIN_EFFECT = 0.05  # least unexplained d log(time) / d log(parameter) over the runs (Euclidean norm)
 _STEP = math.log(1.1)  # finite-difference step in log-parameter
 _MAX_ITERATIONS = 12
@@ -68,14 +74,20 @@ class CalibrationFit:
 
 
 def predicted_s(run: MeasuredRun, parameters: EfficiencyParams) -> float:
+    """The run's predicted iteration time under `parameters`: what `/v1/estimate` answers."""
     problem = replace(run.problem, efficiency=parameters)
     if isinstance(run.layout, ReplicaLayout):
         return estimate_replicas(problem, run.layout).predicted.iteration_time_s
     return estimate_layout(problem, run.layout).predicted.iteration_time_s
 
 
+def fast_predicted_s(run: MeasuredRun, parameters: EfficiencyParams) -> float:
+    return bubble_model_s(replace(run.problem, efficiency=parameters), run.layout)
+
+
+Predictor = Callable[[MeasuredRun, EfficiencyParams], float]
 _NAMES = tuple(EfficiencyParams.field_names())
-_LOG_BOUNDS = {name: (math.log(lo), math.log(hi)) for name, (lo, hi) in EFFICIENCY_BOUNDS.items()}
+_LOG_BOUNDS = {name: (math.log(lo), math.log(hi)) for name, (lo, hi) in CALIBRATION_BOUNDS.items()}
 
 
 def _with(start: EfficiencyParams, names: Sequence[str], logs: Sequence[float]) -> EfficiencyParams:
@@ -88,21 +100,27 @@ def _clamped(name: str, x: float) -> float:
 
 
 class _Pricer:
-    """Log-predictions of the runs, memoized per parameter set (the fit revisits points)."""
+    """Log-predictions of the runs, memoized per parameter set (the fit revisits points): the fast
+    model's, plus each run's log-ratio of exact to fast prediction at the starting parameters."""
 
-    def __init__(self, runs: Sequence[MeasuredRun], predict: Callable[[MeasuredRun, EfficiencyParams], float]) -> None:
+    def __init__(self, runs: Sequence[MeasuredRun], start: EfficiencyParams, fast: Predictor, exact: Predictor) -> None:
         self._runs = runs
-        self._predict = predict
+        self._fast = fast
+        self._exact = exact
         self._memo: dict[tuple[int, EfficiencyParams], float] = {}
+        self._shift = [math.log(exact(run, start)) - math.log(fast(run, start)) for run in runs]
 
     def log_times(self, indices: Sequence[int], parameters: EfficiencyParams) -> np.ndarray:
         out = []
         for i in indices:
             key = (i, parameters)
             if key not in self._memo:
-                self._memo[key] = math.log(self._predict(self._runs[i], parameters))
+                self._memo[key] = math.log(self._fast(self._runs[i], parameters)) + self._shift[i]
             out.append(self._memo[key])
         return np.array(out)
+
+    def exact_s(self, i: int, parameters: EfficiencyParams) -> float:
+        return self._exact(self._runs[i], parameters)
 
     def jacobian(self, indices: Sequence[int], start: EfficiencyParams, names: Sequence[str]) -> np.ndarray:
         base = self.log_times(indices, start)
@@ -118,12 +136,14 @@ class _Pricer:
         return np.column_stack(columns) if columns else np.zeros((len(indices), 0))
 
 
-def _identifiable(jacobian: np.ndarray) -> list[int]:
-    """Columns chosen greedily by the norm of what the chosen ones cannot explain (Gram-Schmidt)."""
-    chosen: list[int] = []
+def _identifiable(jacobian: np.ndarray, movable: Sequence[bool]) -> list[int]:
+    """Columns chosen greedily by the norm of what the chosen ones cannot explain (Gram-Schmidt), among
+    the `movable` ones."""
+    chosen: list[int] = [k for k, free in enumerate(movable) if not free]  # never chosen: placeholders
+    blocked = len(chosen)
     basis: list[np.ndarray] = []
     most = min(jacobian.shape)
-    while len(chosen) < most:
+    while len(chosen) - blocked < most and len(chosen) < jacobian.shape[1]:
         best, best_norm, best_residual = None, MIN_EFFECT, None
         for k in range(jacobian.shape[1]):
             if k in chosen:
@@ -138,29 +158,45 @@ def _identifiable(jacobian: np.ndarray) -> list[int]:
             break
         chosen.append(best)
         basis.append(best_residual / best_norm)
-    return sorted(chosen)
+    return sorted(chosen[blocked:])
 
 
 def _fit(pricer: _Pricer, indices: Sequence[int], measured: np.ndarray, start: EfficiencyParams,
          ) -> tuple[EfficiencyParams, tuple[str, ...]]:
     """(parameters, names fitted) for the runs `indices`."""
-    names = [_NAMES[k] for k in _identifiable(pricer.jacobian(indices, start, _NAMES))]
+    target = np.log(measured)
+    jacobian = pricer.jacobian(indices, start, _NAMES)
+    # A parameter on a bound that the runs want to push further out cannot move: never choose it.
+    residual = pricer.log_times(indices, start) - target
+    movable = []
+    for k, name in enumerate(_NAMES):
+        x = math.log(getattr(start, name))
+        downhill = -float(jacobian[:, k] @ residual)
+        lo, hi = _LOG_BOUNDS[name]
+        movable.append(not ((downhill > 0 and x >= hi - 1e-9) or (downhill < 0 and x <= lo + 1e-9)))
+    names = [_NAMES[k] for k in _identifiable(jacobian, movable)]
     x = np.array([math.log(getattr(start, name)) for name in names])
     if not names:
         return start, ()
-    target = np.log(measured)
+    origin = x.copy()
+    weight = math.sqrt(PRIOR_WEIGHT)
+
+    def loss_of(logs: np.ndarray, times: np.ndarray) -> float:
+        return float(np.sum((times - target) ** 2) + PRIOR_WEIGHT * np.sum((logs - origin) ** 2))
+
     damping = 1e-3
     current = _with(start, names, x)
-    loss = float(np.sum((pricer.log_times(indices, current) - target) ** 2))
+    loss = loss_of(x, pricer.log_times(indices, current))
     for _ in range(_MAX_ITERATIONS):
-        residual = pricer.log_times(indices, current) - target
-        jacobian = pricer.jacobian(indices, current, names)
+        # The prior is a residual per parameter: its distance from the start, weighted.
+        residual = np.concatenate([pricer.log_times(indices, current) - target, weight * (x - origin)])
+        jacobian = np.vstack([pricer.jacobian(indices, current, names), weight * np.eye(len(names))])
         while True:
             normal = jacobian.T @ jacobian + damping * np.eye(len(names))
             step = -np.linalg.solve(normal, jacobian.T @ residual)
             trial_x = np.array([_clamped(name, v) for name, v in zip(names, x + step)])
             trial = _with(start, names, trial_x)
-            trial_loss = float(np.sum((pricer.log_times(indices, trial) - target) ** 2))
+            trial_loss = loss_of(trial_x, pricer.log_times(indices, trial))
             if trial_loss <= loss or damping > 1e6:
                 break
             damping *= 10
@@ -173,20 +209,20 @@ def _fit(pricer: _Pricer, indices: Sequence[int], measured: np.ndarray, start: E
     return current, tuple(names)
 
 
-def calibrate(runs: Sequence[MeasuredRun], start: EfficiencyParams,
-              predict: Callable[[MeasuredRun, EfficiencyParams], float] = predicted_s) -> CalibrationFit:
+def calibrate(runs: Sequence[MeasuredRun], start: EfficiencyParams, fast: Predictor = fast_predicted_s,
+              exact: Predictor = predicted_s) -> CalibrationFit:
     """The parameters that best predict `runs`, starting from (and defaulting to) `start`."""
-    pricer = _Pricer(runs, predict)
+    pricer = _Pricer(runs, start, fast, exact)
     measured = np.array([run.measured_s for run in runs])
     everything = list(range(len(runs)))
     parameters, fitted = _fit(pricer, everything, measured, start)
-    errors = tuple(RunError(run.measured_s, math.exp(t)) for run, t in zip(runs, pricer.log_times(everything, parameters)))
+    errors = tuple(RunError(run.measured_s, pricer.exact_s(i, parameters)) for i, run in enumerate(runs))
     held_out: list[RunError] = []
     if len(runs) > 1:
         for i in everything:
             others = [j for j in everything if j != i]
             without, _ = _fit(pricer, others, measured[others], start)
-            held_out.append(RunError(runs[i].measured_s, math.exp(pricer.log_times([i], without)[0])))
+            held_out.append(RunError(runs[i].measured_s, pricer.exact_s(i, without)))
     at_bound = tuple(name for name in fitted
                      if any(math.isclose(math.log(getattr(parameters, name)), edge, abs_tol=1e-6)
                             for edge in _LOG_BOUNDS[name]))

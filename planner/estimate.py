@@ -148,10 +148,33 @@ def _counts_text(counts: tuple[int, ...]) -> str:
 
 
 def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult:
+    """The layout's plan, its named schedule simulated."""
     started = time.monotonic()
     dp, split, counts = _check_layout(problem, layout)
     if len(set(counts)) > 1:
         return _estimate_unequal(problem, layout, split, counts)
+    found = _priced(problem, layout, dp, split, started)
+    # The layout names its schedule: simulate exactly that one, no search.
+    allowed = frozenset({layout.schedule})
+    result = with_schedules(replace(problem, schedules=allowed), assemble_plan(problem, found), Budget.unlimited(),
+                            optional_s=0.0)
+    return as_fixed_layout(refuse_overflow(problem, result))
+
+
+def bubble_model_s(problem: PlanningProblem, layout: FixedLayout | ReplicaLayout) -> float:
+    """The layout's iteration time by the bubble model alone: no timeline, no plan assembled (what a
+    calibration fit evaluates hundreds of times; a 64-stage timeline of 512 microbatches takes a second)."""
+    if isinstance(layout, ReplicaLayout):
+        return estimate_replicas(problem, layout, simulate=False).predicted.iteration_time_s
+    dp, split, counts = _check_layout(problem, layout)
+    if len(set(counts)) > 1:
+        return _estimate_unequal(problem, layout, split, counts, simulate=False).predicted.iteration_time_s
+    return _priced(problem, layout, dp, split, time.monotonic()).objective_ms / 1e3
+
+
+def _priced(problem: PlanningProblem, layout: FixedLayout, dp: int, split: tuple[int, ...],
+            started: float) -> SearchResult:
+    """The layout (equal microbatch counts) priced by the bubble model, every stage checked to fit."""
     shape = ParallelShape(
         layout.tp, layout.pp, dp, layout.micro_batch_size, layout.recompute, layout.schedule, layout.virtual_stages
     )
@@ -167,7 +190,7 @@ def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult
             )
     candidate = Candidate(terms=terms, inventory=slot_inventory(problem.cluster, layout.tp), lower_bound_ms=0.0)
     estimate = evaluate(candidate, split)
-    found = SearchResult(
+    return SearchResult(
         candidate=candidate,
         layers_per_stage=split,
         estimate=estimate,
@@ -178,15 +201,10 @@ def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult
         candidates_total=1,
         candidates_solved=0,
     )
-    # The layout names its schedule: simulate exactly that one, no search.
-    allowed = frozenset({layout.schedule})
-    result = with_schedules(replace(problem, schedules=allowed), assemble_plan(problem, found), Budget.unlimited(),
-                            optional_s=0.0)
-    return as_fixed_layout(refuse_overflow(problem, result))
 
 
 def _estimate_unequal(problem: PlanningProblem, layout: FixedLayout, split: tuple[int, ...],
-                      counts: tuple[int, ...]) -> PlanResult:
+                      counts: tuple[int, ...], simulate: bool = True) -> PlanResult:
     """The layout with unequal microbatch counts: every replica spelled out on the devices the even layout
     would take, priced as any replica-by-replica layout is (`estimate_replicas`), with a note saying who takes
     how many."""
@@ -199,7 +217,7 @@ def _estimate_unequal(problem: PlanningProblem, layout: FixedLayout, split: tupl
         for row, count in zip(grid, counts)
     )
     result = estimate_replicas(problem, ReplicaLayout(replicas, layout.micro_batch_size, layout.virtual_stages,
-                                                      layout.schedule, layout.recompute))
+                                                      layout.schedule, layout.recompute), simulate)
     note = (f"{sum(counts)} microbatches do not split evenly over {len(counts)} replicas: {_counts_text(counts)} "
             "microbatches (unequal counts, allowed by options.allow_non_uniform; stock Megatron-LM, DeepSpeed and "
             "torchtitan need equal ones)")

@@ -159,7 +159,8 @@ def _replica_results(
     return out
 
 
-def estimate_replicas(problem: PlanningProblem, layout: ReplicaLayout) -> PlanResult:
+def estimate_replicas(problem: PlanningProblem, layout: ReplicaLayout, simulate: bool = True) -> PlanResult:
+    """The layout's plan with its named schedule simulated (`simulate=False`: the bubble model only)."""
     started = time.monotonic()
     _check_devices(problem, layout)
     _check_split(problem, layout)
@@ -187,6 +188,8 @@ def estimate_replicas(problem: PlanningProblem, layout: ReplicaLayout) -> PlanRe
         solver, micro_batch_size=layout.micro_batch_size, schedule=layout.schedule,
         virtual_stages=layout.virtual_stages, recompute=layout.recompute,
     )
+    if not simulate:
+        return result
     scheduled = with_schedules(replace(problem, schedules=frozenset({layout.schedule})), result, Budget.unlimited(),
                                optional_s=0.0)
     return as_fixed_layout(refuse_overflow(problem, scheduled))

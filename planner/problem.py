@@ -88,6 +88,7 @@ class PlanningProblem:
     random_seed: int = 0
     schedules: frozenset[str] | None = None  # pipeline schedules allowed; None: all (stock ones if stock_layouts_only)
     memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB  # per GPU, left free for what the model does not count
+    calibration_id: str | None = None  # the stored calibration `efficiency` comes from; None: the built-in fit
     efficiency: EfficiencyParams = field(default_factory=EfficiencyParams)
     software: SoftwareConfig = field(default_factory=SoftwareConfig)
     config: PlannerConfig = DEFAULT_CONFIG  # the planner's tuning (planner.config)

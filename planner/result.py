@@ -40,6 +40,7 @@ class PredictedResult:
     tokens_per_s: float
     mfu: float
     breakdown: dict[str, float]
+    calibration_id: str | None = None  # the stored calibration that priced the plan
 
 
 @dataclass(frozen=True)

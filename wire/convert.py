@@ -27,6 +27,7 @@ from planner.gc_pause import gc_paused
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
 from planner.schedules.result import ScheduleChoice
+from wire.calibration import AppliedCalibration
 from wire.schemas import (
     Cluster,
     GpuObject,
@@ -126,8 +127,13 @@ def model_label(model: str | ModelArchitecture | HfConfigModel, spec: ModelSpec)
     return model if isinstance(model, str) else spec.name
 
 
-def to_problem(request: PlanRequest) -> PlanningProblem:
-    """Validate a request against the domain and build the planner's problem."""
+def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = None) -> PlanningProblem:
+    """Validate a request against the domain and build the planner's problem. `calibration`: the stored
+    calibration `options.calibration_id` names, which the caller read from the store."""
+    wanted = request.options.calibration_id
+    if wanted is not None and (calibration is None or calibration.calibration_id != wanted):
+        raise PlanningError(f"options.calibration_id {wanted!r} names no stored calibration "
+                            "(POST /v1/calibrations answers the id of one)")
     cluster = request.cluster
     hardware = resolve_hardware(cluster)
     model = resolve_model(request.model)
@@ -164,7 +170,8 @@ def to_problem(request: PlanRequest) -> PlanningProblem:
         random_seed=request.options.random_seed,
         schedules=frozenset(request.options.schedules) if request.options.schedules is not None else None,
         memory_reserve_gib=reserve_gib,
-        efficiency=fitted_efficiency(),
+        efficiency=calibration.parameters if calibration is not None else fitted_efficiency(),
+        calibration_id=calibration.calibration_id if calibration is not None else None,
         software=software,
     )
 

@@ -260,6 +260,10 @@ class Training(_Strict):
 class Options(_Strict):
     time_limit_s: float = Field(default=10.0, gt=0, le=3600, description="Solver wall-time budget, seconds.")
     allow_non_uniform: bool = True
+    calibration_id: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{32}$",
+        description="Price with the efficiency parameters of a stored calibration (POST /v1/calibrations) "
+        "instead of the built-in ones; the plan names it in predicted.calibration_id.")
     memory_reserve_gib: float | None = Field(
         default=None, ge=0, le=1024,
         description="GiB per GPU a plan leaves free for what the cost model does not count: CUDA context, NCCL "
@@ -411,6 +415,8 @@ class Predicted(BaseModel):
     tokens_per_s: float
     mfu: float
     breakdown: Breakdown
+    calibration_id: str | None = Field(default=None, description="The stored calibration whose parameters priced "
+                                       "this plan; null: the built-in ones.")
 
 
 class SolverReport(BaseModel):

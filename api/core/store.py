@@ -63,6 +63,14 @@ plans_table = Table(
     Column("plan_json", Text, nullable=False),
 )
 
+calibrations_table = Table(
+    "calibrations",
+    _metadata,
+    Column("calibration_id", String(64), primary_key=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("calibration_json", Text, nullable=False),
+)
+
 # Seconds to reach a PostgreSQL server before the store counts as unavailable (an unreachable host would
 # otherwise hold a request for the TCP timeout, minutes).
 POSTGRES_CONNECT_TIMEOUT_S = 5
@@ -264,6 +272,22 @@ class PlanStore:
         self._ensure_schema()
         with self._guard("read a plan"), self._engine.connect() as connection:
             row = connection.execute(select(column).where(plans_table.c.plan_id == plan_id)).first()
+        return None if row is None else row[0]
+
+    def save_calibration(self, calibration_id: str, calibration_json: str) -> None:
+        """Insert and commit a fitted calibration (POST /v1/calibrations)."""
+        self._ensure_schema()
+        with self._guard("save a calibration"), self._engine.begin() as connection:
+            connection.execute(insert(calibrations_table).values(
+                calibration_id=calibration_id, created_at=datetime.now(UTC), calibration_json=calibration_json))
+
+    def get_calibration_json(self, calibration_id: str) -> str | None:
+        if not _could_be_stored(calibration_id):
+            return None
+        self._ensure_schema()
+        with self._guard("read a calibration"), self._engine.connect() as connection:
+            row = connection.execute(select(calibrations_table.c.calibration_json)
+                                     .where(calibrations_table.c.calibration_id == calibration_id)).first()
         return None if row is None else row[0]
 
     def check(self) -> None:

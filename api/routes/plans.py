@@ -25,6 +25,7 @@ from api.core.settings import MAX_VIEW_LINK_TTL_S
 from api.core.store import PlanStore, StoreUnavailable
 from api.deps import PoolDep, SettingsDep, StoreDep
 from api.examples import estimate_examples, scenario_examples
+from api.routes.calibration_lookup import applied_calibration
 from api.tasks.comparing import compare_answer
 from api.tasks.planning import PlanAnswer, estimate_answer, plan_answer
 from api.tasks.rendering import render_export
@@ -97,8 +98,9 @@ async def create_plan(
     the best plan found by then, with its solver status and gap.
     """
     limit_s = settings.time_limit_s(request.options.time_limit_s)
+    calibration = await applied_calibration(store, request.options)
     answer = await pool.run(plan_answer, request, settings.max_time_limit_s, Budget.starting_now(limit_s),
-                            deadline_s=limit_s)
+                            calibration, deadline_s=limit_s)
     return await answer_with_plan(store, answer)
 
 
@@ -117,7 +119,9 @@ async def create_estimate(
     pool: PoolDep,
 ) -> Response:
     """The predicted performance of one fixed layout (no search)."""
-    answer = await pool.run(estimate_answer, request, deadline_s=settings.time_limit_s(request.options.time_limit_s))
+    calibration = await applied_calibration(store, request.options)
+    answer = await pool.run(estimate_answer, request, calibration,
+                            deadline_s=settings.time_limit_s(request.options.time_limit_s))
     return await answer_with_plan(store, answer)
 
 
@@ -147,7 +151,8 @@ async def create_comparison(
     the comparison, and links the best plan's."""
     options = getattr(request.root, "options", None)
     deadline_s = settings.time_limit_s((options or Options()).time_limit_s)
-    answer = await pool.run(compare_answer, request.root, deadline_s=deadline_s)
+    calibration = await applied_calibration(store, options)
+    answer = await pool.run(compare_answer, request.root, calibration, deadline_s=deadline_s)
     for plan in answer.plans:
         try:
             await run_in_threadpool(store.save_json, plan.plan_id, plan.request_json, plan.plan_json)

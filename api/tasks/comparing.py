@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from api.tasks.importing import import_for
 from api.tasks.planning import PlanAnswer, estimate_for, plan_for
 from planner.errors import PlanningError
+from wire.calibration import AppliedCalibration
 from wire.comparison import CompareResponse
 from wire.importing import ImportRequest
 from wire.schemas import CompareChange, EstimateRequest, Plan, PlanComparison, PlanRequest
@@ -94,18 +95,19 @@ def _best_request(request: EstimateRequest) -> PlanRequest:
     return PlanRequest.model_validate({**body, "training": {**body["training"], "recompute": "auto"}})
 
 
-def _estimated(request: EstimateRequest, layout: dict) -> Plan:
+def _estimated(request: EstimateRequest, layout: dict, calibration: AppliedCalibration | None) -> Plan:
     fields = {key: value for key, value in layout.items() if value is not None}
-    return estimate_for(EstimateRequest.model_validate({**_without_layout_choices(request), "layout": fields}))
+    return estimate_for(EstimateRequest.model_validate({**_without_layout_choices(request), "layout": fields}),
+                        calibration)
 
 
-def compare_for(request: EstimateRequest) -> CompareResponse:
+def compare_for(request: EstimateRequest, calibration: AppliedCalibration | None = None) -> CompareResponse:
     """The user's layout (`request.layout`, by shape) against the best plan for the same request."""
     if request.layout.replicas is not None:
         raise PlanningError("compare takes a layout by shape (tp, pp, ...); a replica-by-replica layout is already "
                             "a plan: estimate it with /v1/estimate")
-    yours = estimate_for(request)
-    best = plan_for(_best_request(request))
+    yours = estimate_for(request, calibration)
+    best = plan_for(_best_request(request), calibration=calibration)
     stated = request.layout.model_dump(include={"tp", "pp", "dp", "micro_batch_size", "recompute", "schedule",
                                                 "virtual_stages", "layers_per_stage"})
     your_s, best_s = yours.predicted.iteration_time_s, best.predicted.iteration_time_s
@@ -117,7 +119,7 @@ def compare_for(request: EstimateRequest) -> CompareResponse:
                                          "named schedule an estimate can apply"))
             continue
         try:
-            changed_s = _estimated(request, layout).predicted.iteration_time_s
+            changed_s = _estimated(request, layout, calibration).predicted.iteration_time_s
         except PlanningError as error:
             changes.append(CompareChange(change=description, iteration_time_s=None, gain=None, why=str(error)))
             continue
@@ -140,14 +142,15 @@ class ComparisonAnswer:
     plans: tuple[PlanAnswer, PlanAnswer]
 
 
-def compare_answer(request: EstimateRequest | ImportRequest) -> ComparisonAnswer:
+def compare_answer(request: EstimateRequest | ImportRequest,
+                   calibration: AppliedCalibration | None = None) -> ComparisonAnswer:
     """compare_for, for a solver worker; an import body is imported first, and what it could not model is
     reported with the comparison."""
     not_modelled: list[str] = []
     if isinstance(request, ImportRequest):
         imported = import_for(request)
         request, not_modelled = EstimateRequest.model_validate(imported.request), imported.not_modelled
-    comparison = compare_for(request)
+    comparison = compare_for(request, calibration)
     best_memory_gib = max(stage.memory_gib for replica in comparison.best.replicas for stage in replica.stages)
     summary = PlanComparison(best_plan_id=comparison.best.plan_id, best=comparison.best.predicted,
                              best_most_memory_gib=best_memory_gib,

@@ -20,6 +20,7 @@ from planner.estimate_replicas import ReplicaLayout, estimate_replicas
 from planner.plan import plan
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
+from wire.calibration import AppliedCalibration
 from wire.convert import to_fixed_layout, to_problem, to_wire
 from wire.schemas import EstimateRequest, Plan, PlanRequest
 
@@ -70,9 +71,11 @@ def with_deadline_report(result: PlanResult, deadline: AnswerDeadline) -> PlanRe
     return replace(result, solver=solver)
 
 
-def plan_for(request: PlanRequest, max_time_limit_s: float | None = None, read_by: Budget | None = None) -> Plan:
-    """The plan for `request`, by the deadline `answer_deadline` sets."""
-    problem = to_problem(request)
+def plan_for(request: PlanRequest, max_time_limit_s: float | None = None, read_by: Budget | None = None,
+             calibration: AppliedCalibration | None = None) -> Plan:
+    """The plan for `request`, by the deadline `answer_deadline` sets; `calibration`: the stored one
+    `options.calibration_id` names."""
+    problem = to_problem(request, calibration)
     deadline = answer_deadline(problem, max_time_limit_s, read_by)
     return to_wire(with_deadline_report(plan(problem, deadline.budget), deadline), new_plan_id())
 
@@ -95,18 +98,19 @@ class PlanAnswer:
                    request.model_dump_json())
 
 
-def plan_answer(request: PlanRequest, max_time_limit_s: float | None, read_by: Budget | None) -> PlanAnswer:
+def plan_answer(request: PlanRequest, max_time_limit_s: float | None, read_by: Budget | None,
+                calibration: AppliedCalibration | None = None) -> PlanAnswer:
     """plan_for, for a solver worker."""
-    return PlanAnswer.of(plan_for(request, max_time_limit_s, read_by), request)
+    return PlanAnswer.of(plan_for(request, max_time_limit_s, read_by, calibration), request)
 
 
-def estimate_answer(request: EstimateRequest) -> PlanAnswer:
+def estimate_answer(request: EstimateRequest, calibration: AppliedCalibration | None = None) -> PlanAnswer:
     """estimate_for, for a solver worker."""
-    return PlanAnswer.of(estimate_for(request), request)
+    return PlanAnswer.of(estimate_for(request, calibration), request)
 
 
-def estimate_for(request: EstimateRequest) -> Plan:
-    problem, layout = to_problem(request), to_fixed_layout(request.layout)
+def estimate_for(request: EstimateRequest, calibration: AppliedCalibration | None = None) -> Plan:
+    problem, layout = to_problem(request, calibration), to_fixed_layout(request.layout)
     if isinstance(layout, ReplicaLayout):
         return to_wire(estimate_replicas(problem, layout), new_plan_id())
     return to_wire(estimate_layout(problem, layout), new_plan_id())

@@ -16,6 +16,7 @@ from cost_models.device import device_id
 from planner.budget import Budget
 from planner.problem import PlanningProblem
 from planner.replan.choice import ReplanResult, replan, running_plan
+from wire.calibration import AppliedCalibration
 from wire.convert import to_problem, to_wire
 from wire.errors import RequestBodyInvalid
 from wire.migration import Migration, ReplanCandidate, transfer_to_wire
@@ -78,9 +79,10 @@ def _migration(found: ReplanResult, num_layers: int) -> Migration:
 
 
 def replan_for(request: PlanRequest, parent_plan: dict[str, Any] | Plan, plan_id: str,
-               max_time_limit_s: float | None = None, read_by: Budget | None = None) -> Plan:
+               max_time_limit_s: float | None = None, read_by: Budget | None = None,
+               calibration: AppliedCalibration | None = None) -> Plan:
     """The new plan for `request` (see `replan_request`), moving from the stored `parent_plan`."""
-    problem = to_problem(request)
+    problem = to_problem(request, calibration)
     deadline = answer_deadline(problem, max_time_limit_s, read_by)
     parent = parent_plan if isinstance(parent_plan, Plan) else Plan.model_validate(parent_plan)
     running = running_plan(parent, {s.device: s.speed for s in parent.slow_devices})
@@ -93,9 +95,11 @@ def replan_for(request: PlanRequest, parent_plan: dict[str, Any] | Plan, plan_id
 
 
 def replan_answer(parent_request: dict[str, Any], body: ReplanRequest, parent_plan_json: str,
-                  max_time_limit_s: float | None, read_by: Budget | None) -> PlanAnswer:
+                  max_time_limit_s: float | None, read_by: Budget | None,
+                  calibration: AppliedCalibration | None = None) -> PlanAnswer:
     """replan_request + replan_for, for a solver worker: the merged request is validated and the stored
     parent plan (the JSON text the store holds) parsed there, not in the server's event loop."""
     request = replan_request(parent_request, body)
     parent_plan = Plan.model_validate_json(parent_plan_json)
-    return PlanAnswer.of(replan_for(request, parent_plan, new_plan_id(), max_time_limit_s, read_by), request)
+    return PlanAnswer.of(replan_for(request, parent_plan, new_plan_id(), max_time_limit_s, read_by, calibration),
+                         request)

@@ -68,8 +68,6 @@ def _json_blocks(text: str) -> list[str]:
 def test_the_contracts_plan_request_example_validates():
     _, contract = _sections()
     request = json.loads(_json_blocks(contract)[0])
-    request["options"] = {k: v for k, v in request["options"].items()
-                          if k != "calibration_id"}
     assert PlanRequest.model_validate(request).cluster.num_nodes == 32
 
 

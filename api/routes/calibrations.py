@@ -1,0 +1,42 @@
+"""/v1/calibrations: fit the cost model to iteration times measured on the user's cluster, and keep the fit."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from api.core.body import body_openapi, json_body
+from api.deps import PoolDep, SettingsDep, StoreDep
+from api.routes.plans import JSON, SOLVE_RESPONSES, V1_RESPONSES
+from api.tasks.calibrating import calibration_answer
+from wire.calibration import Calibration, CalibrationRequest
+from wire.schemas import ErrorDetail
+
+router = APIRouter(prefix="/v1", tags=["calibrations"], responses=V1_RESPONSES)
+
+
+@router.post("/calibrations", response_model=Calibration, status_code=201,
+             responses={422: {"model": ErrorDetail}, **SOLVE_RESPONSES}, openapi_extra=body_openapi(CalibrationRequest))
+async def create_calibration(
+    request: Annotated[CalibrationRequest, json_body(CalibrationRequest)],
+    settings: SettingsDep,
+    store: StoreDep,
+    pool: PoolDep,
+) -> Response:
+    """Fit the cost model's efficiency parameters to measured runs (each a `/v1/estimate` request plus
+    `measured_iteration_time_s`) and store the fit: its parameters, which the runs determined and which they
+    cannot, per-run and leave-one-out errors. `options.calibration_id` on plan, estimate and replan applies it."""
+    answer = await pool.run(calibration_answer, request, deadline_s=settings.max_time_limit_s)
+    await run_in_threadpool(store.save_calibration, answer.calibration_id, answer.calibration_json)
+    return Response(answer.calibration_json, status_code=201, media_type=JSON)
+
+
+@router.get("/calibrations/{calibration_id}", response_model=Calibration, responses={404: {"model": ErrorDetail}})
+async def read_calibration(calibration_id: str, store: StoreDep) -> Response:
+    stored = await run_in_threadpool(store.get_calibration_json, calibration_id)
+    if stored is None:
+        raise HTTPException(status_code=404, detail=f"no calibration with id {calibration_id!r}")
+    return Response(stored, media_type=JSON)

@@ -1,0 +1,76 @@
+"""POST /v1/calibrations, GET /v1/calibrations/{id}, options.calibration_id on plan, estimate and replan.
+
+The measured times here are the built-in model's own predictions times a known factor, so the fit has
+a right answer: every prediction moves by that factor and the calibrated estimate of each run equals
+its measurement. (How well a calibration carries to runs it has not seen, on published data, is
+tests/planner/test_calibration.py.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.api.support import assert_detail, estimate_request, small_request
+
+SLOWER = 1.25  # the "cluster" runs 25% slower than the built-in model predicts
+
+LAYOUTS = [
+    ("llama2-7b", {"tp": 1, "pp": 2, "micro_batch_size": 1, "recompute": "none", "schedule": "1f1b"}),
+    ("llama2-13b", {"tp": 2, "pp": 2, "micro_batch_size": 1, "recompute": "selective", "schedule": "1f1b"}),
+    ("llama2-7b", {"tp": 4, "pp": 1, "micro_batch_size": 2, "recompute": "none", "schedule": "1f1b"}),
+]
+
+
+def _runs(client) -> list[dict]:
+    runs = []
+    for model, layout in LAYOUTS:
+        body = estimate_request(layout, model=model, training={"global_batch_size": 32, "seq_length": 2048})
+        predicted = client.post("/v1/estimate", json=body).json()["predicted"]["iteration_time_s"]
+        runs.append({**body, "measured_iteration_time_s": round(predicted * SLOWER, 6)})
+    return runs
+
+
+def test_a_calibration_fits_the_runs_is_stored_and_prices_plans(client):
+    runs = _runs(client)
+    response = client.post("/v1/calibrations", json={"name": "lab A100s", "runs": runs})
+    assert response.status_code == 201, response.text
+    calibration = response.json()
+    assert calibration["name"] == "lab A100s" and len(calibration["runs"]) == 3
+    assert calibration["fitted"] and set(calibration["fitted"]) | set(calibration["unidentified"]) == set(
+        calibration["parameters"])
+    assert calibration["fit_mape"] < 0.02 and calibration["cross_validated_mape"] < 0.05
+    for run in calibration["runs"]:
+        assert run["predicted_s"] == pytest.approx(run["measured_s"], rel=0.02)
+    assert client.get(f"/v1/calibrations/{calibration['calibration_id']}").json() == calibration
+
+    # Applied: an estimate under the calibration predicts what the calibration said, and names it.
+    with_id = {**runs[0], "options": {"calibration_id": calibration["calibration_id"]}}
+    del with_id["measured_iteration_time_s"]
+    estimate = client.post("/v1/estimate", json=with_id).json()
+    assert estimate["predicted"]["calibration_id"] == calibration["calibration_id"]
+    assert estimate["predicted"]["iteration_time_s"] == pytest.approx(calibration["runs"][0]["predicted_s"], rel=1e-6)
+    # A plan under it is slower than the built-in model's, and a replan keeps the calibration.
+    body = small_request()
+    plain = client.post("/v1/plan", json=body).json()
+    calibrated = client.post("/v1/plan", json={**body, "options": {
+        "time_limit_s": 2, "calibration_id": calibration["calibration_id"]}}).json()
+    assert plain["predicted"]["calibration_id"] is None
+    assert calibrated["predicted"]["calibration_id"] == calibration["calibration_id"]
+    assert calibrated["predicted"]["iteration_time_s"] > 1.1 * plain["predicted"]["iteration_time_s"]
+    replanned = client.post(f"/v1/plans/{calibrated['plan_id']}/replan", json={"failures": {"failed": ["1:3"]}}).json()
+    assert replanned["predicted"]["calibration_id"] == calibration["calibration_id"]
+
+
+def test_unknown_calibration_ids_and_bad_runs_are_422_naming_them(client):
+    assert client.get("/v1/calibrations/0123456789abcdef0123456789abcdef").status_code == 404
+    unknown = small_request(options={"calibration_id": "0123456789abcdef0123456789abcdef"})
+    assert_detail(client.post("/v1/plan", json=unknown), "calibration_id", "no stored calibration")
+    runs = _runs(client)
+    impossible = {**runs[1], "layout": {**runs[1]["layout"], "tp": 3}}
+    assert_detail(client.post("/v1/calibrations", json={"name": "x", "runs": [runs[0], impossible]}), "runs[1]")
+    not_finite = client.post("/v1/calibrations", content=(
+        '{"name": "x", "runs": [{"cluster": {"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-80GB"}, '
+        '"model": "llama2-7b", "training": {"global_batch_size": 8, "seq_length": 2048}, "layout": {"tp": 8, "pp": 1}, '
+        '"measured_iteration_time_s": NaN}]}'), headers={"content-type": "application/json"})
+    assert not_finite.status_code == 422 and "runs[0].measured_iteration_time_s" in not_finite.text
+    assert client.post("/v1/calibrations", json={"name": "x", "runs": []}).status_code == 422

@@ -1,0 +1,82 @@
+"""planner.calibration: which parameters a set of measured runs determines, and how far a fit carries.
+
+Two kinds of evidence. Synthetic: "measurements" are the model's own predictions under hidden
+parameters, so the right answer is known. Published: SC'21's runs (benchmarks/fidelity.py's data),
+calibrated from parameters fitted only to another paper's runs (Korthikanti et al.), predicting the
+SC'21 runs the calibration did not see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from benchmarks.calibration_transfer import measured_run, transfer_errors
+from benchmarks.fidelity import load_runs
+from cost_models.efficiency import EfficiencyParams, fitted_efficiency
+from planner.calibration import MeasuredRun, calibrate, predicted_s
+from planner.estimate import FixedLayout
+from tests.planner.helpers import small_problem
+
+START = fitted_efficiency()
+
+
+def _run(layout: FixedLayout, truth: EfficiencyParams, **problem) -> MeasuredRun:
+    run = MeasuredRun(small_problem(gpu=replace(small_problem().hardware.gpu, memory_gib=40.0), **problem), layout, 1.0)
+    return replace(run, measured_s=predicted_s(run, truth))
+
+
+def _layouts() -> list[tuple[FixedLayout, dict]]:
+    return [
+        (FixedLayout(tp=1, pp=2, micro_batch_size=1, virtual_stages=1, schedule="1f1b", recompute="none"), {}),
+        (FixedLayout(tp=4, pp=1, micro_batch_size=2, virtual_stages=1, schedule="1f1b", recompute="none"), {}),
+        (FixedLayout(tp=2, pp=2, micro_batch_size=1, virtual_stages=1, schedule="1f1b", recompute="full"),
+         {"seq_length": 2048}),
+        (FixedLayout(tp=1, pp=3, micro_batch_size=4, virtual_stages=1, schedule="1f1b", recompute="none"),
+         {"global_batch": 32}),
+    ]
+
+
+def test_a_slower_gemm_is_found_and_carries_to_an_unseen_layout():
+    truth = replace(START, gemm_peak_fraction=START.gemm_peak_fraction * 0.8)
+    runs = [_run(layout, truth, **extra) for layout, extra in _layouts()]
+    fit = calibrate(runs[:3], START)
+    assert "gemm_peak_fraction" in fit.fitted
+    assert fit.fit_mape < 0.01 and fit.cross_validated_mape < 0.03
+    unseen = runs[3]
+    assert predicted_s(unseen, fit.parameters) == pytest.approx(unseen.measured_s, rel=0.02)
+    # Uncalibrated, the same run is off by far more than that.
+    assert abs(predicted_s(unseen, START) / unseen.measured_s - 1) > 0.05
+
+
+def test_one_run_determines_one_parameter_and_names_the_rest():
+    truth = replace(START, gemm_peak_fraction=START.gemm_peak_fraction * 0.9)
+    fit = calibrate([_run(*_layouts()[0][:1], truth)], START)
+    assert len(fit.fitted) == 1 and len(fit.unidentified) == 5 and fit.cross_validated_mape is None
+    assert fit.runs[0].predicted_s == pytest.approx(fit.runs[0].measured_s, rel=0.01)
+    # The same run twice is still one run's worth of information.
+    twice = calibrate([_run(*_layouts()[0][:1], truth)] * 2, START)
+    assert len(twice.fitted) == 1
+
+
+def test_a_parameter_the_runs_do_not_move_is_not_fitted():
+    # No run here crosses nodes: the network's efficiency cannot change any prediction.
+    truth = replace(START, gemm_peak_fraction=START.gemm_peak_fraction * 0.85)
+    runs = [_run(layout, truth, num_nodes=1, gpus_per_node=8, **extra) for layout, extra in _layouts()]
+    fit = calibrate(runs, START)
+    assert "network_fraction" in fit.unidentified
+    assert fit.parameters.network_fraction == START.network_fraction
+
+
+@pytest.fixture(scope="module")
+def sc21_from_another_paper():
+    published = load_runs()
+    start = calibrate([measured_run(r) for r in published if r.source == "korthikanti"], EfficiencyParams()).parameters
+    return [measured_run(r) for r in published if r.source == "sc21"], start
+
+
+@pytest.mark.parametrize("picks", [(0, 6), (0, 4, 8)], ids=["1.7B+145.6B", "1.7B+39.1B+529.6B"])
+def test_two_or_three_published_runs_predict_the_others_within_ten_percent(sc21_from_another_paper, picks):
+    runs, start = sc21_from_another_paper
+    assert max(transfer_errors(picks, runs, start)) <= 0.10

@@ -1,0 +1,71 @@
+"""POST /v1/calibrations: measured runs in, the cost model's efficiency parameters fitted to them out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cost_models.efficiency import CALIBRATION_BOUNDS, EfficiencyParams
+from wire.schemas import EstimateRequest
+
+MAX_CALIBRATION_RUNS = 32
+
+
+class MeasuredRunRequest(EstimateRequest):
+    """A `/v1/estimate` request plus the iteration time measured for that layout on the user's cluster."""
+
+    measured_iteration_time_s: float = Field(gt=0, le=1e6, description="Seconds per training iteration, measured.")
+
+
+class CalibrationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9 ._:/+-]+$",
+                      description="What the runs measured: a cluster, a software stack.")
+    runs: list[MeasuredRunRequest] = Field(min_length=1, max_length=MAX_CALIBRATION_RUNS)
+
+
+class CalibratedRun(BaseModel):
+    measured_s: float
+    predicted_s: float = Field(description="`/v1/estimate`'s prediction with the fitted parameters.")
+    error: float = Field(description="predicted_s / measured_s - 1.")
+    cross_validated_predicted_s: float | None = Field(
+        default=None, description="The prediction of a fit to the other runs (leave-one-out); null with one run.")
+    cross_validated_error: float | None = None
+
+
+class Calibration(BaseModel):
+    calibration_id: str
+    name: str
+    parameters: dict[str, float] = Field(description="Fitted efficiency parameters (README, \"The cost model\").")
+    default_parameters: dict[str, float] = Field(description="The built-in parameters the fit started from.")
+    fitted: list[str] = Field(description="Parameters the runs determined.")
+    unidentified: list[str] = Field(description="Parameters the runs cannot tell apart from the fitted ones: kept "
+                                    "at their built-in values. More runs that differ in model size, TP, PP or "
+                                    "scale identify more.")
+    at_bound: list[str] = Field(description="Fitted parameters stopped at the edge of their physical range: the "
+                                "runs ask for more than the parameter can mean, so the model misses an effect "
+                                "of this stack.")
+    bounds: dict[str, list[float]] = Field(description="Each parameter's physical range.")
+    runs: list[CalibratedRun]
+    fit_mape: float = Field(description="Mean absolute relative error of the fitted predictions.")
+    cross_validated_mape: float | None = Field(
+        description="Mean absolute relative error of each run predicted by a fit to the others; null with one run.")
+
+
+@dataclass(frozen=True)
+class AppliedCalibration:
+    """A stored calibration as a request applies it."""
+
+    calibration_id: str
+    parameters: EfficiencyParams
+
+    @classmethod
+    def of(cls, calibration: Calibration) -> AppliedCalibration:
+        return cls(calibration.calibration_id, EfficiencyParams(**{
+            name: calibration.parameters[name] for name in EfficiencyParams.field_names()}))
+
+
+def parameter_bounds() -> dict[str, list[float]]:
+    return {name: [lo, hi] for name, (lo, hi) in CALIBRATION_BOUNDS.items()}
