@@ -247,3 +247,22 @@ def test_import_megatron_then_estimate(tmp_path, capsys):
 def test_import_of_an_incomplete_command_line(tmp_path, capsys):
     err = run_error(capsys, ["import", "megatron", write(tmp_path, "pretrain_gpt.py --num-layers 2", "run.sh")])
     assert "the command line has no --num-attention-heads" in err
+
+
+def test_calibrate_prints_a_calibration_that_estimate_applies(tmp_path, capsys):
+    layout = {"tp": 1, "pp": 2, "micro_batch_size": 1, "recompute": "none", "schedule": "1f1b"}
+    request = estimate_request(layout)
+    plain = json.loads(run_ok(capsys, ["estimate", "--request", write(tmp_path, request)]))
+    measured = plain["predicted"]["iteration_time_s"] * 1.2
+    runs = {"name": "cli", "runs": [{**request, "measured_iteration_time_s": measured}]}
+    calibration = json.loads(run_ok(capsys, ["calibrate", "--runs", write(tmp_path, runs, "runs.json")]))
+    assert calibration["fitted"] and calibration["runs"][0]["predicted_s"] == pytest.approx(measured, rel=0.01)
+    path = write(tmp_path, calibration, "calibration.json")
+    calibrated = json.loads(run_ok(capsys, ["estimate", "--request", write(tmp_path, request), "--calibration", path]))
+    assert calibrated["predicted"]["calibration_id"] == calibration["calibration_id"]
+    assert calibrated["predicted"]["iteration_time_s"] == pytest.approx(measured, rel=0.01)
+    # A request naming another calibration than the file's is refused.
+    other = {**request, "options": {"calibration_id": "0" * 32}}
+    assert "calibration_id" in run_error(capsys, ["estimate", "--request", write(tmp_path, other), "--calibration", path])
+    bad = {"name": "cli", "runs": [{**request, "layout": {**layout, "tp": 3}, "measured_iteration_time_s": 1.0}]}
+    assert "runs[0]" in run_error(capsys, ["calibrate", "--runs", write(tmp_path, bad, "bad.json")])
