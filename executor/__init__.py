@@ -1,20 +1,26 @@
 """Reference executor: train a small GPT on CPU/gloo exactly as a (possibly non-uniform) plan lays it out.
 
-    torchrun --nproc-per-node W -m executor.cli --plan PLAN.json         [--steps N] [--seed S] [--lr LR] [--slow-rank R --slow-factor F] [--telemetry OUT.jsonl]         [--layers L] [--hidden H] [--ffn F] [--vocab V] [--seq S] [--out-dir DIR]
+    torchrun --nproc-per-node W -m executor.cli --plan A.json [--reconfigure STEP:B.json ...]
+        [--steps N] [--seed S] [--optimizer sgd|adam] [--lr LR] [--slow-device NODE:GPU:FACTOR[@STEP] ...]
+        [--telemetry OUT.jsonl] [--layers L] [--hidden H] [--ffn F] [--vocab V] [--seq S] [--out-dir DIR]
+    resiplan-train --reference --plan A.json [same model and optimizer options]   # one process, no layout
 
 (or, installed as the `resiplan-train` console script, `torchrun --nproc-per-node W
 --no-python resiplan-train --plan PLAN.json ...`).
 
-W is the number of devices the plan uses (every stage's devices). It runs what
+W is the number of devices the plans use (every stage's devices, of every plan). It runs what
 the plan says and nothing else, so a non-uniform plan (replicas with different
 TP degrees, layer splits or microbatch counts) trains to the same numbers as
 one process training the whole batch: the point is to show that such plans are
 executable and correct, not to be fast.
 
-Rank mapping. Rank i runs the i-th used device in sorted order, sorting
-`"<node>:<gpu>"` numerically by (node, gpu): with used devices 0:0, 1:0, 1:1
-rank 0 is 0:0, rank 1 is 1:0 and rank 2 is 1:1. Ranks beyond W (a larger world)
-only join the collective group creation and then idle.
+Rank mapping. Rank i runs the i-th device any of the plans uses, in sorted order,
+sorting `"<node>:<gpu>"` numerically by (node, gpu): with used devices 0:0, 1:0,
+1:1 rank 0 is 0:0, rank 1 is 1:0 and rank 2 is 1:1. A rank whose device the
+current plan does not use (a failed GPU, a spare) joins every group creation and
+migration and otherwise idles; it may hold state again in a later plan. A stage's
+devices must be listed in device order (TP rank i on its i-th lowest rank, as
+DTensor places shards; the service's plans are).
 
 Process groups (gloo, all created by every rank in the same order):
   * TP group per stage with tp > 1: the stage's ranks. Its lowest rank is the
@@ -79,17 +85,29 @@ keeps the overlapping groups deadlock-free:
      degrees, layer splits and microbatch counts;
   3. the leader broadcasts the result to its TP group and every rank keeps
      its own shard (`distribute_tensor` without communication).
-Then plain SGD. `grad_weighting="uniform"` averages replicas equally instead
-(wrong for unequal microbatch counts: the tests' negative control).
+Then the optimizer: plain SGD on every rank's slice, or Adam (`optimizer.py`)
+with its moments sharded as the plan's `zero_stage` says (whole TP slice, or the
+replica's ZeRO-1 share, exactly as `planner.replan.holdings` lays state out): each
+rank updates what it owns and the owners of a unit sum their updated parts.
+`grad_weighting="uniform"` averages replicas equally instead (wrong for unequal
+microbatch counts: the tests' negative control).
+
+Live reconfiguration (`--reconfigure STEP:B.json`, B a replan's answer). At the
+start of STEP every rank creates B's groups, builds B's chunks (NaN-filled), keeps
+what it held itself and executes exactly B's `migration.transfers` (`migrate.py`),
+then runs B's pipeline from STEP on. The step count, the global batch and the data
+order carry on, so the losses are those of one process (`--reference`); the
+events (`events.jsonl`) list every transfer with the bytes that went over the wire.
 
 Telemetry. Each rank times each compute op it runs (F, B, I, W, recorded by
-microbatch; waits for pipeline receives are outside the op), so a
-microbatch's `compute_ms` is the sum over the rank's ops and chunks for it.
-TP collectives are inside the ops, so a stage waits for its slowest TP member.
-`--slow-rank R --slow-factor F` makes rank R sleep (F - 1) times each op's
-measured time after the op (spinning the last 2 ms, as a plain sleep wakes
-late on a busy host), and report the op's time including the sleep.
-Rank 0 writes one JSON line per device and iteration in API.md's `/v1/detect`
+microbatch), so a microbatch's `compute_ms` is the sum over the rank's ops and
+chunks for it. The time is the thread's CPU time (`timing.py`): waits for
+pipeline receives and inside TP collectives are not the device's compute, so a
+slow GPU's TP partner reports its own speed. `--slow-device NODE:GPU:F@STEP`
+makes that device sleep (F - 1) times each op's compute after the op from STEP
+on (spinning the last 2 ms, as a plain sleep wakes late on a busy host), and
+report F times it.
+Rank 0 writes one JSON line per device and iteration it ran in API.md's `/v1/detect`
 telemetry item format; sequences are not packed, so `seq_lengths` is the
 sequence length once per sequence of the microbatch.
 
@@ -98,8 +116,14 @@ A plan using one device also runs without torchrun.
 PyTorch's pipelining runtime is private API (`_PipelineScheduleRuntime`,
 `_load_csv`, `_backward`) and may move; this is written against torch 2.13.
 
+Outputs (`--out-dir`): `losses.jsonl` (`{"step", "loss", "plan_id", "step_s"}`), `events.jsonl`
+(`reconfigure` with regroup/transfer/reassembly seconds, and one `transfer` per executed transfer:
+the wire transfer plus `bytes` sent and the plan's `plan_bytes`), and each rank's final parameters.
+
 Modules: `model` (the decoder, data, loss, TP plan, the single-process reference), `layout` (rank ->
-device, stage, chunk, layers; sync units), `tensor_parallel` (the leader/follower protocol around a chunk),
-`timing` (op timers, injected slowdowns), `run` (one rank's distributed run), `cli` (`resiplan-train`).
-Imports `wire` and `adapters.torch_csv`, never `api`.
+device, stage, chunk, layers; sync units), `runtime` (one plan's groups, chunks and pipeline on a rank),
+`shards` (where a rank's state lies in the transfers' coordinates), `optimizer` (SGD, sharded Adam),
+`migrate` (executing a replan's transfers), `tensor_parallel` (the leader/follower protocol around a
+chunk), `timing` (op timers, injected slowdowns), `run` (one rank's run over its plans), `cli`
+(`resiplan-train`). Imports `wire`, `adapters.torch_csv` and `planner.replan.holdings`, never `api`.
 """

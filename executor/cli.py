@@ -13,56 +13,102 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from executor.layout import build_layout
-from executor.model import GRAD_WEIGHTINGS, model_config
-from executor.run import Options, run_and_save
+from executor.layout import build_layout, world_devices
+from executor.model import GRAD_WEIGHTINGS, model_config, reference_train
+from executor.optimizer import OPTIMIZERS
+from executor.run import Options, run_and_save, segments_of
+from executor.timing import Slowdown
 from wire.schemas import Plan
+
+DEFAULT_LR = {"sgd": 0.1, "adam": 1e-3}
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="resiplan-train",
         description="Train a small GPT on gloo/CPU exactly as a resiplan plan lays it out (run under "
-                    "torchrun --nproc-per-node <devices the plan uses>).",
+                    "torchrun --nproc-per-node <devices the plans use>).",
     )
     parser.add_argument("--plan", required=True, help="Plan JSON (as `resiplan plan` prints it)")
+    parser.add_argument("--reconfigure", action="append", default=[], metavar="STEP:PLAN.json",
+                        help="switch to this replan (its answer, with migration.transfers) at the start of STEP, in "
+                             "the same processes; repeatable (A -> B -> A)")
+    parser.add_argument("--reference", action="store_true",
+                        help="train the same model on the same data in one process, no plan layout (the numbers a "
+                             "distributed run must match)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
-    parser.add_argument("--slow-rank", type=int, default=None, help="rank that sleeps to imitate a fail-slow GPU")
-    parser.add_argument("--slow-factor", type=float, default=1.0, help="the slow rank's ops take this many times longer")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
+    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: sgd 0.1, adam 1e-3)")
+    parser.add_argument("--adam-eps", type=float, default=1e-8)
+    parser.add_argument("--slow-device", action="append", default=[], metavar="NODE:GPU:FACTOR[@STEP]",
+                        help="that device's ops take FACTOR times longer from STEP on (imitating a fail-slow GPU); "
+                             "repeatable")
     parser.add_argument("--telemetry", default=None, help="write /v1/detect telemetry items here (JSON lines)")
     parser.add_argument("--grad-weighting", choices=GRAD_WEIGHTINGS, default="batch-share",
                         help="replica weights in the gradient all-reduce (uniform is wrong for unequal microbatches)")
     for name in ("layers", "hidden", "ffn", "vocab", "seq"):
         parser.add_argument(f"--{name}", type=int, default=None, help=f"override the model's {name}")
-    parser.add_argument("--out-dir", default=None, help="save each rank's losses and final full parameters here")
+    parser.add_argument("--out-dir", default=None,
+                        help="write losses.jsonl, events.jsonl and each rank's final parameters (rank<R>.pt) here")
     parser.add_argument("--timeout", type=float, default=300.0, help="collective timeout, seconds")
     return parser
 
 
+def _switches(values: list[str]) -> list[tuple[int, Plan]]:
+    switches = []
+    for value in values:
+        step, sep, path = value.partition(":")
+        if not sep or not step.isdigit():
+            raise ValueError(f"--reconfigure {value!r}: expected STEP:PLAN.json")
+        switches.append((int(step), Plan.model_validate_json(Path(path).read_text())))
+    return switches
+
+
+def _reference(plan: Plan, options: Options, out_dir: str | None) -> int:
+    cfg = model_config(plan, layers=options.layers, hidden=options.hidden, ffn=options.ffn, vocab=options.vocab,
+                       seq=options.seq)
+    gbs = build_layout(plan, cfg.num_layers).global_batch_size
+    losses, _, _ = reference_train(cfg, gbs, options.steps, options.seed, options.lr, options.optimizer,
+                                   options.adam_eps)
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        with open(Path(out_dir) / "losses.jsonl", "w") as out:
+            out.writelines(json.dumps({"step": step, "loss": loss, "plan_id": None}) + "\n"
+                           for step, loss in enumerate(losses))
+    print(json.dumps({"model": cfg.__dict__, "losses": losses}), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.slow_factor < 1.0:
-        print("--slow-factor must be >= 1", file=sys.stderr)
+    try:
+        plan = Plan.model_validate_json(Path(args.plan).read_text())
+        switches = _switches(args.reconfigure)
+        slowdowns = tuple(Slowdown.parse(value) for value in args.slow_device)
+        segments_of(plan, switches, args.steps)
+    except (OSError, ValueError) as error:
+        print(f"resiplan-train: {error}", file=sys.stderr)
         return 2
-    plan = Plan.model_validate_json(Path(args.plan).read_text())
-    options = Options(steps=args.steps, seed=args.seed, lr=args.lr, slow_rank=args.slow_rank,
-                      slow_factor=args.slow_factor, grad_weighting=args.grad_weighting, layers=args.layers,
+    lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
+    options = Options(steps=args.steps, seed=args.seed, lr=lr, optimizer=args.optimizer, adam_eps=args.adam_eps,
+                      slowdowns=slowdowns, grad_weighting=args.grad_weighting, layers=args.layers,
                       hidden=args.hidden, ffn=args.ffn, vocab=args.vocab, seq=args.seq)
     torch.set_num_threads(1)
+    if args.reference:
+        return _reference(plan, options, args.out_dir)
+    world = len(world_devices([plan, *(p for _, p in switches)]))
     if "RANK" in os.environ:
         dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
-    elif build_layout(plan).world == 1:  # a one-device plan needs no launcher
+    elif world == 1:  # a one-device plan needs no launcher
         store = Path(tempfile.mkdtemp()) / "store"
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1,
                                 timeout=timedelta(seconds=args.timeout))
     else:
-        print(f"run me under torchrun --nproc-per-node {build_layout(plan).world} (the devices the plan uses)",
-              file=sys.stderr)
+        print(f"run me under torchrun --nproc-per-node {world} (the devices the plans use)", file=sys.stderr)
         return 2
     try:
-        result = run_and_save(plan, options, args.out_dir, args.telemetry)
+        result = run_and_save(plan, options, args.out_dir, args.telemetry, switches)
         if dist.get_rank() == 0:
             cfg = model_config(plan, layers=args.layers, hidden=args.hidden, ffn=args.ffn, vocab=args.vocab,
                                seq=args.seq)

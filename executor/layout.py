@@ -59,7 +59,7 @@ class ReplicaPlace:
 
 @dataclass
 class Layout:
-    devices: list[str]  # rank -> device
+    devices: list[str]  # rank -> device (the world's, which may hold devices the plan does not use)
     replicas: list[ReplicaPlace]
     virtual_stages: int
     micro_batch_size: int
@@ -70,6 +70,10 @@ class Layout:
     @property
     def world(self) -> int:
         return len(self.devices)
+
+    @property
+    def used_ranks(self) -> list[int]:
+        return sorted(self.stage_of_rank)
 
 
 def _remap_bounds(bounds: list[int], old: int, new: int) -> list[int]:
@@ -85,9 +89,23 @@ def chunk_sizes(count: int, v: int) -> list[int]:
     return [count // v + (1 if c < count % v else 0) for c in range(v)]
 
 
-def build_layout(plan: Plan, num_layers: int | None = None) -> Layout:
-    devices = sorted({d for r in plan.replicas for s in r.stages for d in s.devices}, key=device_key)
+def plan_devices(plan: Plan) -> list[str]:
+    """The devices a plan uses, in rank order."""
+    return sorted({d for r in plan.replicas for s in r.stages for d in s.devices}, key=device_key)
+
+
+def world_devices(plans: list[Plan]) -> list[str]:
+    """Every device any of the plans uses, in rank order: the world of a run that switches between them."""
+    return sorted({d for plan in plans for d in plan_devices(plan)}, key=device_key)
+
+
+def build_layout(plan: Plan, num_layers: int | None = None, devices: list[str] | None = None) -> Layout:
+    """`devices`: the world's devices in rank order (default: the plan's own)."""
+    devices = devices or plan_devices(plan)
     rank_of = {device: rank for rank, device in enumerate(devices)}
+    missing = sorted(set(plan_devices(plan)) - set(rank_of), key=device_key)
+    if missing:
+        raise ValueError(f"plan {plan.plan_id} uses devices outside the world: {missing}")
     v = plan.virtual_stages
     plan_layers = plan.replicas[0].stages[-1].layers[1]
     num_layers = num_layers or plan_layers
@@ -101,6 +119,11 @@ def build_layout(plan: Plan, num_layers: int | None = None) -> Layout:
             raise ValueError(f"replica {replica.id}: stages do not cover layers [0, {plan_layers}) contiguously")
         bounds = _remap_bounds(bounds, plan_layers, num_layers)
         p = len(replica.stages)
+        for stage in replica.stages:
+            # TP shard i lives on the i-th lowest rank (DTensor's mesh order); the migration model puts it on
+            # the i-th listed device, so the two must agree.
+            if list(stage.devices) != sorted(stage.devices, key=device_key):
+                raise ValueError(f"replica {replica.id}: stage devices {stage.devices} are not in device order")
         stages = [
             StagePlace(index, s, [rank_of[d] for d in stage.devices], [c * p + s for c in range(v)],
                        bounds[s + 1] - bounds[s])

@@ -221,11 +221,14 @@ def tp_plan(chunk: Chunk, swiglu: bool) -> dict[str, Any]:
     return plan
 
 
-def reference_train(cfg: ModelConfig, global_batch_size: int, steps: int, seed: int, lr: float
+def reference_train(cfg: ModelConfig, global_batch_size: int, steps: int, seed: int, lr: float,
+                    optimizer: str = "sgd", adam_eps: float = 1e-8
                     ) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One process, the whole batch: (per-step losses, initial params, final params)."""
+    """One process, the whole batch: (per-step losses, initial params, final params). Adam is PyTorch's own
+    (`torch.optim.Adam`, not the executor's sharded one), so it checks that one."""
     model = Chunk(cfg, range(cfg.num_layers), True, True, seed)
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    adam = torch.optim.Adam(model.parameters(), lr=lr, eps=adam_eps, foreach=False) if optimizer == "adam" else None
     losses = []
     for step in range(steps):
         inputs, targets = global_batch(cfg, global_batch_size, step, seed)
@@ -233,9 +236,10 @@ def reference_train(cfg: ModelConfig, global_batch_size: int, steps: int, seed: 
         loss = loss_fn(model(inputs), targets)
         loss.backward()
         losses.append(loss.item())
+        if adam is not None:
+            adam.step()
+            continue
         with torch.no_grad():
             for p in model.parameters():
                 p.sub_(p.grad, alpha=lr)
     return losses, initial, {name: p.detach().clone() for name, p in model.named_parameters()}
-
-

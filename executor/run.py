@@ -1,12 +1,10 @@
-"""The distributed run of one rank: process groups, pipeline runtime, gradient sync, SGD, telemetry."""
+"""The distributed run of one rank: plan segments, training steps, gradient sync, optimizer, telemetry."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -14,19 +12,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from adapters import torch_csv
-from executor.layout import Layout, build_layout, part_holds, sync_units, unit_of
-from executor.model import (
-    GRAD_WEIGHTINGS,
-    Chunk,
-    global_batch,
-    loss_fn,
-    model_config,
-    tp_plan,
-)
-from executor.tensor_parallel import Follower, LeaderChunk
-from executor.timing import OpTimer
+from executor.layout import unit_of, world_devices
+from executor.migrate import MigrationReport, full_size, local, migrate
+from executor.model import GRAD_WEIGHTINGS, ModelConfig, global_batch, model_config
+from executor.optimizer import OPTIMIZERS, AdamSettings, AdamState, Moments, adam_update
+from executor.runtime import Runtime, build_runtime
+from executor.shards import local_slice, unit_of_name
+from executor.timing import OpTimer, Slowdown, slow_factor
 from wire.schemas import Plan
+
+WHOLE = (0, 1)
 
 
 @dataclass
@@ -34,8 +29,9 @@ class Options:
     steps: int = 3
     seed: int = 0
     lr: float = 0.1
-    slow_rank: int | None = None
-    slow_factor: float = 1.0
+    optimizer: str = "sgd"
+    adam_eps: float = 1e-8
+    slowdowns: tuple[Slowdown, ...] = ()
     grad_weighting: str = "batch-share"
     layers: int | None = None
     hidden: int | None = None
@@ -48,194 +44,237 @@ class Options:
 class RankResult:
     rank: int
     device: str | None
-    losses: list[float]  # global per-step loss (every rank of the plan has it)
-    params: dict[str, torch.Tensor]  # full final tensors of the chunks this rank leads
-    replica: int | None  # plan replica id
-    telemetry: list[dict[str, Any]]  # this rank's /v1/detect items, one per step
+    losses: list[float]  # global per-step loss (complete on rank 0)
+    params: dict[str, torch.Tensor]  # full final tensors of the chunks this rank leads in the last plan
+    replica: int | None  # plan replica id in the last plan
+    telemetry: list[dict[str, Any]]  # this rank's /v1/detect items, one per step it ran
+    loss_records: list[dict[str, Any]] = field(default_factory=list)  # {"step", "loss", "plan_id", "step_s"}
+    events: list[dict[str, Any]] = field(default_factory=list)  # rank 0: reconfigurations and transfers
 
 
-@dataclass
-class _Groups:
-    plan: dist.ProcessGroup | None
-    tp: dict[tuple[int, int], dist.ProcessGroup]  # (replica index, stage) -> group, tp > 1 only
-    pp: dict[int, dist.ProcessGroup]  # replica index -> leaders' group
-    sync: dict[tuple[int, ...], dist.ProcessGroup]  # sorted leader ranks -> group
+def segments_of(plan: Plan, reconfigure: list[tuple[int, Plan]], steps: int) -> list[tuple[int, int, Plan]]:
+    """(first step, end step, plan) per plan in the order the run uses them."""
+    starts = [(0, plan), *sorted(reconfigure, key=lambda item: item[0])]
+    for (a, _), (b, _) in zip(starts, starts[1:]):
+        if not a < b < steps:
+            raise ValueError(f"--reconfigure steps must increase and lie in 1..{steps - 1}: got {b} after {a}")
+    ends = [start for start, _ in starts[1:]] + [steps]
+    return [(start, end, p) for (start, p), end in zip(starts, ends, strict=True)]
 
 
-def _new_groups(layout: Layout, units: list[str]) -> tuple[_Groups, dict[str, tuple[int, ...]]]:
-    """Every group, created by every rank of the world in the same order."""
-    world = dist.get_world_size()
-    plan_group = None if world == layout.world else dist.new_group(list(range(layout.world)))
-    tp = {}
-    for i, replica in enumerate(layout.replicas):
-        for stage in replica.stages:
-            if stage.tp > 1:
-                tp[(i, stage.stage)] = dist.new_group(sorted(stage.ranks))
-    pp = {i: dist.new_group(sorted(replica.leaders)) for i, replica in enumerate(layout.replicas)}
-    holders = {}
-    for unit in units:
-        ranks = []
-        for replica in layout.replicas:
-            part = next(part for part in replica.parts if part_holds(part, unit))
-            ranks.append(replica.stages[part.stage].leader)
-        holders[unit] = tuple(sorted(ranks))
-    sync = {ranks: dist.new_group(list(ranks)) for ranks in sorted(set(holders.values())) if len(ranks) > 1}
-    return _Groups(plan_group, tp, pp, sync), holders
+def _check_compatible(cfg: ModelConfig, plans: list[Plan]) -> None:
+    first = plans[0]
+    for plan in plans[1:]:
+        if plan.architecture != first.architecture or plan.global_batch_size != first.global_batch_size:
+            raise ValueError(f"plan {plan.plan_id} trains another model or batch than {first.plan_id}: a live switch "
+                             "keeps both")
+        if plan.migration is None:
+            raise ValueError(f"plan {plan.plan_id} carries no migration: switch only to a replan's answer")
+    if len(plans) > 1 and cfg.num_layers != first.replicas[0].stages[-1].layers[1]:
+        raise ValueError("--layers cannot change the layer count of a run that switches plans: the transfers "
+                         "name the plan's layers")
 
 
-def _csv_rows(plan: Plan, replica_id: int) -> list[list[str]]:
-    return list(csv.reader(io.StringIO(torch_csv.render(plan, replica_id))))
-
-
-def run(plan: Plan, options: Options) -> RankResult:
-    """This rank's part of training `plan` for `options.steps` steps. The process group must be initialised."""
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
-    from torch.distributed.tensor import DTensor, distribute_tensor
-    from torch.distributed.tensor.parallel import parallelize_module
-
+def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = ()) -> RankResult:
+    """This rank's part of training `plan` (then each `reconfigure` plan from its step on) for `options.steps`
+    steps. The process group must be initialised, with one rank per device any of the plans uses."""
     if options.grad_weighting not in GRAD_WEIGHTINGS:
         raise ValueError(f"grad_weighting must be one of {GRAD_WEIGHTINGS}")
+    if options.optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}")
+    segments = segments_of(plan, list(reconfigure), options.steps)
+    plans = [p for _, _, p in segments]
     cfg = model_config(plan, layers=options.layers, hidden=options.hidden, ffn=options.ffn, vocab=options.vocab,
                        seq=options.seq)
-    layout = build_layout(plan, cfg.num_layers)
+    _check_compatible(cfg, plans)
+    devices = world_devices(plans)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world < layout.world:
-        raise RuntimeError(f"the plan uses {layout.world} devices; launch {layout.world} ranks, not {world}")
-    units = sync_units(cfg)
-    groups, holders = _new_groups(layout, units)
-    if rank >= layout.world:
-        return RankResult(rank, None, [], {}, None, [])
+    if world < len(devices):
+        raise RuntimeError(f"the plans use {len(devices)} devices; launch {len(devices)} ranks, not {world}")
+    device = devices[rank] if rank < len(devices) else None
+    adam = AdamState(AdamSettings(options.lr, eps=options.adam_eps)) if options.optimizer == "adam" else None
+    timer = OpTimer()
+    telemetry: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    runtime: Runtime | None = None
+    for start, end, segment_plan in segments:
+        began = time.perf_counter()
+        new = build_runtime(segment_plan, cfg, devices, options.seed, timer)
+        regrouped = time.perf_counter()
+        if runtime is None:
+            if adam is not None and new.active:
+                adam.moments = _fresh_moments(new, cfg.num_layers)
+        else:
+            report = migrate(runtime, new, segment_plan.migration.transfers, adam, cfg.num_layers)
+            events += _reconfigure_events(start, runtime.plan, segment_plan, report, regrouped - began)
+        runtime = new
+        for step in range(start, end):
+            if not runtime.active:
+                continue
+            timer.slow_factor = slow_factor(options.slowdowns, device, step)
+            step_began = time.perf_counter()
+            loss = _train_step(runtime, cfg, step, options, adam, timer)
+            records.append({"step": step, "loss": loss, "plan_id": segment_plan.plan_id,
+                            "step_s": round(time.perf_counter() - step_began, 6)})
+            telemetry.append(_telemetry_item(runtime, cfg, step, timer.take()))
+    gathered = _gather_on_rank0((records, events))
+    losses: list[float] = []
+    if gathered is not None:
+        by_step = {r["step"]: r for rank_records, _ in gathered for r in rank_records}
+        records = [by_step[step] for step in sorted(by_step)]
+        losses = [r["loss"] for r in records]
+        events = [event for _, rank_events in gathered for event in rank_events]
+        events.sort(key=lambda e: (e["step"], e["event"] != "reconfigure", e.get("index", -1)))
+    # Every TP rank takes part in full_tensor(); the leader keeps the result.
+    final = {name: _full(param.detach()).clone() for name, param in runtime.params.items()}
+    replica = runtime.replica.plan_id if runtime.active else None
+    return RankResult(rank, device, losses, final if runtime.is_leader else {}, replica, telemetry, records if gathered else [], events)
 
-    stage = layout.stage_of_rank[rank]
-    replica = layout.replicas[stage.replica]
-    is_leader = rank == stage.leader
-    tp_group = groups.tp.get((stage.replica, stage.stage))
-    p, v, mbs = len(replica.stages), layout.virtual_stages, layout.micro_batch_size
-    n_virtual = p * v
-    timer = OpTimer(options.slow_factor if rank == options.slow_rank else 1.0)
 
-    # Chunks: full deterministic weights, then this rank's TP shard.
-    mesh = DeviceMesh.from_group(tp_group, "cpu") if tp_group is not None else None
-    chunks: dict[int, Chunk] = {}
-    for virtual in stage.virtuals:
-        part = replica.parts[virtual]
-        chunk = Chunk(cfg, part.layers, part.has_embed, part.has_head, options.seed)
-        if mesh is not None:
-            parallelize_module(chunk, mesh, tp_plan(chunk, cfg.swiglu))
-        chunks[virtual] = chunk
-    params = {name: param for chunk in chunks.values() for name, param in chunk.named_parameters()}
+def _fresh_moments(runtime: Runtime, num_layers: int) -> dict[str, Moments]:
+    """Zero moments where this rank owns optimizer state, NaN elsewhere."""
+    moments = {}
+    for name, param in runtime.params.items():
+        unit = unit_of_name(name, num_layers)
+        held, size = runtime.shards.weights[unit], full_size(name, param)
+        moments[name] = Moments.unset(local(param))
+        for part in runtime.shards.optimizer[unit]:
+            for m in (moments[name].exp_avg, moments[name].exp_avg_sq):
+                local_slice(m, name, size, held, part).zero_()
+    return moments
 
-    def input_shape(virtual: int) -> tuple[tuple[int, ...], torch.dtype]:
-        if virtual == 0:
-            return (mbs, cfg.seq_len), torch.long
-        return (mbs, cfg.seq_len, cfg.hidden), torch.float32
 
-    rows = _csv_rows(plan, replica.plan_id)
-    if len(rows) != p:
-        raise RuntimeError(f"replica {replica.plan_id}: {len(rows)} CSV rows for {p} stages")
-    schedule = follower = None
-    if is_leader:
-        pp_group = groups.pp[stage.replica]
-        # Row k of the CSV must be PP-group rank k; new_group orders ranks by number.
-        leaders = sorted(replica.leaders)
-        permuted = [None] * p
-        for s, row in enumerate(rows):
-            permuted[leaders.index(replica.stages[s].leader)] = row
-        pp_stages = []
-        for virtual in stage.virtuals:
-            module = chunks[virtual] if tp_group is None else LeaderChunk(chunks[virtual], tp_group, rank)
-            shape, dtype = input_shape(virtual)
-            example_in = torch.zeros(shape, dtype=dtype)
-            if virtual != 0:
-                example_in.requires_grad_(True)
-            out_shape = (mbs, cfg.seq_len, cfg.vocab if virtual == n_virtual - 1 else cfg.hidden)
-            pp_stage = PipelineStage(module, virtual, n_virtual, torch.device("cpu"), input_args=(example_in,),
-                                     output_args=(torch.zeros(out_shape, requires_grad=True),), group=pp_group)
-            for method in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
-                setattr(pp_stage, method, timer.wrap(getattr(pp_stage, method)))
-            pp_stages.append(pp_stage)
-        schedule = _PipelineScheduleRuntime(pp_stages, n_microbatches=replica.num_microbatches, loss_fn=loss_fn,
-                                            scale_grads=False)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / f"replica{replica.plan_id}.csv"
-            path.write_text("".join(",".join(row) + "\n" for row in permuted))
-            schedule._load_csv(str(path))
+def _reconfigure_events(step: int, old: Plan, new: Plan, report: MigrationReport, regroup_s: float
+                        ) -> list[dict[str, Any]]:
+    events = [{"event": "transfer", "step": step, **t} for t in report.transfers]
+    if dist.get_rank() == 0:
+        events.insert(0, {"event": "reconfigure", "step": step, "from_plan": old.plan_id, "to_plan": new.plan_id,
+                          "regroup_s": round(regroup_s, 6), "transfers_s": round(report.transfers_s, 6),
+                          "reassemble_s": round(report.reassemble_s, 6), "transfers": len(new.migration.transfers),
+                          "plan_bytes_moved": new.migration.bytes_moved})
+    return events
+
+
+def _gather_on_rank0(value: Any) -> list[Any] | None:
+    items: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(value, items, dst=0)
+    return items
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _train_step(rt: Runtime, cfg: ModelConfig, step: int, options: Options, adam: AdamState | None,
+                timer: OpTimer) -> float:
+    """One iteration of `rt`'s plan on this rank; the step's global loss."""
+    layout, stage, replica = rt.layout, rt.stage, rt.replica
+    params = rt.params
+    mbs, n_virtual = layout.micro_batch_size, len(replica.stages) * layout.virtual_stages
+    for param in params.values():
+        param.grad = None
+    inputs, targets = global_batch(cfg, layout.global_batch_size, step, options.seed)
+    rows = slice(replica.first_sequence, replica.first_sequence + replica.num_microbatches * mbs)
+    mb_losses: list[torch.Tensor] = []
+    if rt.schedule is not None:
+        args = (inputs[rows],) if 0 in stage.virtuals else ()
+        kwargs = {"target": targets[rows], "losses": mb_losses} if n_virtual - 1 in stage.virtuals else {}
+        rt.schedule.step(*args, **kwargs)
     else:
-        follower = Follower(chunks, n_virtual, tp_group, stage.leader, input_shape, timer)
-        follower.load_row(rows[stage.stage])
-
-    # Replica contribution to the full-batch mean gradient (see the module docstring).
+        rt.follower.step()
+    # Replica contribution to the full-batch mean gradient (see the package docstring).
     if options.grad_weighting == "batch-share":
         coefficient = mbs / layout.global_batch_size
     else:
         coefficient = 1.0 / (len(layout.replicas) * replica.num_microbatches)
-    first_rows = slice(replica.first_sequence, replica.first_sequence + replica.num_microbatches * mbs)
-    first_stage, last_stage = 0 in stage.virtuals, n_virtual - 1 in stage.virtuals
-    device = layout.devices[rank]
-    losses: list[float] = []
-    telemetry: list[dict[str, Any]] = []
+    if adam is not None:
+        adam.steps_done = step + 1  # the job's count: a rank idle for some steps must not lag behind
+    with torch.no_grad():
+        for unit in rt.units:
+            names = [name for name in params if unit_of(name) == unit]
+            if names:
+                reduced = _reduced_gradients(rt, unit, [params[name].grad for name in names], coefficient)
+                if adam is None:
+                    _sgd(params, names, reduced, options.lr)
+                else:
+                    _adam(rt, unit, names, reduced, adam, cfg.num_layers)
+    # The step's loss: mean over every microbatch of every replica.
+    total = torch.tensor([float(sum(loss.item() for loss in mb_losses)), float(len(mb_losses))], dtype=torch.float64)
+    dist.all_reduce(total, group=rt.groups.plan)
+    return (total[0] / total[1]).item()
 
-    def to_full(t: torch.Tensor) -> torch.Tensor:
-        return t.full_tensor() if isinstance(t, DTensor) else t
 
-    for step in range(options.steps):
-        for param in params.values():
-            param.grad = None
-        inputs, targets = global_batch(cfg, layout.global_batch_size, step, options.seed)
-        mb_losses: list[torch.Tensor] = []
-        if schedule is not None:
-            args = (inputs[first_rows],) if first_stage else ()
-            kwargs = {"target": targets[first_rows], "losses": mb_losses} if last_stage else {}
-            schedule.step(*args, **kwargs)
-        else:
-            follower.step()
+def _reduced_gradients(rt: Runtime, unit: str, grads: list[torch.Tensor], coefficient: float) -> list[torch.Tensor]:
+    """Full tensors, weighted all-reduce among the replicas' leaders, broadcast to the TP group."""
+    tp_group = rt.tp_group
+    full = _full_tensors(grads, tp_group)
+    flat = torch.cat([g.reshape(-1) for g in full]) if rt.is_leader else torch.empty(sum(g.numel() for g in full))
+    if rt.is_leader:
+        flat.mul_(coefficient)
+        leaders = rt.groups.gradient_holders[unit]
+        if leaders in rt.groups.sync:
+            dist.all_reduce(flat, group=rt.groups.sync[leaders])
+    if tp_group is not None:
+        dist.broadcast(flat, src=rt.stage.leader, group=tp_group)
+    reduced, offset = [], 0
+    for g in full:
+        reduced.append(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return reduced
 
-        # Gradients: full tensors, weighted all-reduce among the replicas' leaders, re-shard.
-        with torch.no_grad():
-            for unit in units:
-                names = [name for name in params if unit_of(name) == unit]
-                if not names:
-                    continue
-                full = _full_tensors([params[name].grad for name in names], tp_group)
-                flat = torch.cat([g.reshape(-1) for g in full]) if is_leader else torch.empty(
-                    sum(g.numel() for g in full))
-                if is_leader:
-                    flat.mul_(coefficient)
-                    if holders[unit] in groups.sync:
-                        dist.all_reduce(flat, group=groups.sync[holders[unit]])
-                if tp_group is not None:
-                    dist.broadcast(flat, src=stage.leader, group=tp_group)
-                offset = 0
-                for name, g in zip(names, full, strict=True):
-                    reduced = flat[offset : offset + g.numel()].view_as(g)
-                    offset += g.numel()
-                    param = params[name]
-                    if isinstance(param, DTensor):
-                        param.grad = distribute_tensor(reduced, param.device_mesh, param.placements,
-                                                       src_data_rank=None)
-                    else:
-                        param.grad = reduced.clone()
-            for param in params.values():
-                param.sub_(param.grad, alpha=options.lr)
 
-        # The step's loss: mean over every microbatch of every replica.
-        total = torch.tensor([float(sum(loss.item() for loss in mb_losses)), float(len(mb_losses))],
-                             dtype=torch.float64)
-        dist.all_reduce(total, group=groups.plan)
-        losses.append((total[0] / total[1]).item())
-        ms = timer.take()
-        telemetry.append({
-            "device": device,
-            "iteration": step,
-            "microbatches": [{"seq_lengths": [cfg.seq_len] * mbs, "compute_ms": round(ms.get(mb, 0.0), 4)}
-                             for mb in range(replica.num_microbatches)],
-            "last_heartbeat_s_ago": 0.0,
-        })
+def _sgd(params: dict[str, torch.Tensor], names: list[str], reduced: list[torch.Tensor], lr: float) -> None:
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    final = {name: to_full(param.detach()).clone() for name, param in params.items()}
-    return RankResult(rank, device, losses, final if is_leader else {}, replica.plan_id, telemetry)
+    for name, g in zip(names, reduced, strict=True):
+        param = params[name]
+        if isinstance(param, DTensor):
+            g = distribute_tensor(g, param.device_mesh, param.placements, src_data_rank=None)
+        param.sub_(g, alpha=lr)
+
+
+def _adam(rt: Runtime, unit: str, names: list[str], reduced: list[torch.Tensor], adam: AdamState,
+          num_layers: int) -> None:
+    """Adam on the parts this rank owns; the owners' sum of their updated parts is every holder's new tensor."""
+    params = rt.params
+    index = unit_of_name(names[0], num_layers)
+    held, owned = rt.shards.weights[index], rt.shards.optimizer[index]
+    group = rt.owners_group(unit)
+    updated = [torch.zeros_like(g) for g in reduced] if group is not None else None
+    for i, (name, g) in enumerate(zip(names, reduced, strict=True)):
+        mine, size, moments = local(params[name]), full_size(name, params[name]), adam.moments[name]
+        for part in owned:
+            view = local_slice(mine, name, size, held, part)
+            adam_update(view, local_slice(g, name, size, WHOLE, part),
+                        local_slice(moments.exp_avg, name, size, held, part),
+                        local_slice(moments.exp_avg_sq, name, size, held, part), adam.steps_done, adam.settings)
+            if updated is not None:
+                local_slice(updated[i], name, size, WHOLE, part).copy_(view)
+    if updated is None:
+        return
+    flat = torch.cat([u.reshape(-1) for u in updated])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for name, u in zip(names, updated, strict=True):
+        whole = flat[offset : offset + u.numel()].view_as(u)
+        offset += u.numel()
+        mine = local(params[name])
+        mine.copy_(whole if mine.shape == whole.shape else
+                   local_slice(whole, name, full_size(name, params[name]), WHOLE, held))
+
+
+def _telemetry_item(rt: Runtime, cfg: ModelConfig, step: int, ms: dict[int, float]) -> dict[str, Any]:
+    mbs = rt.layout.micro_batch_size
+    return {
+        "device": rt.device,
+        "iteration": step,
+        "microbatches": [{"seq_lengths": [cfg.seq_len] * mbs, "compute_ms": round(ms.get(mb, 0.0), 4)}
+                         for mb in range(rt.replica.num_microbatches)],
+        "last_heartbeat_s_ago": 0.0,
+    }
 
 
 def _full_tensors(tensors: list[torch.Tensor], group: dist.ProcessGroup | None) -> list[torch.Tensor]:
@@ -253,62 +292,72 @@ def _full_tensors(tensors: list[torch.Tensor], group: dist.ProcessGroup | None) 
 
     def even(t: DTensor) -> bool:
         placement = t.placements[0]
-        return len(t.placements) == 1 and isinstance(placement, Shard) and t.shape[placement.dim] % t.device_mesh.size() == 0
+        return (len(t.placements) == 1 and isinstance(placement, Shard)
+                and t.shape[placement.dim] % t.device_mesh.size() == 0)
 
     if group is None or not all(even(tensors[i]) for i in sharded):
         for i in sharded:
             full[i] = tensors[i].full_tensor()
         return full
-    local = torch.cat([tensors[i].to_local().reshape(-1) for i in sharded])
-    pieces = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(pieces, local, group=group)
+    local_flat = torch.cat([tensors[i].to_local().reshape(-1) for i in sharded])
+    pieces = [torch.empty_like(local_flat) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, local_flat, group=group)
     offset = 0
     for i in sharded:
         shape = tensors[i].to_local().shape
         n = shape.numel()
-        full[i] = torch.cat([piece[offset : offset + n].view(shape) for piece in pieces], dim=tensors[i].placements[0].dim)
+        full[i] = torch.cat([piece[offset : offset + n].view(shape) for piece in pieces],
+                            dim=tensors[i].placements[0].dim)
         offset += n
     return full
 
 
-def gather_telemetry(result: RankResult, world_devices: int) -> list[dict[str, Any]] | None:
+def gather_telemetry(result: RankResult) -> list[dict[str, Any]] | None:
     """All ranks' telemetry items on rank 0 (None elsewhere), ordered by iteration then rank."""
-    items: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(result.telemetry, items, dst=0)
+    items = _gather_on_rank0(result.telemetry)
     if items is None:
         return None
-    per_rank = [rank_items for rank_items in items[:world_devices] if rank_items]
-    steps = max((len(rank_items) for rank_items in per_rank), default=0)
-    return [rank_items[step] for step in range(steps) for rank_items in per_rank if step < len(rank_items)]
+    ordered = sorted((item["iteration"], rank, n) for rank, rank_items in enumerate(items)
+                     for n, item in enumerate(rank_items))
+    return [items[rank][n] for _, rank, n in ordered]
 
 
 def run_rank(rank: int, world: int, init_method: str, plan_json: str, options: Options,
-             out_dir: str | None = None, telemetry_path: str | None = None, timeout_s: float = 60.0) -> RankResult:
-    """Join a gloo world, run the plan, optionally save this rank's results, leave the world."""
+             out_dir: str | None = None, telemetry_path: str | None = None, timeout_s: float = 60.0,
+             reconfigure: list[tuple[int, str]] = ()) -> RankResult:
+    """Join a gloo world, run the plan(s), optionally save this rank's results, leave the world."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     try:
-        return run_and_save(Plan.model_validate_json(plan_json), options, out_dir, telemetry_path)
+        switches = [(step, Plan.model_validate_json(text)) for step, text in reconfigure]
+        return run_and_save(Plan.model_validate_json(plan_json), options, out_dir, telemetry_path, switches)
     finally:
         dist.destroy_process_group()
         torch.set_num_threads(threads)
 
 
-def run_and_save(plan: Plan, options: Options, out_dir: str | None, telemetry_path: str | None) -> RankResult:
-    result = run(plan, options)
-    world_devices = len({d for r in plan.replicas for s in r.stages for d in s.devices})
-    items = gather_telemetry(result, world_devices)
+def run_and_save(plan: Plan, options: Options, out_dir: str | None, telemetry_path: str | None,
+                 reconfigure: list[tuple[int, Plan]] = ()) -> RankResult:
+    """Run, then write the telemetry (rank 0), each rank's `rank<R>.pt` and, on rank 0, `losses.jsonl` and
+    `events.jsonl` in `out_dir`."""
+    result = run(plan, options, reconfigure)
+    items = gather_telemetry(result)
     if telemetry_path and items is not None:
-        with open(telemetry_path, "w") as out:
-            out.writelines(json.dumps(item) + "\n" for item in items)
+        _write_jsonl(Path(telemetry_path), items)
     if out_dir:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
         torch.save({"rank": result.rank, "device": result.device, "replica": result.replica,
-                    "losses": result.losses, "params": result.params},
-                   Path(out_dir) / f"rank{result.rank}.pt")
+                    "losses": result.losses, "params": result.params}, out / f"rank{result.rank}.pt")
+        if dist.get_rank() == 0:
+            _write_jsonl(out / "losses.jsonl", result.loss_records)
+            _write_jsonl(out / "events.jsonl", result.events)
     dist.barrier()
     return result
 
 
+def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    with open(path, "w") as out:
+        out.writelines(json.dumps(record) + "\n" for record in records)

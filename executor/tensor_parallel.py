@@ -4,7 +4,6 @@ output gradient in backward; followers replay the leader's schedule CSV row by r
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -77,7 +76,7 @@ class Follower:
         deferred: dict[tuple[int, int], Any] = {}
         for virtual, kind, mb in self.actions:
             chunk = self.chunks[virtual]
-            start = time.perf_counter()
+            start = self.timer.start()
             if kind == "F":
                 shape, dtype = self.input_shape(virtual)
                 x = torch.empty(shape, dtype=dtype)

@@ -1,10 +1,45 @@
-"""Per-op compute timers and the injected slowdown (`--slow-rank`, `--slow-factor`)."""
+"""Per-op compute timers and injected slowdowns (`--slow-device DEV:FACTOR@STEP`).
+
+An op's time is the CPU time of the rank's thread while it runs (`time.thread_time`, torch held to
+one thread): a wait inside a TP collective (gloo blocks the caller without spinning) or a
+preemption by another process on a shared host is not this device's compute, so a slow GPU's TP
+partner no longer looks slow too. A slowed device sleeps (factor - 1) x each op's compute after
+the op and reports factor x it: what the same work takes on a GPU that much slower.
+"""
 
 from __future__ import annotations
 
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
+
+_SLOWDOWN = re.compile(r"^(\d+:\d+):([0-9.]+)(?:@(\d+))?$")
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    device: str
+    factor: float
+    from_step: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> Slowdown:
+        """`NODE:GPU:FACTOR[@STEP]`, e.g. `3:0:2.5@10`: device 3:0 runs 2.5x slower from step 10 on."""
+        match = _SLOWDOWN.match(text.strip())
+        if not match:
+            raise ValueError(f"--slow-device {text!r}: expected NODE:GPU:FACTOR[@STEP], e.g. 3:0:2.5@10")
+        factor = float(match.group(2))
+        if not 1.0 <= factor <= 100.0:
+            raise ValueError(f"--slow-device {text!r}: the factor must be in [1, 100]")
+        return cls(match.group(1), factor, int(match.group(3) or 0))
+
+
+def slow_factor(slowdowns: tuple[Slowdown, ...], device: str, step: int) -> float:
+    """The factor a device runs at in `step` (the latest slowdown that has started wins)."""
+    started = [s for s in slowdowns if s.device == device and s.from_step <= step]
+    return max(started, key=lambda s: s.from_step).factor if started else 1.0
 
 
 def _sleep_until(deadline: float) -> None:
@@ -16,20 +51,25 @@ def _sleep_until(deadline: float) -> None:
 
 
 class OpTimer:
-    """Per-microbatch compute time of one rank; optionally slowed by sleeping (factor - 1) x each op."""
+    """Per-microbatch compute time of one rank; slowed by `slow_factor` (set per step)."""
 
     def __init__(self, slow_factor: float = 1.0):
         self.slow_factor = slow_factor
         self.ms: dict[int, float] = defaultdict(float)
 
+    @staticmethod
+    def start() -> float:
+        return time.thread_time()
+
     def record(self, microbatch: int, start: float) -> None:
+        compute_s = time.thread_time() - start
         if self.slow_factor > 1.0:
-            _sleep_until(start + self.slow_factor * (time.perf_counter() - start))
-        self.ms[microbatch] += (time.perf_counter() - start) * 1000.0
+            _sleep_until(time.perf_counter() + (self.slow_factor - 1.0) * compute_s)
+        self.ms[microbatch] += self.slow_factor * compute_s * 1000.0
 
     def wrap(self, fn: Callable) -> Callable:
         def timed(microbatch: int, *args, **kwargs):
-            start = time.perf_counter()
+            start = self.start()
             result = fn(microbatch, *args, **kwargs)
             self.record(microbatch, start)
             return result
@@ -39,5 +79,3 @@ class OpTimer:
     def take(self) -> dict[int, float]:
         ms, self.ms = dict(self.ms), defaultdict(float)
         return ms
-
-

@@ -105,10 +105,18 @@ def matched_device_map(result: PlanResult, cluster: ClusterState, held: Mapping[
 
 
 def relabel(result: PlanResult, device_map: Mapping[str, str]) -> PlanResult:
-    """The same plan with every device renamed (a permutation within equal-speed GPUs)."""
+    """The same plan with every device renamed (a permutation within equal-speed GPUs).
+
+    A stage's devices stay in device order, which makes the i-th lowest its TP rank i: trainers form
+    groups from rank lists that `torch.distributed.new_group` sorts (and Megatron-LM builds from
+    rank ranges), so a TP rank order against device order could not be run. The matching above
+    chooses which devices form each stage; this fixes their TP ranks, and the migration is priced
+    on the result.
+    """
     replicas = tuple(
         ReplicaResult(replica.id, replica.num_microbatches, tuple(
-            replace(stage, devices=tuple(device_map.get(d, d) for d in stage.devices)) for stage in replica.stages
+            replace(stage, devices=tuple(sorted((device_map.get(d, d) for d in stage.devices), key=device_order)))
+            for stage in replica.stages
         ))
         for replica in result.replicas
     )

@@ -4,7 +4,7 @@
 - `planner` imports only `cost_models` (never FastAPI, SQLAlchemy, pydantic, `wire`, `api`, `adapters`, ...);
 - `detector` imports only `cost_models`;
 - `wire` imports `planner` and `cost_models` (to build problems and read results), never `api` or FastAPI;
-- `adapters`, `render` and `executor` never import `api`; `render` may read `adapters.registry` (the formats
+- `adapters`, `render` and `executor` never import `api` (`executor` reads `planner.replan.holdings`); `render` may read `adapters.registry` (the formats
   its page links to), `adapters` never imports `render` (the registry names the SVG renderer by module path);
 - nothing imports `benchmarks` or `tests` but themselves;
 - no cycle between top-level packages, and no production module over 600 lines.
@@ -30,7 +30,8 @@ ALLOWED = {
     "adapters": {"wire", "planner", "cost_models"},
     # The page links to every export format, and shows the replica the exports would: adapters.registry.
     "render": {"wire", "planner", "cost_models", "adapters"},
-    "executor": {"wire", "adapters", "cost_models"},
+    # It holds state as planner.replan.holdings lays it out: what the service's transfers are planned from.
+    "executor": {"wire", "adapters", "cost_models", "planner"},
     "api": {"wire", "planner", "detector", "cost_models", "adapters", "render"},
     "cli": {"api", "wire", "planner", "cost_models", "adapters", "render"},
 }

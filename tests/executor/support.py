@@ -89,12 +89,14 @@ class Case:
     options: executor_run.Options
     out_dir: str
     telemetry: str | None = None
+    reconfigure: tuple[tuple[int, str], ...] = ()  # (step, plan JSON): switch to that plan at that step
 
 
 def _worker(rank: int, world: int, store: str, cases: list[Case]) -> None:
     for case in cases:
         executor_run.run_rank(rank, world, f"file://{store}-{case.name}", case.plan_json, case.options,
-                                out_dir=case.out_dir, telemetry_path=case.telemetry, timeout_s=60.0)
+                                out_dir=case.out_dir, telemetry_path=case.telemetry, timeout_s=60.0,
+                                reconfigure=list(case.reconfigure))
 
 
 def _child(index: int, world: int, store: str, cases: list[Case]) -> None:

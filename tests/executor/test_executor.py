@@ -21,6 +21,7 @@ from api.tasks.planning import plan_for
 from executor import layout as executor_layout
 from executor import model as executor_model
 from executor import run as executor_run
+from executor.timing import Slowdown
 from tests.executor.support import (
     LR,
     REQUESTS,
@@ -53,13 +54,14 @@ SLOW_RANK = 1
 def runs(plans, tmp_path_factory) -> dict[str, Case]:
     tmp = tmp_path_factory.mktemp("executor")
     uniform, non_uniform = plans["uniform"].model_dump_json(), plans["non-uniform"].model_dump_json()
+    slow_device = executor_layout.build_layout(plans["telemetry"]).devices[SLOW_RANK]
     options = executor_run.Options
     cases = [
         Case("uniform", uniform, options(steps=STEPS, lr=LR), str(tmp / "uniform"), str(tmp / "uniform.jsonl")),
         Case("non-uniform", non_uniform, options(steps=STEPS, lr=LR), str(tmp / "non-uniform")),
         Case("unweighted", non_uniform, options(steps=1, lr=LR, grad_weighting="uniform"), str(tmp / "unweighted")),
         Case("telemetry", plans["telemetry"].model_dump_json(),
-             options(steps=STEPS, lr=LR, slow_rank=SLOW_RANK, slow_factor=SLOW_FACTOR), str(tmp / "telemetry"),
+             options(steps=STEPS, lr=LR, slowdowns=(Slowdown(slow_device, SLOW_FACTOR),)), str(tmp / "telemetry"),
              str(tmp / "telemetry.jsonl")),
     ]
     run_world(cases, max(used_devices(plan) for plan in plans.values()), tmp)

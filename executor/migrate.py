@@ -1,0 +1,207 @@
+"""Move a running job's state to a new plan by executing the plan's `migration.transfers`.
+
+Every rank of the world takes part (whatever the plans use it for):
+  1. the new plan's ranks fill their new tensors with NaN;
+  2. each keeps what it held itself (the overlap of its old and new weight slices, and of its old
+     and new optimizer intervals, unit by unit), as the transfers assume;
+  3. every transfer runs as one point-to-point message (gloo isend/irecv on the world group, tagged
+     by the transfer's index): the sender packs, unit by unit and tensor by tensor in name order,
+     the part of each state it lists (`weights`: the parameters; `optimizer`: Adam's two moments),
+     the receiver unpacks them into its new slices;
+  4. replicated norm weights, delivered as parts like every tensor, are re-assembled over the new
+     TP group (a sum of the disjoint slices each TP rank received; not a transfer);
+  5. any NaN left in a weight or an owned moment is state nothing delivered: every rank stops with
+     an error naming it.
+
+The fp32 parameters are the `weights` (4 bytes each) and the moments the `optimizer` state
+(8 bytes each); the service prices bf16 weights and fp32 master weights plus moments, so its
+`bytes` are the same pieces at other widths. What went over the wire is reported per transfer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.optimizer import AdamState, Moments
+from executor.runtime import Runtime
+from executor.shards import Interval, local_slice, overlaps, tp_dim, unit_of_name, units_of_transfer
+from wire.migration import MigrationTransfer
+
+
+@dataclass(frozen=True)
+class MigrationReport:
+    transfers: list[dict[str, Any]]  # what this rank received: the wire transfer plus the bytes that came
+    bytes_received: int
+    regroup_s: float  # filled in by the caller: groups and chunks of the new plan
+    transfers_s: float
+    reassemble_s: float
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A parameter's local data, writable in place (a DTensor's shard or the tensor itself)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def full_size(name: str, param: torch.Tensor) -> int:
+    return param.shape[tp_dim(name) if param.dim() > 1 else 0]
+
+
+def _views(name: str, param: torch.Tensor, moments: Moments | None, state: str, held: Interval,
+           owned_from: Interval, part: Interval) -> list[torch.Tensor]:
+    size = full_size(name, param)
+    if state == "weights":
+        return [local_slice(local(param), name, size, held, part)]
+    if moments is None:
+        raise ValueError(f"{name}: the transfer carries optimizer state, but the run keeps none (use --optimizer adam)")
+    return [local_slice(m, name, size, owned_from, part) for m in (moments.exp_avg, moments.exp_avg_sq)]
+
+
+def _names_by_unit(params: dict[str, torch.Tensor], num_layers: int) -> dict[int, list[str]]:
+    by_unit: dict[int, list[str]] = {}
+    for name in sorted(params):
+        by_unit.setdefault(unit_of_name(name, num_layers), []).append(name)
+    return by_unit
+
+
+def _pieces(runtime: Runtime, moments: dict[str, Moments] | None, transfer: MigrationTransfer,
+            num_layers: int) -> list[torch.Tensor]:
+    """The views of `runtime`'s state a transfer covers, in wire order."""
+    params = runtime.params
+    by_unit = _names_by_unit(params, num_layers)
+    of = transfer.part[2]
+    part = (Fraction(transfer.part[0], of), Fraction(transfer.part[1], of))
+    views: list[torch.Tensor] = []
+    for unit in units_of_transfer(transfer.layers, transfer.embedding, transfer.head, num_layers):
+        if unit not in by_unit:
+            raise ValueError(f"device {runtime.device} holds no unit {unit} that transfer {transfer} names")
+        held = runtime.shards.weights[unit]
+        for name in by_unit[unit]:
+            for state in transfer.state:
+                # Moments are shaped like the weight slice, so they share its coordinates.
+                views += _views(name, params[name], (moments or {}).get(name), state, held, held, part)
+    return views
+
+
+def _keep(old: Runtime, new: Runtime, old_moments: dict[str, Moments] | None,
+          new_moments: dict[str, Moments] | None, num_layers: int) -> None:
+    old_params = old.params
+    for name, param in new.params.items():
+        if name not in old_params:
+            continue
+        unit = unit_of_name(name, num_layers)
+        old_held, new_held = old.shards.weights[unit], new.shards.weights[unit]
+        size = full_size(name, param)
+        with torch.no_grad():
+            for part in overlaps([old_held], [new_held]):
+                local_slice(local(param), name, size, new_held, part).copy_(
+                    local_slice(local(old_params[name]), name, size, old_held, part))
+            if new_moments is None or old_moments is None:
+                continue
+            for part in overlaps(old.shards.optimizer[unit], new.shards.optimizer[unit]):
+                for attr in ("exp_avg", "exp_avg_sq"):
+                    local_slice(getattr(new_moments[name], attr), name, size, new_held, part).copy_(
+                        local_slice(getattr(old_moments[name], attr), name, size, old_held, part))
+
+
+def _reassemble_norms(new: Runtime, num_layers: int) -> None:
+    """Replicated tensors of a TP stage: each rank has its own slice; sum the disjoint slices."""
+    group = new.tp_group
+    if group is None:
+        return
+    from torch.distributed.tensor import DTensor
+
+    for name, param in sorted(new.params.items()):
+        if isinstance(param, DTensor):
+            continue
+        held = new.shards.weights[unit_of_name(name, num_layers)]
+        mine = local_slice(param.detach(), name, param.shape[0], held, held).clone()
+        with torch.no_grad():
+            param.zero_()
+            local_slice(param, name, param.shape[0], held, held).copy_(mine)
+            dist.all_reduce(param.data, group=group)
+
+
+def _unfilled(new: Runtime, moments: dict[str, Moments] | None, num_layers: int) -> list[str]:
+    """State of the new plan on this rank that nothing delivered (NaN left)."""
+    problems = []
+    for name, param in new.params.items():
+        unit = unit_of_name(name, num_layers)
+        if torch.isnan(local(param)).any():
+            problems.append(f"device {new.device}: {name} has weights no transfer delivered")
+        if moments is None:
+            continue
+        held, size = new.shards.weights[unit], full_size(name, param)
+        for part in new.shards.optimizer[unit]:
+            if any(torch.isnan(local_slice(m, name, size, held, part)).any()
+                   for m in (moments[name].exp_avg, moments[name].exp_avg_sq)):
+                problems.append(f"device {new.device}: {name} has optimizer state [{part[0]}, {part[1]}) no "
+                                "transfer delivered")
+    return problems
+
+
+def migrate(old: Runtime, new: Runtime, transfers: list[MigrationTransfer], adam: AdamState | None,
+            num_layers: int) -> MigrationReport:
+    """Execute `transfers` from `old`'s state to `new`'s on this rank (every rank of the world calls it)."""
+    me = new.device
+    rank_of = {device: rank for rank, device in enumerate(new.layout.devices)}
+    old_moments = adam.moments if adam is not None else None
+    new_moments = None
+    started = time.perf_counter()
+    if new.active:
+        with torch.no_grad():
+            for param in new.params.values():
+                local(param).fill_(math.nan)
+        if adam is not None:
+            new_moments = {name: Moments.unset(local(p)) for name, p in new.params.items()}
+        if old.active:
+            _keep(old, new, old_moments, new_moments, num_layers)
+
+    requests, received = [], []
+    for index, transfer in enumerate(transfers):
+        if transfer.sender == me:
+            if not old.active:
+                raise RuntimeError(f"transfer {index} is from {me}, which the running plan does not use")
+            views = _pieces(old, old_moments, transfer, num_layers)
+            buffer = torch.cat([v.reshape(-1) for v in views])
+            requests.append(dist.isend(buffer, dst=rank_of[transfer.to], tag=index))
+        if transfer.to == me:
+            views = _pieces(new, new_moments, transfer, num_layers)
+            buffer = torch.empty(sum(v.numel() for v in views))
+            requests.append(dist.irecv(buffer, src=rank_of[transfer.sender], tag=index))
+            received.append((index, transfer, views, buffer))
+    for request in requests:
+        request.wait()
+    bytes_received, report = 0, []
+    with torch.no_grad():
+        for index, transfer, views, buffer in received:
+            offset = 0
+            for view in views:
+                view.copy_(buffer[offset : offset + view.numel()].view_as(view))
+                offset += view.numel()
+            size = buffer.numel() * buffer.element_size()
+            bytes_received += size
+            report.append({"index": index, **transfer.model_dump(mode="json", by_alias=True), "plan_bytes":
+                           transfer.bytes, "bytes": size})
+    transferred = time.perf_counter()
+    problems: list[str] = []
+    if new.active:
+        _reassemble_norms(new, num_layers)
+        problems = _unfilled(new, new_moments, num_layers)
+    # Every rank learns of any rank's gap, so all stop together instead of waiting on a rank that stopped.
+    everyone: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(everyone, problems)
+    gaps = [problem for rank_problems in everyone for problem in rank_problems]
+    if gaps:
+        raise RuntimeError(f"the migration to plan {new.plan.plan_id} left {len(gaps)} gaps: " + "; ".join(gaps[:5]))
+    if adam is not None:
+        adam.moments = new_moments or {}
+    return MigrationReport(report, bytes_received, 0.0, transferred - started, time.perf_counter() - transferred)

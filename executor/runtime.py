@@ -1,0 +1,176 @@
+"""One plan's runtime on one rank: its process groups, model chunks, pipeline schedule and shards."""
+
+from __future__ import annotations
+
+import csv
+import io
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from adapters import torch_csv
+from executor.layout import Layout, ReplicaPlace, StagePlace, build_layout, part_holds, sync_units
+from executor.model import Chunk, ModelConfig, loss_fn, tp_plan
+from executor.shards import RankShards, plan_shards
+from executor.tensor_parallel import Follower, LeaderChunk
+from executor.timing import OpTimer
+from wire.schemas import Plan
+
+
+@dataclass
+class Groups:
+    plan: dist.ProcessGroup | None  # the plan's ranks (None: the whole world)
+    tp: dict[tuple[int, int], dist.ProcessGroup]  # (replica index, stage) -> group, tp > 1 only
+    pp: dict[int, dist.ProcessGroup]  # replica index -> leaders' group
+    sync: dict[tuple[int, ...], dist.ProcessGroup]  # sorted leader ranks -> group
+    owners: dict[tuple[int, ...], dist.ProcessGroup]  # sorted optimizer-owner ranks -> group (ZeRO-1)
+    gradient_holders: dict[str, tuple[int, ...]]  # sync unit -> the leaders all-reducing its gradient
+    unit_owners: dict[str, tuple[int, ...]]  # sync unit -> every rank holding it (all replicas, all TP ranks)
+
+
+def new_groups(layout: Layout, units: list[str], zero_stage: int) -> Groups:
+    """Every group of a plan, created by every rank of the world in the same order."""
+    world = dist.get_world_size()
+    used = sorted(layout.stage_of_rank)
+    plan_group = None if len(used) == world else dist.new_group(used)
+    tp = {}
+    for i, replica in enumerate(layout.replicas):
+        for stage in replica.stages:
+            if stage.tp > 1:
+                tp[(i, stage.stage)] = dist.new_group(sorted(stage.ranks))
+    pp = {i: dist.new_group(sorted(replica.leaders)) for i, replica in enumerate(layout.replicas)}
+    leaders, holders = {}, {}
+    for unit in units:
+        stages = []
+        for replica in layout.replicas:
+            part = next(part for part in replica.parts if part_holds(part, unit))
+            stages.append(replica.stages[part.stage])
+        leaders[unit] = tuple(sorted(stage.leader for stage in stages))
+        holders[unit] = tuple(sorted(rank for stage in stages for rank in stage.ranks))
+    sync = {ranks: dist.new_group(list(ranks)) for ranks in sorted(set(leaders.values())) if len(ranks) > 1}
+    owner_sets = set(holders.values()) if zero_stage >= 1 else set()
+    owners = {ranks: dist.new_group(list(ranks)) for ranks in sorted(owner_sets) if len(ranks) > 1}
+    return Groups(plan_group, tp, pp, sync, owners, leaders, holders)
+
+
+def _csv_rows(plan: Plan, replica_id: int) -> list[list[str]]:
+    return list(csv.reader(io.StringIO(torch_csv.render(plan, replica_id))))
+
+
+@dataclass
+class Runtime:
+    """What one rank runs for one plan; `stage` is None on a rank the plan does not use."""
+
+    plan: Plan
+    layout: Layout
+    groups: Groups
+    units: list[str]
+    stage: StagePlace | None = None
+    replica: ReplicaPlace | None = None
+    chunks: dict[int, Chunk] | None = None
+    schedule: object | None = None  # the leader's _PipelineScheduleRuntime
+    follower: Follower | None = None
+    shards: RankShards | None = None
+
+    @property
+    def device(self) -> str:
+        return self.layout.devices[dist.get_rank()]
+
+    @property
+    def active(self) -> bool:
+        return self.stage is not None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.stage is not None and dist.get_rank() == self.stage.leader
+
+    @property
+    def tp_group(self) -> dist.ProcessGroup | None:
+        return None if self.stage is None else self.groups.tp.get((self.stage.replica, self.stage.stage))
+
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        return {name: p for chunk in (self.chunks or {}).values() for name, p in chunk.named_parameters()}
+
+    def owners_group(self, unit: str) -> dist.ProcessGroup | None:
+        """Who sums the optimizer's updates of `unit`: every holder with ZeRO-1, the TP group without."""
+        if self.plan.zero_stage >= 1:
+            return self.groups.owners.get(self.groups.unit_owners[unit])
+        return self.tp_group
+
+
+def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: int, timer: OpTimer) -> Runtime:
+    """Groups (every rank), then this rank's chunks with seeded full weights sharded for its TP group, and its
+    pipeline runtime (the leader) or CSV replay (a follower)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    layout = build_layout(plan, cfg.num_layers, world_devices)
+    units = sync_units(cfg)
+    groups = new_groups(layout, units, plan.zero_stage)
+    rank = dist.get_rank()
+    runtime = Runtime(plan, layout, groups, units)
+    if rank not in layout.stage_of_rank:
+        return runtime
+    stage = layout.stage_of_rank[rank]
+    replica = layout.replicas[stage.replica]
+    runtime.stage, runtime.replica = stage, replica
+    runtime.shards = plan_shards(plan)[layout.devices[rank]]
+    tp_group = runtime.tp_group
+    p, v, mbs = len(replica.stages), layout.virtual_stages, layout.micro_batch_size
+    n_virtual = p * v
+
+    mesh = DeviceMesh.from_group(tp_group, "cpu") if tp_group is not None else None
+    chunks: dict[int, Chunk] = {}
+    for virtual in stage.virtuals:
+        part = replica.parts[virtual]
+        chunk = Chunk(cfg, part.layers, part.has_embed, part.has_head, seed)
+        if mesh is not None:
+            parallelize_module(chunk, mesh, tp_plan(chunk, cfg.swiglu))
+        chunks[virtual] = chunk
+    runtime.chunks = chunks
+
+    def input_shape(virtual: int) -> tuple[tuple[int, ...], torch.dtype]:
+        if virtual == 0:
+            return (mbs, cfg.seq_len), torch.long
+        return (mbs, cfg.seq_len, cfg.hidden), torch.float32
+
+    rows = _csv_rows(plan, replica.plan_id)
+    if len(rows) != p:
+        raise RuntimeError(f"replica {replica.plan_id}: {len(rows)} CSV rows for {p} stages")
+    if rank != stage.leader:
+        runtime.follower = Follower(chunks, n_virtual, tp_group, stage.leader, input_shape, timer)
+        runtime.follower.load_row(rows[stage.stage])
+        return runtime
+    # Row k of the CSV must be PP-group rank k; new_group orders ranks by number.
+    leaders = sorted(replica.leaders)
+    permuted = [None] * p
+    for s, row in enumerate(rows):
+        permuted[leaders.index(replica.stages[s].leader)] = row
+    pp_stages = []
+    for virtual in stage.virtuals:
+        module = chunks[virtual] if tp_group is None else LeaderChunk(chunks[virtual], tp_group, rank)
+        shape, dtype = input_shape(virtual)
+        example_in = torch.zeros(shape, dtype=dtype)
+        if virtual != 0:
+            example_in.requires_grad_(True)
+        out_shape = (mbs, cfg.seq_len, cfg.vocab if virtual == n_virtual - 1 else cfg.hidden)
+        pp_stage = PipelineStage(module, virtual, n_virtual, torch.device("cpu"), input_args=(example_in,),
+                                 output_args=(torch.zeros(out_shape, requires_grad=True),),
+                                 group=groups.pp[stage.replica])
+        for method in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+            setattr(pp_stage, method, timer.wrap(getattr(pp_stage, method)))
+        pp_stages.append(pp_stage)
+    schedule = _PipelineScheduleRuntime(pp_stages, n_microbatches=replica.num_microbatches, loss_fn=loss_fn,
+                                        scale_grads=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"replica{replica.plan_id}.csv"
+        path.write_text("".join(",".join(row) + "\n" for row in permuted))
+        schedule._load_csv(str(path))
+    runtime.schedule = schedule
+    return runtime
