@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.tasks.detection import detect_for
 from api.tasks.planning import plan_for
+from api.tasks.telemetry_body import parse_detect_body
 from executor import layout as executor_layout
 from executor import model as executor_model
 from executor import run as executor_run
@@ -48,6 +50,12 @@ def plans() -> dict[str, Plan]:
 
 
 SLOW_RANK = 1
+TP_SLOW_STEPS, TP_SLOW_FACTOR = 4, 3.0
+
+
+def _tp_partner(plan: Plan) -> str:
+    """The second device of the plan's first tensor-parallel stage."""
+    return next(s.devices[1] for r in plan.replicas for s in r.stages if s.tp == 2)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +68,9 @@ def runs(plans, tmp_path_factory) -> dict[str, Case]:
         Case("uniform", uniform, options(steps=STEPS, lr=LR), str(tmp / "uniform"), str(tmp / "uniform.jsonl")),
         Case("non-uniform", non_uniform, options(steps=STEPS, lr=LR), str(tmp / "non-uniform")),
         Case("unweighted", non_uniform, options(steps=1, lr=LR, grad_weighting="uniform"), str(tmp / "unweighted")),
+        Case("tp-slow", uniform, options(steps=TP_SLOW_STEPS, lr=LR, slowdowns=(Slowdown(_tp_partner(plans["uniform"]),
+                                                                                 TP_SLOW_FACTOR),)),
+             str(tmp / "tp-slow"), str(tmp / "tp-slow.jsonl")),
         Case("telemetry", plans["telemetry"].model_dump_json(),
              options(steps=STEPS, lr=LR, slowdowns=(Slowdown(slow_device, SLOW_FACTOR),)), str(tmp / "telemetry"),
              str(tmp / "telemetry.jsonl")),
@@ -198,6 +209,19 @@ def test_slowed_rank_reports_the_slowdown(plans, runs):
     assert 0.5 * SLOW_FACTOR < ratio < 2 * SLOW_FACTOR, (
         f"slowed rank took {ratio:.2f}x its peer (medians {median}), not ~{SLOW_FACTOR}x")
     _assert_trains_like_one_process(plan, runs["telemetry"].out_dir)  # a slow rank changes no number
+
+
+def test_slow_tensor_parallel_device_is_detected_alone(plans, runs):
+    """A GPU 3x slower from step 0 inside a TP-2 stage: /v1/detect flags it and not its TP partner, which waits
+    for it in every collective (telemetry counts each device's own compute, not its waits)."""
+    plan = plans["uniform"]
+    slow = _tp_partner(plan)
+    lines = Path(runs["tp-slow"].telemetry).read_text().splitlines()
+    body = json.dumps({"plan_id": plan.plan_id, "telemetry": [json.loads(line) for line in lines]}).encode()
+    found = detect_for(plan, parse_detect_body(body).telemetry)
+    assert [f.device for f in found.fail_slow] == [slow], found
+    assert 0.5 / TP_SLOW_FACTOR < found.fail_slow[0].speed < 2 / TP_SLOW_FACTOR
+    assert found.fail_stop == []
 
 
 # ---------------------------------------------------------------------------------------------------------------
