@@ -37,6 +37,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import ValidationError
 
+from wire.detection import DetectResponse
 from wire.schemas import Failures, Options, Plan, PlanRequest
 
 __all__ = ["RETRY_STATUSES", "SOLVE_MARGIN_S", "PlannerClient", "PlannerError"]
@@ -145,6 +146,16 @@ class PlannerClient:
                 read_timeout_s = self._solve_timeout(options.time_limit_s)
         response = self._call("POST", f"/v1/plans/{_segment(plan_id)}/replan", body=body, read_timeout_s=read_timeout_s)
         return self._plan_from(response)
+
+    def detect(self, plan_id: str, telemetry: list[Mapping[str, Any]]) -> DetectResponse:
+        """POST /v1/detect: fail-slow and fail-stop devices of a stored plan in a window of telemetry items."""
+        response = self._call("POST", "/v1/detect", body={"plan_id": plan_id, "telemetry": list(telemetry)},
+                              read_timeout_s=self.timeout_s)
+        try:
+            return DetectResponse.model_validate(response.json())
+        except (ValueError, ValidationError) as error:
+            raise PlannerError(f"POST /v1/detect: the answer is not a detection: {_one_line(str(error))}",
+                               status_code=response.status_code) from None
 
     def export(self, plan_id: str, fmt: str, replica: int | None = None) -> str:
         """GET /v1/plans/{plan_id}/export/{fmt}: the plan as text in that format (`resiplan export --help`)."""

@@ -3,6 +3,7 @@
     torchrun --nproc-per-node W -m executor.cli --plan A.json [--reconfigure STEP:B.json ...]
         [--steps N] [--seed S] [--optimizer sgd|adam] [--lr LR] [--slow-device NODE:GPU:FACTOR[@STEP] ...]
         [--telemetry OUT.jsonl] [--layers L] [--hidden H] [--ffn F] [--vocab V] [--seq S] [--out-dir DIR]
+        [--server URL [--token T] [--detect-every K]] [--emulate-ms-per-layer MS]
     resiplan-train --reference --plan A.json [same model and optimizer options]   # one process, no layout
 
 (or, installed as the `resiplan-train` console script, `torchrun --nproc-per-node W
@@ -98,6 +99,13 @@ what it held itself and executes exactly B's `migration.transfers` (`migrate.py`
 then runs B's pipeline from STEP on. The step count, the global batch and the data
 order carry on, so the losses are those of one process (`--reference`); the
 events (`events.jsonl`) list every transfer with the bytes that went over the wire.
+
+The live loop (`--server URL`, `live.py`): every K steps rank 0 posts the ranks' telemetry
+of the current plan to `/v1/detect`; a newly flagged device brings a replan
+(`POST /v1/plans/{id}/replan`), which every rank applies as above at the next
+step. `--emulate-ms-per-layer MS` makes ranks behave like GPUs for throughput
+measurements (`timing.py`): ops last their work's emulated time, not the host's
+contended CPU time.
 
 Telemetry. Each rank times each compute op it runs (F, B, I, W, recorded by
 microbatch), so a microbatch's `compute_ms` is the sum over the rank's ops and

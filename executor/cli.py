@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from executor.layout import build_layout, world_devices
+from executor.live import LiveOptions
 from executor.model import GRAD_WEIGHTINGS, model_config, reference_train
 from executor.optimizer import OPTIMIZERS
 from executor.run import Options, run_and_save, segments_of
@@ -44,6 +45,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--slow-device", action="append", default=[], metavar="NODE:GPU:FACTOR[@STEP]",
                         help="that device's ops take FACTOR times longer from STEP on (imitating a fail-slow GPU); "
                              "repeatable")
+    parser.add_argument("--emulate-ms-per-layer", type=float, default=None, metavar="MS",
+                        help="run like GPUs rather than CPU processes sharing cores: each op lasts MS per layer and "
+                             "sequence of its microbatch, over its TP degree (computing, then sleeping the rest)")
+    parser.add_argument("--server", default=None, metavar="URL",
+                        help="close the loop live: post telemetry to URL's /v1/detect every --detect-every steps and "
+                             "apply the replan a newly slow device brings (the plan must be stored there)")
+    parser.add_argument("--token", default=os.environ.get("RESIPLAN_API_TOKEN"),
+                        help="bearer token for --server (default: $RESIPLAN_API_TOKEN)")
+    parser.add_argument("--detect-every", type=int, default=4, metavar="K", help="steps between detections")
     parser.add_argument("--telemetry", default=None, help="write /v1/detect telemetry items here (JSON lines)")
     parser.add_argument("--grad-weighting", choices=GRAD_WEIGHTINGS, default="batch-share",
                         help="replica weights in the gradient all-reduce (uniform is wrong for unequal microbatches)")
@@ -90,9 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"resiplan-train: {error}", file=sys.stderr)
         return 2
+    if args.detect_every < 3:
+        print("resiplan-train: --detect-every must be >= 3 (/v1/detect wants 3 iterations)", file=sys.stderr)
+        return 2
+    live = LiveOptions(args.server, args.token, args.detect_every) if args.server else None
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
     options = Options(steps=args.steps, seed=args.seed, lr=lr, optimizer=args.optimizer, adam_eps=args.adam_eps,
-                      slowdowns=slowdowns, grad_weighting=args.grad_weighting, layers=args.layers,
+                      slowdowns=slowdowns, emulate_ms_per_layer=args.emulate_ms_per_layer, grad_weighting=args.grad_weighting, layers=args.layers,
                       hidden=args.hidden, ffn=args.ffn, vocab=args.vocab, seq=args.seq)
     torch.set_num_threads(1)
     if args.reference:
@@ -108,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run me under torchrun --nproc-per-node {world} (the devices the plans use)", file=sys.stderr)
         return 2
     try:
-        result = run_and_save(plan, options, args.out_dir, args.telemetry, switches)
+        result = run_and_save(plan, options, args.out_dir, args.telemetry, switches, live)
         if dist.get_rank() == 0:
             cfg = model_config(plan, layers=args.layers, hidden=args.hidden, ffn=args.ffn, vocab=args.vocab,
                                seq=args.seq)

@@ -37,7 +37,7 @@ from wire.migration import MigrationTransfer
 
 @dataclass(frozen=True)
 class MigrationReport:
-    transfers: list[dict[str, Any]]  # what this rank received: the wire transfer plus the bytes that came
+    transfers: list[dict[str, Any]]  # what this rank received: the wire transfer, the bytes that came and when
     bytes_received: int
     regroup_s: float  # filled in by the caller: groups and chunks of the new plan
     transfers_s: float
@@ -165,24 +165,29 @@ def migrate(old: Runtime, new: Runtime, transfers: list[MigrationTransfer], adam
         if old.active:
             _keep(old, new, old_moments, new_moments, num_layers)
 
-    requests, received = [], []
+    sends, received = [], []
+    posted = time.perf_counter()
     for index, transfer in enumerate(transfers):
         if transfer.sender == me:
             if not old.active:
                 raise RuntimeError(f"transfer {index} is from {me}, which the running plan does not use")
             views = _pieces(old, old_moments, transfer, num_layers)
             buffer = torch.cat([v.reshape(-1) for v in views])
-            requests.append(dist.isend(buffer, dst=rank_of[transfer.to], tag=index))
+            sends.append(dist.isend(buffer, dst=rank_of[transfer.to], tag=index))
         if transfer.to == me:
             views = _pieces(new, new_moments, transfer, num_layers)
             buffer = torch.empty(sum(v.numel() for v in views))
-            requests.append(dist.irecv(buffer, src=rank_of[transfer.sender], tag=index))
-            received.append((index, transfer, views, buffer))
-    for request in requests:
+            request = dist.irecv(buffer, src=rank_of[transfer.sender], tag=index)
+            received.append((index, transfer, views, buffer, request))
+    arrived_s = {}
+    for index, _, _, _, request in received:  # in order: a time is when this receiver had it, an upper bound
+        request.wait()
+        arrived_s[index] = time.perf_counter() - posted
+    for request in sends:
         request.wait()
     bytes_received, report = 0, []
     with torch.no_grad():
-        for index, transfer, views, buffer in received:
+        for index, transfer, views, buffer, _ in received:
             offset = 0
             for view in views:
                 view.copy_(buffer[offset : offset + view.numel()].view_as(view))
@@ -190,7 +195,7 @@ def migrate(old: Runtime, new: Runtime, transfers: list[MigrationTransfer], adam
             size = buffer.numel() * buffer.element_size()
             bytes_received += size
             report.append({"index": index, **transfer.model_dump(mode="json", by_alias=True), "plan_bytes":
-                           transfer.bytes, "bytes": size})
+                           transfer.bytes, "bytes": size, "seconds": round(arrived_s[index], 6)})
     transferred = time.perf_counter()
     problems: list[str] = []
     if new.active:

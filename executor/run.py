@@ -12,7 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.layout import unit_of, world_devices
+from executor.layout import device_key, plan_devices, unit_of, world_devices
+from executor.live import LiveLoop, LiveOptions
 from executor.migrate import MigrationReport, full_size, local, migrate
 from executor.model import GRAD_WEIGHTINGS, ModelConfig, global_batch, model_config
 from executor.optimizer import OPTIMIZERS, AdamSettings, AdamState, Moments, adam_update
@@ -32,6 +33,7 @@ class Options:
     optimizer: str = "sgd"
     adam_eps: float = 1e-8
     slowdowns: tuple[Slowdown, ...] = ()
+    emulate_ms_per_layer: float | None = None  # behave like GPUs: ops last this per layer-microbatch (timing.py)
     grad_weighting: str = "batch-share"
     layers: int | None = None
     hidden: int | None = None
@@ -75,9 +77,11 @@ def _check_compatible(cfg: ModelConfig, plans: list[Plan]) -> None:
                          "name the plan's layers")
 
 
-def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = ()) -> RankResult:
-    """This rank's part of training `plan` (then each `reconfigure` plan from its step on) for `options.steps`
-    steps. The process group must be initialised, with one rank per device any of the plans uses."""
+def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = (),
+        live: LiveOptions | None = None) -> RankResult:
+    """This rank's part of training `plan` (then each `reconfigure` plan from its step on, and with `live` the
+    replans the service answers to what `/v1/detect` finds) for `options.steps` steps. The process group must be
+    initialised, with one rank per device any of the plans uses."""
     if options.grad_weighting not in GRAD_WEIGHTINGS:
         raise ValueError(f"grad_weighting must be one of {GRAD_WEIGHTINGS}")
     if options.optimizer not in OPTIMIZERS:
@@ -93,31 +97,44 @@ def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = ()) 
         raise RuntimeError(f"the plans use {len(devices)} devices; launch {len(devices)} ranks, not {world}")
     device = devices[rank] if rank < len(devices) else None
     adam = AdamState(AdamSettings(options.lr, eps=options.adam_eps)) if options.optimizer == "adam" else None
-    timer = OpTimer()
+    loop = LiveLoop(live) if live is not None else None
+    timer = OpTimer(emulate_ms_per_layer=options.emulate_ms_per_layer)
     telemetry: list[dict[str, Any]] = []
+    window: list[dict[str, Any]] = []  # this rank's telemetry of the current plan, for the live loop
     records: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     runtime: Runtime | None = None
-    for start, end, segment_plan in segments:
-        began = time.perf_counter()
-        new = build_runtime(segment_plan, cfg, devices, options.seed, timer)
-        regrouped = time.perf_counter()
-        if runtime is None:
-            if adam is not None and new.active:
-                adam.moments = _fresh_moments(new, cfg.num_layers)
-        else:
-            report = migrate(runtime, new, segment_plan.migration.transfers, adam, cfg.num_layers)
-            events += _reconfigure_events(start, runtime.plan, segment_plan, report, regrouped - began)
-        runtime = new
-        for step in range(start, end):
-            if not runtime.active:
-                continue
+    switches = {start: segment_plan for start, _, segment_plan in segments}
+    for step in range(options.steps):
+        if step in switches:
+            target = switches.pop(step)
+            _check_compatible(cfg, [plan, target] if runtime is not None else [plan])
+            began = time.perf_counter()
+            new = build_runtime(target, cfg, devices, options.seed, timer)
+            regrouped = time.perf_counter()
+            if runtime is None:
+                if adam is not None and new.active:
+                    adam.moments = _fresh_moments(new, cfg.num_layers)
+            else:
+                report = migrate(runtime, new, target.migration.transfers, adam, cfg.num_layers)
+                events += _reconfigure_events(step, runtime.plan, target, report, regrouped - began)
+            runtime, window = new, []
+        if runtime.active:
             timer.slow_factor = slow_factor(options.slowdowns, device, step)
             step_began = time.perf_counter()
             loss = _train_step(runtime, cfg, step, options, adam, timer)
-            records.append({"step": step, "loss": loss, "plan_id": segment_plan.plan_id,
+            records.append({"step": step, "loss": loss, "plan_id": runtime.plan.plan_id,
                             "step_s": round(time.perf_counter() - step_began, 6)})
             telemetry.append(_telemetry_item(runtime, cfg, step, timer.take()))
+            window.append(telemetry[-1])
+        if loop is not None and loop.due(step, options.steps):
+            found, found_events = loop.check(step, runtime.plan, window)
+            events += found_events if rank == 0 else []
+            if found is not None:
+                missing = sorted(set(plan_devices(found)) - set(devices), key=device_key)
+                if missing:
+                    raise RuntimeError(f"replan {found.plan_id} uses devices no process runs: {missing}")
+                switches[step + 1] = found
     gathered = _gather_on_rank0((records, events))
     losses: list[float] = []
     if gathered is not None:
@@ -125,11 +142,15 @@ def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = ()) 
         records = [by_step[step] for step in sorted(by_step)]
         losses = [r["loss"] for r in records]
         events = [event for _, rank_events in gathered for event in rank_events]
-        events.sort(key=lambda e: (e["step"], e["event"] != "reconfigure", e.get("index", -1)))
+        events.sort(key=lambda e: (e["step"], _EVENT_ORDER.index(e["event"]), e.get("index", -1)))
     # Every TP rank takes part in full_tensor(); the leader keeps the result.
     final = {name: _full(param.detach()).clone() for name, param in runtime.params.items()}
     replica = runtime.replica.plan_id if runtime.active else None
-    return RankResult(rank, device, losses, final if runtime.is_leader else {}, replica, telemetry, records if gathered else [], events)
+    return RankResult(rank, device, losses, final if runtime.is_leader else {}, replica, telemetry,
+                      records if gathered else [], events)
+
+
+_EVENT_ORDER = ("detection", "replan", "reconfigure", "transfer")
 
 
 def _fresh_moments(runtime: Runtime, num_layers: int) -> dict[str, Moments]:
@@ -324,7 +345,7 @@ def gather_telemetry(result: RankResult) -> list[dict[str, Any]] | None:
 
 def run_rank(rank: int, world: int, init_method: str, plan_json: str, options: Options,
              out_dir: str | None = None, telemetry_path: str | None = None, timeout_s: float = 60.0,
-             reconfigure: list[tuple[int, str]] = ()) -> RankResult:
+             reconfigure: list[tuple[int, str]] = (), live: LiveOptions | None = None) -> RankResult:
     """Join a gloo world, run the plan(s), optionally save this rank's results, leave the world."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -332,17 +353,17 @@ def run_rank(rank: int, world: int, init_method: str, plan_json: str, options: O
                             timeout=timedelta(seconds=timeout_s))
     try:
         switches = [(step, Plan.model_validate_json(text)) for step, text in reconfigure]
-        return run_and_save(Plan.model_validate_json(plan_json), options, out_dir, telemetry_path, switches)
+        return run_and_save(Plan.model_validate_json(plan_json), options, out_dir, telemetry_path, switches, live)
     finally:
         dist.destroy_process_group()
         torch.set_num_threads(threads)
 
 
 def run_and_save(plan: Plan, options: Options, out_dir: str | None, telemetry_path: str | None,
-                 reconfigure: list[tuple[int, Plan]] = ()) -> RankResult:
+                 reconfigure: list[tuple[int, Plan]] = (), live: LiveOptions | None = None) -> RankResult:
     """Run, then write the telemetry (rank 0), each rank's `rank<R>.pt` and, on rank 0, `losses.jsonl` and
     `events.jsonl` in `out_dir`."""
-    result = run(plan, options, reconfigure)
+    result = run(plan, options, reconfigure, live)
     items = gather_telemetry(result)
     if telemetry_path and items is not None:
         _write_jsonl(Path(telemetry_path), items)

@@ -16,7 +16,7 @@ from executor.layout import Layout, ReplicaPlace, StagePlace, build_layout, part
 from executor.model import Chunk, ModelConfig, loss_fn, tp_plan
 from executor.shards import RankShards, plan_shards
 from executor.tensor_parallel import Follower, LeaderChunk
-from executor.timing import OpTimer
+from executor.timing import OP_WORK, OpTimer
 from wire.schemas import Plan
 
 
@@ -144,7 +144,8 @@ def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: 
     if len(rows) != p:
         raise RuntimeError(f"replica {replica.plan_id}: {len(rows)} CSV rows for {p} stages")
     if rank != stage.leader:
-        runtime.follower = Follower(chunks, n_virtual, tp_group, stage.leader, input_shape, timer)
+        layer_mbs = {virtual: len(replica.parts[virtual].layers) * mbs / stage.tp for virtual in stage.virtuals}
+        runtime.follower = Follower(chunks, n_virtual, tp_group, stage.leader, input_shape, timer, layer_mbs)
         runtime.follower.load_row(rows[stage.stage])
         return runtime
     # Row k of the CSV must be PP-group rank k; new_group orders ranks by number.
@@ -163,8 +164,15 @@ def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: 
         pp_stage = PipelineStage(module, virtual, n_virtual, torch.device("cpu"), input_args=(example_in,),
                                  output_args=(torch.zeros(out_shape, requires_grad=True),),
                                  group=groups.pp[stage.replica])
-        for method in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
-            setattr(pp_stage, method, timer.wrap(getattr(pp_stage, method)))
+        layer_mbs = len(replica.parts[virtual].layers) * mbs / stage.tp
+        works = {
+            "forward_one_chunk": lambda kwargs, w=layer_mbs: w * OP_WORK["F"],
+            "backward_one_chunk": lambda kwargs, w=layer_mbs: w * OP_WORK["B" if kwargs.get("full_backward", True)
+                                                                          else "I"],
+            "backward_weight_one_chunk": lambda kwargs, w=layer_mbs: w * OP_WORK["W"],
+        }
+        for method, work in works.items():
+            setattr(pp_stage, method, timer.wrap(getattr(pp_stage, method), work))
         pp_stages.append(pp_stage)
     schedule = _PipelineScheduleRuntime(pp_stages, n_microbatches=replica.num_microbatches, loss_fn=loss_fn,
                                         scale_grads=False)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from executor.model import Chunk
-from executor.timing import OpTimer
+from executor.timing import OP_WORK, OpTimer
 
 
 class _BroadcastGrad(torch.autograd.Function):
@@ -50,11 +50,13 @@ class Follower:
     """A non-leader TP rank of a stage: replays the stage's CSV row, mirroring the leader's PipelineStage calls."""
 
     def __init__(self, chunks: dict[int, Chunk], num_stages: int, group: dist.ProcessGroup, leader: int,
-                 input_shape: Callable[[int], tuple[tuple[int, ...], torch.dtype]], timer: OpTimer):
+                 input_shape: Callable[[int], tuple[tuple[int, ...], torch.dtype]], timer: OpTimer,
+                 layer_mbs: dict[int, float] | None = None):
         self.chunks, self.num_stages = chunks, num_stages
         self.group, self.leader = group, leader
         self.input_shape = input_shape
         self.timer = timer
+        self.layer_mbs = layer_mbs or {}  # per chunk: layers x micro_batch_size / tp (the emulated work)
         self.actions: list[tuple[int, str, int]] = []
 
     def load_row(self, row: list[str]) -> None:
@@ -103,7 +105,7 @@ class Follower:
                         stage_backward_weight(chunk.parameters(), state)
                     else:
                         stage_backward(*state)
-            self.timer.record(mb, start)
+            self.timer.record(mb, start, self.layer_mbs.get(virtual, 0.0) * OP_WORK[kind])
         if cache or deferred:
             raise RuntimeError(f"follower left work undone: {sorted(cache)} {sorted(deferred)}")
 

@@ -50,28 +50,47 @@ def _sleep_until(deadline: float) -> None:
         pass
 
 
-class OpTimer:
-    """Per-microbatch compute time of one rank; slowed by `slow_factor` (set per step)."""
+# An op's share of a layer's work for one microbatch: forward 1, full backward 2, its input or weight half 1.
+OP_WORK = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
 
-    def __init__(self, slow_factor: float = 1.0):
+
+class OpTimer:
+    """Per-microbatch compute time of one rank; slowed by `slow_factor` (set per step).
+
+    With `emulate_ms_per_layer` the rank behaves like a GPU instead of sharing the host's CPUs: an op
+    lasts `emulate_ms_per_layer x layers x micro_batch_size x OP_WORK / tp x slow_factor` of wall time
+    (it computes, then sleeps the rest; the real compute must be shorter) and reports that. Ranks
+    then run side by side whatever the host's core count, as a cluster's GPUs do, so steps per second
+    measure the schedule, the balance and the reconfiguration rather than CPU contention.
+    """
+
+    def __init__(self, slow_factor: float = 1.0, emulate_ms_per_layer: float | None = None):
         self.slow_factor = slow_factor
+        self.emulate_ms_per_layer = emulate_ms_per_layer
         self.ms: dict[int, float] = defaultdict(float)
 
     @staticmethod
-    def start() -> float:
-        return time.thread_time()
+    def start() -> tuple[float, float]:
+        return time.thread_time(), time.perf_counter()
 
-    def record(self, microbatch: int, start: float) -> None:
-        compute_s = time.thread_time() - start
+    def record(self, microbatch: int, start: tuple[float, float], work_layers: float = 0.0) -> None:
+        """`work_layers`: the op's work in layer-microbatches (layers x micro_batch_size x OP_WORK / tp)."""
+        cpu_start, wall_start = start
+        if self.emulate_ms_per_layer is not None:
+            emulated_s = self.slow_factor * self.emulate_ms_per_layer * work_layers / 1000.0
+            _sleep_until(wall_start + emulated_s)
+            self.ms[microbatch] += emulated_s * 1000.0
+            return
+        compute_s = time.thread_time() - cpu_start
         if self.slow_factor > 1.0:
             _sleep_until(time.perf_counter() + (self.slow_factor - 1.0) * compute_s)
         self.ms[microbatch] += self.slow_factor * compute_s * 1000.0
 
-    def wrap(self, fn: Callable) -> Callable:
+    def wrap(self, fn: Callable, work_layers: Callable[[dict], float] = lambda kwargs: 0.0) -> Callable:
         def timed(microbatch: int, *args, **kwargs):
             start = self.start()
             result = fn(microbatch, *args, **kwargs)
-            self.record(microbatch, start)
+            self.record(microbatch, start, work_layers(kwargs))
             return result
 
         return timed
