@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from executor.checkpoint import latest
 from executor.layout import build_layout, world_devices
 from executor.live import LiveOptions
 from executor.model import GRAD_WEIGHTINGS, model_config, reference_train
@@ -61,6 +62,13 @@ def _parser() -> argparse.ArgumentParser:
         parser.add_argument(f"--{name}", type=int, default=None, help=f"override the model's {name}")
     parser.add_argument("--out-dir", default=None,
                         help="write losses.jsonl, events.jsonl and each rank's final parameters (rank<R>.pt) here")
+    parser.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                        help="save a per-rank sharded checkpoint after every N-th step")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="where checkpoints go (default: OUT_DIR/checkpoints)")
+    parser.add_argument("--resume", default=None, metavar="DIR",
+                        help="start from the newest complete checkpoint in DIR, resharded onto --plan (any plan of "
+                             "the same model and batch)")
     parser.add_argument("--timeout", type=float, default=300.0, help="collective timeout, seconds")
     return parser
 
@@ -100,13 +108,27 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"resiplan-train: {error}", file=sys.stderr)
         return 2
+    checkpoint_dir = args.checkpoint_dir or (str(Path(args.out_dir) / "checkpoints") if args.out_dir else None)
+    if args.checkpoint_every is not None and (args.checkpoint_every < 1 or checkpoint_dir is None):
+        print("resiplan-train: --checkpoint-every needs N >= 1 and --checkpoint-dir or --out-dir", file=sys.stderr)
+        return 2
+    first_step = 0
+    if args.resume:
+        try:
+            first_step = latest(args.resume)[1]["next_step"]
+            segments_of(plan, switches, args.steps, first_step)
+        except ValueError as error:
+            print(f"resiplan-train: {error}", file=sys.stderr)
+            return 2
     if args.detect_every < 3:
         print("resiplan-train: --detect-every must be >= 3 (/v1/detect wants 3 iterations)", file=sys.stderr)
         return 2
     live = LiveOptions(args.server, args.token, args.detect_every) if args.server else None
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
     options = Options(steps=args.steps, seed=args.seed, lr=lr, optimizer=args.optimizer, adam_eps=args.adam_eps,
-                      slowdowns=slowdowns, emulate_ms_per_layer=args.emulate_ms_per_layer, grad_weighting=args.grad_weighting, layers=args.layers,
+                      slowdowns=slowdowns, emulate_ms_per_layer=args.emulate_ms_per_layer,
+                      checkpoint_every=args.checkpoint_every, checkpoint_dir=checkpoint_dir, resume=args.resume,
+                      grad_weighting=args.grad_weighting, layers=args.layers,
                       hidden=args.hidden, ffn=args.ffn, vocab=args.vocab, seq=args.seq)
     torch.set_num_threads(1)
     if args.reference:

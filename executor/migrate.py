@@ -91,25 +91,69 @@ def _pieces(runtime: Runtime, moments: dict[str, Moments] | None, transfer: Migr
     return views
 
 
-def _keep(old: Runtime, new: Runtime, old_moments: dict[str, Moments] | None,
-          new_moments: dict[str, Moments] | None, num_layers: int) -> None:
-    old_params = old.params
+@dataclass(frozen=True)
+class HeldState:
+    """State one device holds, wherever it lives (a running plan's rank, a checkpoint file)."""
+
+    params: dict[str, torch.Tensor]  # name -> local slice (norms whole)
+    moments: dict[str, Moments] | None
+    weights: dict[int, Interval]
+    optimizer: dict[int, tuple[Interval, ...]]
+    full_sizes: dict[str, int]  # name -> the whole tensor's TP dimension
+
+
+def held_state(runtime: Runtime, moments: dict[str, Moments] | None) -> HeldState:
+    params = runtime.params
+    return HeldState({name: local(p) for name, p in params.items()}, moments, runtime.shards.weights,
+                     runtime.shards.optimizer, {name: full_size(name, p) for name, p in params.items()})
+
+
+def copy_overlap(source: HeldState, new: Runtime, new_moments: dict[str, Moments] | None, num_layers: int) -> None:
+    """Into `new`'s slices, whatever of them `source` holds: weights on the overlap of the two weight slices,
+    moments on the overlap of the two optimizer intervals."""
     for name, param in new.params.items():
-        if name not in old_params:
+        if name not in source.params:
             continue
         unit = unit_of_name(name, num_layers)
-        old_held, new_held = old.shards.weights[unit], new.shards.weights[unit]
+        old_held, new_held = source.weights[unit], new.shards.weights[unit]
         size = full_size(name, param)
         with torch.no_grad():
             for part in overlaps([old_held], [new_held]):
                 local_slice(local(param), name, size, new_held, part).copy_(
-                    local_slice(local(old_params[name]), name, size, old_held, part))
-            if new_moments is None or old_moments is None:
+                    local_slice(source.params[name], name, size, old_held, part))
+            if new_moments is None or source.moments is None:
                 continue
-            for part in overlaps(old.shards.optimizer[unit], new.shards.optimizer[unit]):
+            for part in overlaps(source.optimizer[unit], new.shards.optimizer[unit]):
                 for attr in ("exp_avg", "exp_avg_sq"):
                     local_slice(getattr(new_moments[name], attr), name, size, new_held, part).copy_(
-                        local_slice(getattr(old_moments[name], attr), name, size, old_held, part))
+                        local_slice(getattr(source.moments[name], attr), name, size, old_held, part))
+
+
+def blank(new: Runtime, adam: AdamState | None) -> dict[str, Moments] | None:
+    """NaN in every weight and moment of the new plan on this rank: what is not delivered stays visible."""
+    if not new.active:
+        return None
+    with torch.no_grad():
+        for param in new.params.values():
+            local(param).fill_(math.nan)
+    return {name: Moments.unset(local(p)) for name, p in new.params.items()} if adam is not None else None
+
+
+def complete(new: Runtime, new_moments: dict[str, Moments] | None, adam: AdamState | None, num_layers: int,
+             source: str) -> None:
+    """Re-assemble replicated norms, then stop every rank together if any state is missing anywhere."""
+    problems: list[str] = []
+    if new.active:
+        _reassemble_norms(new, num_layers)
+        problems = _unfilled(new, new_moments, num_layers)
+    # Every rank learns of any rank's gap, so all stop together instead of waiting on a rank that stopped.
+    everyone: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(everyone, problems)
+    gaps = [problem for rank_problems in everyone for problem in rank_problems]
+    if gaps:
+        raise RuntimeError(f"{source} to plan {new.plan.plan_id} left {len(gaps)} gaps: " + "; ".join(gaps[:5]))
+    if adam is not None:
+        adam.moments = new_moments or {}
 
 
 def _reassemble_norms(new: Runtime, num_layers: int) -> None:
@@ -154,16 +198,10 @@ def migrate(old: Runtime, new: Runtime, transfers: list[MigrationTransfer], adam
     me = new.device
     rank_of = {device: rank for rank, device in enumerate(new.layout.devices)}
     old_moments = adam.moments if adam is not None else None
-    new_moments = None
     started = time.perf_counter()
-    if new.active:
-        with torch.no_grad():
-            for param in new.params.values():
-                local(param).fill_(math.nan)
-        if adam is not None:
-            new_moments = {name: Moments.unset(local(p)) for name, p in new.params.items()}
-        if old.active:
-            _keep(old, new, old_moments, new_moments, num_layers)
+    new_moments = blank(new, adam)
+    if new.active and old.active:
+        copy_overlap(held_state(old, old_moments), new, new_moments, num_layers)
 
     sends, received = [], []
     posted = time.perf_counter()
@@ -197,16 +235,5 @@ def migrate(old: Runtime, new: Runtime, transfers: list[MigrationTransfer], adam
             report.append({"index": index, **transfer.model_dump(mode="json", by_alias=True), "plan_bytes":
                            transfer.bytes, "bytes": size, "seconds": round(arrived_s[index], 6)})
     transferred = time.perf_counter()
-    problems: list[str] = []
-    if new.active:
-        _reassemble_norms(new, num_layers)
-        problems = _unfilled(new, new_moments, num_layers)
-    # Every rank learns of any rank's gap, so all stop together instead of waiting on a rank that stopped.
-    everyone: list[list[str]] = [[] for _ in range(dist.get_world_size())]
-    dist.all_gather_object(everyone, problems)
-    gaps = [problem for rank_problems in everyone for problem in rank_problems]
-    if gaps:
-        raise RuntimeError(f"the migration to plan {new.plan.plan_id} left {len(gaps)} gaps: " + "; ".join(gaps[:5]))
-    if adam is not None:
-        adam.moments = new_moments or {}
+    complete(new, new_moments, adam, num_layers, "the migration")
     return MigrationReport(report, bytes_received, 0.0, transferred - started, time.perf_counter() - transferred)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor import checkpoint
 from executor.layout import device_key, plan_devices, unit_of, world_devices
 from executor.live import LiveLoop, LiveOptions
 from executor.migrate import MigrationReport, full_size, local, migrate
@@ -34,6 +35,9 @@ class Options:
     adam_eps: float = 1e-8
     slowdowns: tuple[Slowdown, ...] = ()
     emulate_ms_per_layer: float | None = None  # behave like GPUs: ops last this per layer-microbatch (timing.py)
+    checkpoint_every: int | None = None  # save a sharded checkpoint after every N-th step (checkpoint.py)
+    checkpoint_dir: str | None = None
+    resume: str | None = None  # a checkpoint directory: start from its newest complete step, on this plan
     grad_weighting: str = "batch-share"
     layers: int | None = None
     hidden: int | None = None
@@ -54,12 +58,16 @@ class RankResult:
     events: list[dict[str, Any]] = field(default_factory=list)  # rank 0: reconfigurations and transfers
 
 
-def segments_of(plan: Plan, reconfigure: list[tuple[int, Plan]], steps: int) -> list[tuple[int, int, Plan]]:
+def segments_of(plan: Plan, reconfigure: list[tuple[int, Plan]], steps: int, first_step: int = 0
+                ) -> list[tuple[int, int, Plan]]:
     """(first step, end step, plan) per plan in the order the run uses them."""
-    starts = [(0, plan), *sorted(reconfigure, key=lambda item: item[0])]
+    if not 0 <= first_step < steps:
+        raise ValueError(f"the run starts at step {first_step}, but --steps is {steps}")
+    starts = [(first_step, plan), *sorted(reconfigure, key=lambda item: item[0])]
     for (a, _), (b, _) in zip(starts, starts[1:]):
         if not a < b < steps:
-            raise ValueError(f"--reconfigure steps must increase and lie in 1..{steps - 1}: got {b} after {a}")
+            raise ValueError(f"--reconfigure steps must increase and lie in {first_step + 1}..{steps - 1}: "
+                             f"got {b} after {a}")
     ends = [start for start, _ in starts[1:]] + [steps]
     return [(start, end, p) for (start, p), end in zip(starts, ends, strict=True)]
 
@@ -86,7 +94,11 @@ def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = (),
         raise ValueError(f"grad_weighting must be one of {GRAD_WEIGHTINGS}")
     if options.optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}")
-    segments = segments_of(plan, list(reconfigure), options.steps)
+    resume_dir, first_step = None, 0
+    if options.resume:
+        resume_dir, meta = checkpoint.latest(options.resume)
+        first_step = meta["next_step"]
+    segments = segments_of(plan, list(reconfigure), options.steps, first_step)
     plans = [p for _, _, p in segments]
     cfg = model_config(plan, layers=options.layers, hidden=options.hidden, ffn=options.ffn, vocab=options.vocab,
                        seq=options.seq)
@@ -105,14 +117,19 @@ def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = (),
     events: list[dict[str, Any]] = []
     runtime: Runtime | None = None
     switches = {start: segment_plan for start, _, segment_plan in segments}
-    for step in range(options.steps):
+    for step in range(first_step, options.steps):
         if step in switches:
             target = switches.pop(step)
             _check_compatible(cfg, [plan, target] if runtime is not None else [plan])
             began = time.perf_counter()
             new = build_runtime(target, cfg, devices, options.seed, timer)
             regrouped = time.perf_counter()
-            if runtime is None:
+            if runtime is None and resume_dir is not None:
+                loaded_s = checkpoint.load(resume_dir, new, adam, cfg.num_layers)
+                if rank == 0:
+                    events.append({"event": "resume", "step": step, "checkpoint": str(resume_dir),
+                                   "plan_id": target.plan_id, "seconds": round(loaded_s, 6)})
+            elif runtime is None:
                 if adam is not None and new.active:
                     adam.moments = _fresh_moments(new, cfg.num_layers)
             else:
@@ -127,6 +144,10 @@ def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = (),
                             "step_s": round(time.perf_counter() - step_began, 6)})
             telemetry.append(_telemetry_item(runtime, cfg, step, timer.take()))
             window.append(telemetry[-1])
+        if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
+            saved_s = checkpoint.save(options.checkpoint_dir, runtime, adam, step + 1)
+            if rank == 0:
+                events.append({"event": "checkpoint", "step": step, "next_step": step + 1, "seconds": round(saved_s, 6)})
         if loop is not None and loop.due(step, options.steps):
             found, found_events = loop.check(step, runtime.plan, window)
             events += found_events if rank == 0 else []
@@ -150,7 +171,7 @@ def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = (),
                       records if gathered else [], events)
 
 
-_EVENT_ORDER = ("detection", "replan", "reconfigure", "transfer")
+_EVENT_ORDER = ("resume", "checkpoint", "detection", "replan", "reconfigure", "transfer")
 
 
 def _fresh_moments(runtime: Runtime, num_layers: int) -> dict[str, Moments]:

@@ -76,8 +76,9 @@ class Runtime:
     shards: RankShards | None = None
 
     @property
-    def device(self) -> str:
-        return self.layout.devices[dist.get_rank()]
+    def device(self) -> str | None:
+        rank = dist.get_rank()
+        return self.layout.devices[rank] if rank < len(self.layout.devices) else None  # a spare rank: none
 
     @property
     def active(self) -> bool:

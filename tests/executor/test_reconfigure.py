@@ -152,3 +152,50 @@ def test_a_migration_missing_state_stops_every_rank(plans, tmp_path):
     # Every rank raises (the first to be joined is reported, by rank 0 or as a child's ProcessRaisedException).
     with pytest.raises(Exception, match="optimizer state .* no transfer delivered"):
         run_world([case], len(executor_layout.world_devices([plans["A"], b])), tmp_path, seconds=60)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checkpoints: A writes sharded checkpoints, B (another layout, one device fewer) resumes from the newest
+
+
+@pytest.fixture(scope="module")
+def resumed(plans, tmp_path_factory) -> tuple[Path, Path]:
+    out = tmp_path_factory.mktemp("checkpoint")
+    checkpoints = out / "checkpoints"
+    save = Case("save", plans["A"].model_dump_json(),
+                executor_run.Options(steps=4, lr=LR, optimizer="adam", checkpoint_every=2,
+                                     checkpoint_dir=str(checkpoints)), str(out / "save"))
+    resume = Case("resume", plans["B"].model_dump_json(),
+                  executor_run.Options(steps=STEPS, lr=LR, optimizer="adam", resume=str(checkpoints)),
+                  str(out / "resume"))
+    run_world([save, resume], len(executor_layout.world_devices([plans["A"]])), out)
+    return checkpoints, out / "resume"
+
+
+def test_a_checkpoint_resumes_on_another_plan(plans, resumed):
+    checkpoints, out = resumed
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000002", "step-000004"]
+    assert sorted(p.name for p in (checkpoints / "step-000004").iterdir()) == sorted(
+        [d.replace(":", "_") + ".pt" for d in _devices(plans["A"])] + ["complete.json"])
+    a = plans["A"]
+    ref_losses, _, ref_final = executor_model.reference_train(
+        executor_model.model_config(a), a.global_batch_size, STEPS, 0, LR, "adam")
+    records = _jsonl(out / "losses.jsonl")
+    assert [r["step"] for r in records] == [4, 5] and {r["plan_id"] for r in records} == {plans["B"].plan_id}
+    for record in records:
+        assert abs(record["loss"] - ref_losses[record["step"]]) <= LOSS_TOLERANCE, record
+    for replica, state in replica_states(out).items():
+        problems = mismatches(state, ref_final, PARAM_TOLERANCE)
+        assert not problems, f"replica {replica}: " + "; ".join(problems)
+    (event,) = [e for e in _jsonl(out / "events.jsonl") if e["event"] == "resume"]
+    assert event["step"] == 4 and event["checkpoint"].endswith("step-000004")
+
+
+def test_resume_without_a_complete_checkpoint_is_refused(plans, tmp_path, capsys):
+    from executor.cli import main
+
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(plans["A"].model_dump_json())
+    (tmp_path / "step-000002").mkdir()  # written, never completed
+    assert main(["--plan", str(plan_file), "--resume", str(tmp_path), "--steps", "4"]) == 2
+    assert "no complete checkpoint" in capsys.readouterr().err
