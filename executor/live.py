@@ -34,7 +34,7 @@ class LiveOptions:
 class LiveLoop:
     def __init__(self, options: LiveOptions) -> None:
         self.options = options
-        self.client = PlannerClient(options.server, options.token) if dist.get_rank() == 0 else None
+        self.client: PlannerClient | None = None  # made on whichever rank is 0 (a recovery renumbers ranks)
         self.replanned_for: set[str] = set()
 
     def due(self, step: int, steps: int) -> bool:
@@ -61,6 +61,8 @@ class LiveLoop:
         iterations = {item["iteration"] for item in items}
         if len(iterations) < MIN_WINDOW_STEPS:
             return None, [], None
+        if self.client is None:
+            self.client = PlannerClient(self.options.server, self.options.token)
         began = time.perf_counter()
         found = self.client.detect(plan.plan_id, items)
         detected = {f.device: f.speed for f in found.fail_slow}

@@ -68,6 +68,7 @@ class Runtime:
     layout: Layout
     groups: Groups
     units: list[str]
+    rank: int  # this process's rank in the world the runtime was built in (a recovery renumbers the ranks)
     stage: StagePlace | None = None
     replica: ReplicaPlace | None = None
     chunks: dict[int, Chunk] | None = None
@@ -77,7 +78,7 @@ class Runtime:
 
     @property
     def device(self) -> str | None:
-        rank = dist.get_rank()
+        rank = self.rank
         return self.layout.devices[rank] if rank < len(self.layout.devices) else None  # a spare rank: none
 
     @property
@@ -86,7 +87,7 @@ class Runtime:
 
     @property
     def is_leader(self) -> bool:
-        return self.stage is not None and dist.get_rank() == self.stage.leader
+        return self.stage is not None and self.rank == self.stage.leader
 
     @property
     def tp_group(self) -> dist.ProcessGroup | None:
@@ -115,7 +116,7 @@ def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: 
     units = sync_units(cfg)
     groups = new_groups(layout, units, plan.zero_stage)
     rank = dist.get_rank()
-    runtime = Runtime(plan, layout, groups, units)
+    runtime = Runtime(plan, layout, groups, units, rank)
     if rank not in layout.stage_of_rank:
         return runtime
     stage = layout.stage_of_rank[rank]
