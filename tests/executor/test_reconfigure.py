@@ -199,3 +199,42 @@ def test_resume_without_a_complete_checkpoint_is_refused(plans, tmp_path, capsys
     (tmp_path / "step-000002").mkdir()  # written, never completed
     assert main(["--plan", str(plan_file), "--resume", str(tmp_path), "--steps", "4"]) == 2
     assert "no complete checkpoint" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ZeRO-1: Adam's moments sharded over the replicas; a slow GPU (no failure, so nothing is lost) makes the service
+# move A1 (4 replicas of one TP-2 stage) to a non-uniform B1 (pipelines of TP-1 stages), moving ZeRO-1 shards.
+
+
+@pytest.fixture(scope="module")
+def zero1(tmp_path_factory) -> tuple[Plan, Plan, Path]:
+    body = {**REQUEST, "training": {**REQUEST["training"], "zero_stage": 1}}
+    a = plan_for(PlanRequest.model_validate(body))
+    slow = {"failures": {"slow": [{"device": SLOW, "speed": 0.5}]}}
+    b = replan_for(replan_request(body, ReplanRequest.model_validate(slow)), a, "plan-b-zero1")
+    a, b = tiny(a), tiny(b)
+    out = tmp_path_factory.mktemp("zero1")
+    case = Case("zero1", a.model_dump_json(), executor_run.Options(steps=4, lr=LR, optimizer="adam"),
+                str(out / "zero1"), reconfigure=((SWITCHES[0], b.model_dump_json()),))
+    run_world([case], len(executor_layout.world_devices([a, b])), out)
+    return a, b, out / "zero1"
+
+
+def test_zero1_state_moves_live(zero1):
+    a, b, out = zero1
+    assert a.zero_stage == b.zero_stage == 1 and not b.uniform and b.migration.bytes_from_checkpoint == 0
+    assert any("optimizer" in t.state and t.part[2] > max(s.tp for r in a.replicas for s in r.stages)
+               for t in b.migration.transfers)  # pieces finer than a TP shard: ZeRO-1 shares
+    ref_losses, _, ref_final = executor_model.reference_train(
+        executor_model.model_config(a), a.global_batch_size, 4, 0, LR, "adam")
+    for step, (x, y) in enumerate(zip(losses(out), ref_losses, strict=True)):
+        assert abs(x - y) <= LOSS_TOLERANCE, f"step {step}: loss {x} != reference {y}"
+    for replica, state in replica_states(out).items():
+        problems = mismatches(state, ref_final, PARAM_TOLERANCE)
+        assert not problems, f"replica {replica}: " + "; ".join(problems)
+    executed = sorted((e for e in _jsonl(out / "events.jsonl") if e["event"] == "transfer"), key=lambda e: e["index"])
+    planned = [t.model_dump(mode="json", by_alias=True) for t in b.migration.transfers]
+    keys = ("from", "to", "layers", "embedding", "head", "tp_shard", "part", "state")
+    assert [{k: e[k] for k in keys} for e in executed] == [{k: t[k] for k in keys} for t in planned]
+    counts = _unit_params(b)
+    assert [e["bytes"] for e in executed] == [_expected_bytes(t, counts, b.architecture.num_layers) for t in planned]
