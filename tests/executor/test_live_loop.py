@@ -19,6 +19,7 @@ import pytest
 from adapters.client import PlannerClient
 from api.app import create_app
 from api.core.settings import Settings
+from benchmarks import live_loop
 from executor import model as executor_model
 from tests.live_server import live_server
 from wire.schemas import Plan
@@ -27,13 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS, SLOW_STEP, DETECT_EVERY, SLOW_FACTOR = 9, 3, 3, 4.0
 SLOW = "0:0"
 LR = 1e-3
-REQUEST = {
-    "cluster": {"num_nodes": 2, "gpus_per_node": 4, "gpu": "A100-40GB"},
-    "model": {"num_layers": 24, "hidden_size": 2048, "ffn_hidden_size": 8192, "num_attention_heads": 16,
-              "num_kv_heads": 4, "vocab_size": 32000, "swiglu": True, "tied_embeddings": False},
-    "training": {"global_batch_size": 32, "seq_length": 2048, "zero_stage": 0, "micro_batch_size": 1},
-    "options": {"time_limit_s": 2, "schedules": ["1f1b"]},
-}
+REQUEST = live_loop.REQUEST  # the benchmark's scenario: 4 replicas x 2 pipeline stages on 2 x 4 GPUs
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -98,7 +93,11 @@ def test_losses_through_the_live_switch_equal_one_process(live_run):
 
 def test_the_plan_is_what_the_test_claims(live_run):
     plan, replanned, _, _ = live_run
-    assert isinstance(plan, Plan) and all(len(r.stages) >= 1 for r in plan.replicas)
-    roles = len(plan.replicas)
-    assert roles >= 3  # /v1/detect compares a device with its role's peers: at least 3 of them
-    assert replanned.plan_id != plan.plan_id
+    assert plan.uniform and len(plan.replicas) >= 3  # /v1/detect compares a device with >= 3 role peers
+    assert SLOW in {d for r in plan.replicas for s in r.stages for d in s.devices}
+
+    def work(p: Plan, device: str) -> int:  # layer-microbatches the device runs per step
+        return sum((s.layers[1] - s.layers[0]) * r.num_microbatches
+                   for r in p.replicas for s in r.stages if device in s.devices)
+
+    assert work(replanned, SLOW) < work(plan, SLOW)  # the replan takes work off the slow GPU
