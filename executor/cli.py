@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import faulthandler
 import os
+import re
+import signal
 import sys
 import tempfile
 from datetime import timedelta
@@ -69,6 +73,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", default=None, metavar="DIR",
                         help="start from the newest complete checkpoint in DIR, resharded onto --plan (any plan of "
                              "the same model and batch)")
+    parser.add_argument("--fail-device", default=None, metavar="NODE:GPU@STEP",
+                        help="that device's process kills itself (SIGKILL) in STEP, after its first op: a lost GPU")
+    parser.add_argument("--survive", action="store_true",
+                        help="survive a lost rank: the others regroup, get a replan from --server without it, take "
+                             "its state from the replicas that hold it (or the newest checkpoint) and redo the step; "
+                             "launch with `python -m executor.launch`, which, unlike torchrun, lets them go on")
+    parser.add_argument("--survive-dir", default=None, metavar="DIR",
+                        help="heartbeats and the survivors' rendezvous, one directory all ranks see "
+                             "(default: OUT_DIR/survival)")
+    parser.add_argument("--heartbeat-timeout", type=float, default=5.0, metavar="S",
+                        help="with --survive: a rank on another host whose heartbeat is this old counts as lost (on "
+                             "this host a rank is lost when its process exits)")
     parser.add_argument("--timeout", type=float, default=300.0, help="collective timeout, seconds")
     return parser
 
@@ -100,6 +116,8 @@ def _reference(plan: Plan, options: Options, out_dir: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    with contextlib.suppress(OSError, ValueError):  # stderr without a file descriptor (captured): no dumps
+        faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where every thread of a stuck rank is
     try:
         plan = Plan.model_validate_json(Path(args.plan).read_text())
         switches = _switches(args.reconfigure)
@@ -112,6 +130,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.checkpoint_every is not None and (args.checkpoint_every < 1 or checkpoint_dir is None):
         print("resiplan-train: --checkpoint-every needs N >= 1 and --checkpoint-dir or --out-dir", file=sys.stderr)
         return 2
+    fail_device, survive_dir = None, None
+    if args.fail_device:
+        device, sep, step = args.fail_device.rpartition("@")
+        if not sep or not step.isdigit() or not re.fullmatch(r"\d+:\d+", device):
+            print(f"resiplan-train: --fail-device {args.fail_device!r}: expected NODE:GPU@STEP, e.g. 1:0@3",
+                  file=sys.stderr)
+            return 2
+        fail_device = (device, int(step))
+    if args.survive:
+        survive_dir = args.survive_dir or (str(Path(args.out_dir) / "survival") if args.out_dir else None)
+        if not args.server or survive_dir is None or not args.heartbeat_timeout > 0:
+            print("resiplan-train: --survive needs --server (the replan), --survive-dir or --out-dir, and a positive "
+                  "--heartbeat-timeout", file=sys.stderr)
+            return 2
     first_step = 0
     if args.resume:
         try:
@@ -128,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(steps=args.steps, seed=args.seed, lr=lr, optimizer=args.optimizer, adam_eps=args.adam_eps,
                       slowdowns=slowdowns, emulate_ms_per_layer=args.emulate_ms_per_layer,
                       checkpoint_every=args.checkpoint_every, checkpoint_dir=checkpoint_dir, resume=args.resume,
+                      fail_device=fail_device, survive_dir=survive_dir, heartbeat_timeout_s=args.heartbeat_timeout,
+                      timeout_s=args.timeout,
                       grad_weighting=args.grad_weighting, layers=args.layers,
                       hidden=args.hidden, ffn=args.ffn, vocab=args.vocab, seq=args.seq)
     torch.set_num_threads(1)

@@ -33,6 +33,7 @@ from executor.optimizer import AdamState, Moments
 from executor.runtime import Runtime
 from executor.shards import Interval, local_slice, overlaps, tp_dim, unit_of_name, units_of_transfer
 from wire.migration import MigrationTransfer
+from wire.schemas import Plan
 
 
 @dataclass(frozen=True)
@@ -237,3 +238,15 @@ def migrate(old: Runtime, new: Runtime, transfers: list[MigrationTransfer], adam
     transferred = time.perf_counter()
     complete(new, new_moments, adam, num_layers, "the migration")
     return MigrationReport(report, bytes_received, 0.0, transferred - started, time.perf_counter() - transferred)
+
+
+def switch_events(step: int, old: Plan, new: Plan, report: MigrationReport, regroup_s: float
+                  ) -> list[dict[str, Any]]:
+    """Events of a switch to `new` at `step`: on rank 0 the switch, on every receiver its transfers."""
+    events = [{"event": "transfer", "step": step, **t} for t in report.transfers]
+    if dist.get_rank() == 0:
+        events.insert(0, {"event": "reconfigure", "step": step, "from_plan": old.plan_id, "to_plan": new.plan_id,
+                          "regroup_s": round(regroup_s, 6), "transfers_s": round(report.transfers_s, 6),
+                          "reassemble_s": round(report.reassemble_s, 6), "transfers": len(new.migration.transfers),
+                          "plan_bytes_moved": new.migration.bytes_moved})
+    return events

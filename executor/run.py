@@ -15,9 +15,10 @@ import torch.distributed as dist
 from executor import checkpoint
 from executor.layout import device_key, plan_devices, unit_of, world_devices
 from executor.live import LiveLoop, LiveOptions
-from executor.migrate import MigrationReport, full_size, local, migrate
+from executor.migrate import full_size, local, migrate, switch_events
 from executor.model import GRAD_WEIGHTINGS, ModelConfig, global_batch, model_config
 from executor.optimizer import OPTIMIZERS, AdamSettings, AdamState, Moments, adam_update
+from executor.recovery import Lost, Progress, arm_failure, recover, start_watchdog
 from executor.runtime import Runtime, build_runtime
 from executor.shards import local_slice, unit_of_name
 from executor.timing import OpTimer, Slowdown, slow_factor
@@ -38,6 +39,10 @@ class Options:
     checkpoint_every: int | None = None  # save a sharded checkpoint after every N-th step (checkpoint.py)
     checkpoint_dir: str | None = None
     resume: str | None = None  # a checkpoint directory: start from its newest complete step, on this plan
+    fail_device: tuple[str, int] | None = None  # (device, step): that device's process SIGKILLs itself then
+    survive_dir: str | None = None  # survive lost ranks (recovery.py): heartbeats and rendezvous go here
+    heartbeat_timeout_s: float = 5.0
+    timeout_s: float = 300.0  # the collective timeout the world was started with (a survivors' world too)
     grad_weighting: str = "batch-share"
     layers: int | None = None
     hidden: int | None = None
@@ -110,52 +115,85 @@ def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = (),
     device = devices[rank] if rank < len(devices) else None
     adam = AdamState(AdamSettings(options.lr, eps=options.adam_eps)) if options.optimizer == "adam" else None
     loop = LiveLoop(live) if live is not None else None
+    watchdog = None
+    if options.survive_dir is not None:
+        if live is None or world != len(devices):
+            raise ValueError("surviving a lost rank needs --server (for the replan) and one rank per device")
+        watchdog = start_watchdog(options.survive_dir, options.heartbeat_timeout_s, devices)
     timer = OpTimer(emulate_ms_per_layer=options.emulate_ms_per_layer)
     telemetry: list[dict[str, Any]] = []
     window: list[dict[str, Any]] = []  # this rank's telemetry of the current plan, for the live loop
     records: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     runtime: Runtime | None = None
+    progress = Progress(first_step)
     switches = {start: segment_plan for start, _, segment_plan in segments}
-    for step in range(first_step, options.steps):
-        if step in switches:
-            target = switches.pop(step)
-            _check_compatible(cfg, [plan, target] if runtime is not None else [plan])
-            began = time.perf_counter()
-            new = build_runtime(target, cfg, devices, options.seed, timer)
-            regrouped = time.perf_counter()
-            if runtime is None and resume_dir is not None:
-                loaded_s = checkpoint.load(resume_dir, new, adam, cfg.num_layers)
+    step = first_step
+    while step < options.steps:
+        step_began = time.perf_counter()
+        try:
+            if step in switches:
+                target = switches.pop(step)
+                _check_compatible(cfg, [plan, target] if runtime is not None else [plan])
+                began = time.perf_counter()
+                new = build_runtime(target, cfg, devices, options.seed, timer, watchdog.epoch if watchdog else 0)
+                regrouped = time.perf_counter()
+                if runtime is None and resume_dir is not None:
+                    loaded_s = checkpoint.load(resume_dir, new, adam, cfg.num_layers)
+                    if rank == 0:
+                        events.append({"event": "resume", "step": step, "checkpoint": str(resume_dir),
+                                       "plan_id": target.plan_id, "seconds": round(loaded_s, 6)})
+                elif runtime is None:
+                    if adam is not None and new.active:
+                        adam.moments = _fresh_moments(new, cfg.num_layers)
+                else:
+                    report = migrate(runtime, new, target.migration.transfers, adam, cfg.num_layers)
+                    events += switch_events(step, runtime.plan, target, report, regrouped - began)
+                runtime, window = new, []
+            arm_failure(options.fail_device, device, step, runtime, timer)
+            if runtime.active:
+                timer.slow_factor = slow_factor(options.slowdowns, device, step)
+                compute_began = time.perf_counter()
+                loss = _train_step(runtime, cfg, step, options, adam, timer, progress)
+                records.append({"step": step, "loss": loss, "plan_id": runtime.plan.plan_id,
+                                "step_s": round(time.perf_counter() - compute_began, 6)})
+                telemetry.append(_telemetry_item(runtime, cfg, step, timer.take()))
+                window.append(telemetry[-1])
+            if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
+                saved_s = checkpoint.save(options.checkpoint_dir, runtime, adam, step + 1)
                 if rank == 0:
-                    events.append({"event": "resume", "step": step, "checkpoint": str(resume_dir),
-                                   "plan_id": target.plan_id, "seconds": round(loaded_s, 6)})
-            elif runtime is None:
-                if adam is not None and new.active:
-                    adam.moments = _fresh_moments(new, cfg.num_layers)
-            else:
-                report = migrate(runtime, new, target.migration.transfers, adam, cfg.num_layers)
-                events += _reconfigure_events(step, runtime.plan, target, report, regrouped - began)
-            runtime, window = new, []
-        if runtime.active:
-            timer.slow_factor = slow_factor(options.slowdowns, device, step)
-            step_began = time.perf_counter()
-            loss = _train_step(runtime, cfg, step, options, adam, timer)
-            records.append({"step": step, "loss": loss, "plan_id": runtime.plan.plan_id,
-                            "step_s": round(time.perf_counter() - step_began, 6)})
-            telemetry.append(_telemetry_item(runtime, cfg, step, timer.take()))
-            window.append(telemetry[-1])
-        if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
-            saved_s = checkpoint.save(options.checkpoint_dir, runtime, adam, step + 1)
-            if rank == 0:
-                events.append({"event": "checkpoint", "step": step, "next_step": step + 1, "seconds": round(saved_s, 6)})
-        if loop is not None and loop.due(step, options.steps):
-            found, found_events = loop.check(step, runtime.plan, window)
-            events += found_events if rank == 0 else []
-            if found is not None:
-                missing = sorted(set(plan_devices(found)) - set(devices), key=device_key)
-                if missing:
-                    raise RuntimeError(f"replan {found.plan_id} uses devices no process runs: {missing}")
-                switches[step + 1] = found
+                    events.append({"event": "checkpoint", "step": step, "next_step": step + 1,
+                                   "seconds": round(saved_s, 6)})
+            if loop is not None and loop.due(step, options.steps):
+                found, found_events = loop.check(step, runtime.plan, window)
+                events += found_events if rank == 0 else []
+                if found is not None:
+                    missing = sorted(set(plan_devices(found)) - set(devices), key=device_key)
+                    if missing:
+                        raise RuntimeError(f"replan {found.plan_id} uses devices no process runs: {missing}")
+                    switches[step + 1] = found
+        except Exception as error:
+            if watchdog is None or runtime is None:
+                raise
+            lost = Lost(error, watchdog, runtime, progress, step, step_began)
+            recovery = recover(lost, options.timeout_s, live.server, live.token, cfg, options.seed, timer, adam,
+                               options.checkpoint_dir)
+            runtime, devices, step = recovery.runtime, recovery.devices, recovery.next_step
+            rank, window = dist.get_rank(), []
+            records = [r for r in records if r["step"] < step]  # steps a checkpoint takes back are run again
+            telemetry = [t for t in telemetry if t["iteration"] < step]
+            events += recovery.events
+            timer.take()
+            if switches:  # --reconfigure plans name the old world's devices and state
+                events += [{"event": "dropped", "step": s, "plan_id": p.plan_id} for s, p in switches.items()
+                           if rank == 0]
+                switches = {}
+            if loop is not None:
+                loop.client = None  # its connection was shut with the old world's
+            continue
+        step += 1
+    if watchdog is not None:
+        watchdog.finish()
     gathered = _gather_on_rank0((records, events))
     losses: list[float] = []
     if gathered is not None:
@@ -171,7 +209,7 @@ def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = (),
                       records if gathered else [], events)
 
 
-_EVENT_ORDER = ("resume", "checkpoint", "detection", "replan", "reconfigure", "transfer")
+_EVENT_ORDER = ("recovery", "dropped", "resume", "checkpoint", "detection", "replan", "reconfigure", "transfer")
 
 
 def _fresh_moments(runtime: Runtime, num_layers: int) -> dict[str, Moments]:
@@ -187,17 +225,6 @@ def _fresh_moments(runtime: Runtime, num_layers: int) -> dict[str, Moments]:
     return moments
 
 
-def _reconfigure_events(step: int, old: Plan, new: Plan, report: MigrationReport, regroup_s: float
-                        ) -> list[dict[str, Any]]:
-    events = [{"event": "transfer", "step": step, **t} for t in report.transfers]
-    if dist.get_rank() == 0:
-        events.insert(0, {"event": "reconfigure", "step": step, "from_plan": old.plan_id, "to_plan": new.plan_id,
-                          "regroup_s": round(regroup_s, 6), "transfers_s": round(report.transfers_s, 6),
-                          "reassemble_s": round(report.reassemble_s, 6), "transfers": len(new.migration.transfers),
-                          "plan_bytes_moved": new.migration.bytes_moved})
-    return events
-
-
 def _gather_on_rank0(value: Any) -> list[Any] | None:
     items: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(value, items, dst=0)
@@ -211,7 +238,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 def _train_step(rt: Runtime, cfg: ModelConfig, step: int, options: Options, adam: AdamState | None,
-                timer: OpTimer) -> float:
+                timer: OpTimer, progress: Progress) -> float:
     """One iteration of `rt`'s plan on this rank; the step's global loss."""
     layout, stage, replica = rt.layout, rt.stage, rt.replica
     params = rt.params
@@ -234,6 +261,7 @@ def _train_step(rt: Runtime, cfg: ModelConfig, step: int, options: Options, adam
         coefficient = 1.0 / (len(layout.replicas) * replica.num_microbatches)
     if adam is not None:
         adam.steps_done = step + 1  # the job's count: a rank idle for some steps must not lag behind
+    progress.torn = True  # until every unit is updated: a failure in between leaves a mixed state
     with torch.no_grad():
         for unit in rt.units:
             names = [name for name in params if unit_of(name) == unit]
@@ -243,6 +271,7 @@ def _train_step(rt: Runtime, cfg: ModelConfig, step: int, options: Options, adam
                     _sgd(params, names, reduced, options.lr)
                 else:
                     _adam(rt, unit, names, reduced, adam, cfg.num_layers)
+    progress.next_step, progress.torn = step + 1, False
     # The step's loss: mean over every microbatch of every replica.
     total = torch.tensor([float(sum(loss.item() for loss in mb_losses)), float(len(mb_losses))], dtype=torch.float64)
     dist.all_reduce(total, group=rt.groups.plan)

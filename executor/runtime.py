@@ -104,9 +104,11 @@ class Runtime:
         return self.tp_group
 
 
-def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: int, timer: OpTimer) -> Runtime:
+def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: int, timer: OpTimer,
+                  world_epoch: int = 0) -> Runtime:
     """Groups (every rank), then this rank's chunks with seeded full weights sharded for its TP group, and its
-    pipeline runtime (the leader) or CSV replay (a follower)."""
+    pipeline runtime (the leader) or CSV replay (a follower). `world_epoch` counts the worlds this process has
+    been in (a recovery forms a new one)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
@@ -127,7 +129,11 @@ def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: 
     p, v, mbs = len(replica.stages), layout.virtual_stages, layout.micro_batch_size
     n_virtual = p * v
 
-    mesh = DeviceMesh.from_group(tp_group, "cpu") if tp_group is not None else None
+    # DTensor caches sharding decisions per mesh, and meshes over the same ranks compare equal whatever their
+    # groups: in a new world, a mesh equal to one of the old world's would run on the old, destroyed group.
+    # The world's epoch in the dimension's name keeps them apart.
+    mesh = (DeviceMesh.from_group(tp_group, "cpu", mesh_dim_names=(f"tp_world{world_epoch}",))
+            if tp_group is not None else None)
     chunks: dict[int, Chunk] = {}
     for virtual in stage.virtuals:
         part = replica.parts[virtual]

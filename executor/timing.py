@@ -68,6 +68,7 @@ class OpTimer:
         self.slow_factor = slow_factor
         self.emulate_ms_per_layer = emulate_ms_per_layer
         self.ms: dict[int, float] = defaultdict(float)
+        self.after_op: Callable[[], None] | None = None  # called after each op (`--fail-device` dies there)
 
     @staticmethod
     def start() -> tuple[float, float]:
@@ -75,6 +76,11 @@ class OpTimer:
 
     def record(self, microbatch: int, start: tuple[float, float], work_layers: float = 0.0) -> None:
         """`work_layers`: the op's work in layer-microbatches (layers x micro_batch_size x OP_WORK / tp)."""
+        self._record(microbatch, start, work_layers)
+        if self.after_op is not None:
+            self.after_op()
+
+    def _record(self, microbatch: int, start: tuple[float, float], work_layers: float) -> None:
         cpu_start, wall_start = start
         if self.emulate_ms_per_layer is not None:
             emulated_s = self.slow_factor * self.emulate_ms_per_layer * work_layers / 1000.0
