@@ -16,7 +16,9 @@ True compute time comes from the cost model's execution time of the stage
 stage and the embedding on the first, TP collectives excluded), which is
 c0 + c1 * tokens + c2 * sum(length^2) per microbatch: it shares the detector's
 shape but not its numbers (elementwise HBM traffic, per-layer launch overhead),
-and `attention_error` scales c2 to model a cost model that misjudges attention.
+and `attention_error` scales c2 to model a cost model that misjudges attention;
+`role_spread_sigma` scales each role's c1 and c2 by random factors (a job whose
+stages the cost model misjudges, each its own way).
 On top: a fixed per-device speed spread (lognormal, 2%: no two GPUs are
 equal), a per device-iteration jitter (1%) and a per-microbatch noise (3%),
 all multiplicative, all from one seeded `random.Random`.
@@ -74,7 +76,10 @@ class TelemetryConfig:
     jitter_sigma: float = 0.01  # per device and iteration
     device_spread_sigma: float = 0.02  # per device, fixed
     attention_error: float = 1.0  # true attention cost / the cost model's
+    role_spread_sigma: float = 0.0  # per role and job: its linear and attention costs each off by a lognormal factor
     lengths: LengthMix = field(default_factory=LengthMix)
+    # (replica index, its own mix): data-parallel replicas read different shards, e.g. one of long books
+    replica_lengths: tuple[tuple[int, LengthMix], ...] = ()
     slowdowns: tuple[Slowdown, ...] = ()
     stops: tuple[Stop, ...] = ()
     heartbeat_period_s: float = 2.0
@@ -154,7 +159,11 @@ def generate_telemetry(plan: Any, model: ModelSpec, config: TelemetryConfig) -> 
         for stage in replica.stages:
             key = (tuple(stage.layers), stage.tp)
             if key not in truths:
-                truths[key] = role_truth(model, key[0], stage.tp, recompute, config.gpu, config.attention_error)
+                truth = role_truth(model, key[0], stage.tp, recompute, config.gpu, config.attention_error)
+                if config.role_spread_sigma > 0:  # drawn only then: other configs keep their random sequence
+                    truth = RoleTruth(truth.c0, truth.c1 * math.exp(rng.gauss(0.0, config.role_spread_sigma)),
+                                      truth.c2 * math.exp(rng.gauss(0.0, config.role_spread_sigma)))
+                truths[key] = truth
     devices = [device for replica in plan.replicas for stage in replica.stages for device in stage.devices]
     intrinsic = {device: math.exp(rng.gauss(0.0, config.device_spread_sigma)) for device in devices}
     slow = {slowdown.device: slowdown for slowdown in config.slowdowns}
@@ -166,12 +175,13 @@ def generate_telemetry(plan: Any, model: ModelSpec, config: TelemetryConfig) -> 
     windows: list[list[TelemetryItem]] = []
     for iteration in range(config.iterations):
         items: list[TelemetryItem] = []
-        for replica in plan.replicas:
+        mixes = dict(config.replica_lengths)
+        for index, replica in enumerate(plan.replicas):
             packs = []
             for _ in range(replica.num_microbatches):
                 lengths: list[int] = []
                 for _ in range(micro_batch_size):
-                    lengths.extend(pack_sample(rng, seq_length, config.lengths))
+                    lengths.extend(pack_sample(rng, seq_length, mixes.get(index, config.lengths)))
                 packs.append((tuple(lengths), sum(lengths), sum(length * length for length in lengths)))
             for stage in replica.stages:
                 truth = truths[(tuple(stage.layers), stage.tp)]

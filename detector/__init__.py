@@ -20,6 +20,7 @@ from detector.detector import (
     detect,
     summarize,
 )
+from detector.fit import RoleFit, fit_roles
 from detector.telemetry import (
     ItemTotals,
     Microbatch,
@@ -52,12 +53,14 @@ __all__ = [
     "ItemTotals",
     "Microbatch",
     "Role",
+    "RoleFit",
     "TelemetryError",
     "TelemetryItem",
     "TelemetryTotals",
     "WorkModel",
     "decide",
     "detect",
+    "fit_roles",
     "layout_from_plan",
     "layout_from_stages",
     "role_work_model",

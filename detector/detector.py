@@ -10,8 +10,10 @@ older than `heartbeat_timeout_s` (default 30 s).
 
 Fail-slow:
 1. Per device and iteration, ratio = sum(compute_ms) / sum(expected work) over
-   its microbatches; expected work is the role's `WorkModel` (linear in tokens
-   plus quadratic in each packed sequence's length, shape from the cost model).
+   its microbatches; expected work is linear in tokens plus quadratic in each
+   packed sequence's length, with the role's attention factor measured from
+   the window itself and the cost model only as the prior (`fit.py`; the
+   fitted alpha and beta per role are part of the answer).
 2. Per role (stages with the same layer range and TP degree) and iteration,
    scale = median ratio of the role's devices reporting that iteration; a
    device's normalized time = ratio / scale (1.0 = as fast as its peers doing
@@ -21,7 +23,11 @@ Fail-slow:
    ratios over the window except the last `consecutive_iterations` (needs
    `min_baseline_iterations` of them). Such a device is seen only while its
    slowdown is younger than about half the window; its confidence is scaled
-   by `SELF_BASELINE_CONFIDENCE`.
+   by `SELF_BASELINE_CONFIDENCE`. Such devices are also compared with the whole
+   job (ratio / the median ratio of every device that iteration), flagged at
+   `cross_role_threshold` (1.5: the cost model's work of one stage against
+   another is a prior) unless every device of their role is: a slowdown present
+   from the first iteration, which no self-baseline sees, is caught this way.
 3. A device is fail-slow when its normalized time is >= `slow_threshold`
    (1.15) in each of its last `consecutive_iterations` (3) iterations with
    data. speed = 1 / median normalized time over the trailing run of slow
@@ -44,6 +50,7 @@ from dataclasses import dataclass
 from statistics import median
 
 from cost_models.device import DeviceIdError, device_order
+from detector.fit import RoleFit, Sample, fit_roles
 from detector.telemetry import ItemTotals, TelemetryError
 from detector.work import DetectionLayout
 
@@ -54,6 +61,7 @@ MIN_ROLE_PEERS = 3
 MIN_BASELINE_ITERATIONS = 3
 SPEED_WINDOW = 8
 SELF_BASELINE_CONFIDENCE = 0.8
+CROSS_ROLE_THRESHOLD = 1.5
 RECOMMENDED_WINDOW = 8
 
 
@@ -67,12 +75,14 @@ class DetectorOptions:
     min_role_peers: int = MIN_ROLE_PEERS
     min_baseline_iterations: int = MIN_BASELINE_ITERATIONS
     speed_window: int = SPEED_WINDOW
+    cross_role_threshold: float = CROSS_ROLE_THRESHOLD
+    measure_time_model: bool = True  # False: trust the cost model's attention-to-linear ratio (fit.py)
 
     def __post_init__(self) -> None:
         if self.heartbeat_timeout_s <= 0:
             raise ValueError("heartbeat_timeout_s must be > 0")
-        if self.slow_threshold <= 1:
-            raise ValueError("slow_threshold must be > 1 (a normalized time)")
+        if self.slow_threshold <= 1 or self.cross_role_threshold <= 1:
+            raise ValueError("slow_threshold and cross_role_threshold must be > 1 (normalized times)")
         if self.consecutive_iterations < 1 or self.speed_window < 1 or self.min_baseline_iterations < 1:
             raise ValueError("iteration counts must be >= 1")
         if self.min_role_peers < 2:
@@ -86,8 +96,10 @@ class DeviceIteration:
     device: str
     iteration: int
     observed_ms: float
-    expected: float  # work units; 0 when the item has no microbatches
+    expected: float  # work units of the cost model's prior; 0 when the item has no microbatches
     last_heartbeat_s_ago: float
+    tokens: int = 0
+    squared_lengths: int = 0
 
     @property
     def ratio(self) -> float | None:
@@ -108,6 +120,7 @@ class FailSlow:
 class Detection:
     fail_slow: tuple[FailSlow, ...]
     fail_stop: tuple[str, ...]
+    time_models: tuple[RoleFit, ...] = ()  # per role of the layout, in its order (fit.py)
 
 
 def device_sort_key(device: str) -> tuple[int, int, str]:
@@ -142,6 +155,8 @@ def summarize(items: Iterable[ItemTotals], layout: DetectionLayout) -> list[Devi
                 observed_ms=item.compute_ms,
                 expected=work.expected_for(item.tokens, item.squared_lengths),
                 last_heartbeat_s_ago=item.last_heartbeat_s_ago,
+                tokens=item.tokens,
+                squared_lengths=item.squared_lengths,
             )
         )
     if unknown:
@@ -182,11 +197,12 @@ def _normalized_by_self(series: dict[int, float], options: DetectorOptions) -> l
 
 
 def _judge(
-    device: str, normalized: list[tuple[int, float]], reference: str, options: DetectorOptions
+    device: str, normalized: list[tuple[int, float]], reference: str, options: DetectorOptions,
+    threshold: float | None = None,
 ) -> FailSlow | None:
     values = [value for _, value in sorted(normalized)]
     need = options.consecutive_iterations
-    threshold = options.slow_threshold
+    threshold = threshold or options.slow_threshold
     if len(values) < need or any(value < threshold for value in values[-need:]):
         return None
     run = 0
@@ -199,7 +215,7 @@ def _judge(
     persistence = min(1.0, run / (2 * need))
     margin = min(1.0, (min(values[-need:]) - threshold) / (threshold - 1))
     confidence = 0.5 + 0.25 * persistence + 0.25 * margin
-    if reference == "self":
+    if reference != "peers":
         confidence *= SELF_BASELINE_CONFIDENCE
     return FailSlow(
         device=device,
@@ -216,38 +232,51 @@ def decide(
 ) -> Detection:
     """The rules of the module docstring over already summarized telemetry."""
     options = options or DetectorOptions()
+    summaries = list(summaries)
     newest: dict[str, DeviceIteration] = {}
-    ratios: dict[str, dict[int, float]] = {}
+    samples: list[list[Sample]] = [[] for _ in layout.roles]
     for summary in summaries:
         current = newest.get(summary.device)
         if current is None or summary.iteration > current.iteration:
             newest[summary.device] = summary
-        ratio = summary.ratio
-        if ratio is not None:
-            ratios.setdefault(summary.device, {})[summary.iteration] = ratio
+        if summary.expected > 0:
+            samples[layout.role_of[summary.device]].append(Sample(
+                summary.device, summary.iteration, summary.tokens, summary.squared_lengths, summary.observed_ms))
+    fits = fit_roles([role.work for role in layout.roles], samples, options.measure_time_model)
+    ratios: dict[str, dict[int, float]] = {}
+    for role_samples, fit in zip(samples, fits, strict=True):
+        for sample in role_samples:
+            expected = fit.work.expected_for(sample.tokens, sample.squared_lengths)
+            if expected > 0:
+                ratios.setdefault(sample.device, {})[sample.iteration] = sample.observed_ms / expected
     fail_stop = sorted(
         (device for device, summary in newest.items() if summary.last_heartbeat_s_ago > options.heartbeat_timeout_s),
         key=device_sort_key,
     )
     stopped = set(fail_stop)
 
+    # Devices of small roles are also compared with the whole job, each iteration's time over its role's
+    # measured work divided by the median over every device: across roles the cost model's work is a prior
+    # (a stage it misjudges looks off by that much), hence the higher `cross_role_threshold`.
+    job: dict[str, list[tuple[int, float]]] | None = None
     findings: list[FailSlow] = []
     for role in layout.roles:
         reporting = [device for device in role.devices if device in ratios]
         if len(reporting) >= options.min_role_peers:
             normalized = _normalized_by_peers(ratios, reporting, options.min_role_peers)
-            reference = "peers"
+            found = [_judge(device, normalized[device], "peers", options) for device in reporting]
         else:
-            normalized = {device: _normalized_by_self(ratios[device], options) for device in reporting}
-            reference = "self"
-        for device in reporting:
-            if device in stopped:
-                continue
-            finding = _judge(device, normalized[device], reference, options)
-            if finding is not None:
-                findings.append(finding)
+            if job is None:
+                job = _normalized_by_peers(ratios, sorted(ratios, key=device_sort_key), options.min_role_peers)
+            by_job = [_judge(device, job[device], "job", options, options.cross_role_threshold)
+                      for device in reporting]
+            if len(reporting) > 1 and all(by_job):
+                by_job = [None] * len(reporting)  # the whole role off the job: its work is misjudged, not its GPUs
+            found = [job_finding or _judge(device, _normalized_by_self(ratios[device], options), "self", options)
+                     for device, job_finding in zip(reporting, by_job, strict=True)]
+        findings += [f for f in found if f is not None and f.device not in stopped]
     findings.sort(key=lambda finding: device_sort_key(finding.device))
-    return Detection(fail_slow=tuple(findings), fail_stop=tuple(fail_stop))
+    return Detection(fail_slow=tuple(findings), fail_stop=tuple(fail_stop), time_models=tuple(fits))
 
 
 def detect(

@@ -49,6 +49,21 @@ class FailSlowDevice(BaseModel):
     confidence: float = Field(description="0..1; 0.5 at the minimum evidence (3 iterations just over the threshold).")
 
 
+class RoleTimeModel(BaseModel):
+    """A role's compute time per microbatch measured from the window: alpha x tokens + beta x sum of squared
+    sequence lengths (added to API.md's answer)."""
+
+    layers: list[int] = Field(description="[first, end) of the stages doing this work")
+    tp: int
+    devices: int = Field(description="How many devices do this work (stages across replicas).")
+    alpha_ms_per_token: float | None = Field(description="None when no device of the role reported work.")
+    beta_ms_per_token_squared: float | None
+    attention_factor: float = Field(description="Measured attention-to-linear cost over the cost model's.")
+    source: str = Field(description="`role`: fitted on this role's telemetry; `job`: the job's attention factor "
+                        "(this role's packs vary too little or it has too few samples); `prior`: the cost model's.")
+
+
 class DetectResponse(BaseModel):
     fail_slow: list[FailSlowDevice]
     fail_stop: list[str]
+    time_models: list[RoleTimeModel] = Field(default_factory=list)

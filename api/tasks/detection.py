@@ -9,7 +9,7 @@ from api.tasks.telemetry_body import parse_detect_body
 from detector import ItemTotals, TelemetryError, detect, layout_from_plan
 from planner.errors import PlanningError
 from wire.convert import resolve_model
-from wire.detection import DetectResponse, FailSlowDevice
+from wire.detection import DetectResponse, FailSlowDevice, RoleTimeModel
 from wire.schemas import Plan
 
 
@@ -53,4 +53,15 @@ def detect_for(plan: Plan, telemetry: Iterable[ItemTotals]) -> DetectResponse:
     return DetectResponse(
         fail_slow=[FailSlowDevice(device=f.device, speed=f.speed, confidence=f.confidence) for f in result.fail_slow],
         fail_stop=list(result.fail_stop),
+        time_models=[
+            RoleTimeModel(layers=list(role.layers), tp=role.tp, devices=len(role.devices),
+                          alpha_ms_per_token=_significant(fit.alpha_ms_per_token),
+                          beta_ms_per_token_squared=_significant(fit.beta_ms_per_token_squared),
+                          attention_factor=round(fit.attention_factor, 3), source=fit.source)
+            for role, fit in zip(layout.roles, result.time_models, strict=True)
+        ],
     )
+
+
+def _significant(value: float | None) -> float | None:
+    return None if value is None else float(f"{value:.4g}")

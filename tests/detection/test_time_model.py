@@ -1,0 +1,190 @@
+"""The detector measures the job's time model (alpha x tokens + beta x sum of squared lengths) per role from the
+telemetry window, instead of trusting the cost model's attention-to-GEMM ratio.
+
+Telemetry here is generated from known truths (the test's own alpha and beta, or `benchmarks.telemetry`'s
+cost-model truth with attention made 3x costlier, or each role's costs scaled at random), never from the
+detector's work model.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import pytest
+
+from benchmarks.detection import (
+    QUICK,
+    benchmark_plan,
+    seven_device_plan,
+    sliding_detections,
+    slow_flags,
+    summaries_per_iteration,
+)
+from benchmarks.telemetry import LengthMix, Slowdown, TelemetryConfig, generate_telemetry, pack_sample
+from detector import WorkModel, detect, fit_roles, layout_from_plan
+from detector.fit import Sample
+
+SEQ = 8192
+
+
+def _packs(rng: random.Random, count: int) -> list[tuple[int, int]]:
+    packs = []
+    for _ in range(count):
+        lengths = pack_sample(rng, SEQ, LengthMix())
+        packs.append((sum(lengths), sum(length * length for length in lengths)))
+    return packs
+
+
+def _samples(alpha: float, beta: float, devices: int, iterations: int, slow: dict[str, float] | None = None,
+             seed: int = 0) -> list[Sample]:
+    rng = random.Random(seed)
+    samples = []
+    for iteration in range(iterations):
+        drift = math.exp(rng.gauss(0, 0.05))  # the whole cluster speeds up or slows down
+        for d in range(devices):
+            device = f"0:{d}"
+            tokens, squares = (sum(x) for x in zip(*_packs(rng, 4), strict=True))
+            ms = (alpha * tokens + beta * squares) * drift * math.exp(rng.gauss(0, 0.02))
+            samples.append(Sample(device, iteration, tokens, squares, ms / (slow or {}).get(device, 1.0)))
+    return samples
+
+
+PRIOR = WorkModel(linear=1.0, quadratic=4e-4)  # the cost model's shape in its own units: attention ~half the time
+
+
+@pytest.mark.parametrize("factor", [0.4, 1.0, 3.0])
+def test_a_role_recovers_alpha_and_beta(factor):
+    alpha = 2e-3  # ms per token
+    beta = alpha * factor * PRIOR.quadratic / PRIOR.linear
+    (fit,) = fit_roles([PRIOR], [_samples(alpha, beta, devices=8, iterations=8)])
+    assert fit.source == "role"
+    assert fit.attention_factor == pytest.approx(factor, rel=0.08)
+    assert fit.alpha_ms_per_token == pytest.approx(alpha, rel=0.06)
+    assert fit.beta_ms_per_token_squared == pytest.approx(beta, rel=0.1)
+
+
+def test_a_slow_device_barely_moves_the_fit():
+    beta = 2e-3 * 3.0 * PRIOR.quadratic
+    samples = _samples(2e-3, beta, devices=6, iterations=8, slow={"0:2": 0.4})
+    (fit,) = fit_roles([PRIOR], [samples])
+    assert fit.attention_factor == pytest.approx(3.0, rel=0.1)
+
+
+def test_without_varied_packs_the_factor_is_not_guessed():
+    """Fixed-length sequences (Q/N constant): beta cannot be told from alpha; the prior's ratio stays."""
+    samples = [Sample(f"0:{d}", i, 4 * SEQ, 4 * SEQ * SEQ, 10.0 + d) for i in range(8) for d in range(4)]
+    (fit,) = fit_roles([PRIOR], [samples])
+    assert fit.source == "prior" and fit.attention_factor == 1.0
+
+
+def test_a_small_role_takes_the_jobs_factor():
+    big = _samples(2e-3, 2e-3 * 2.5 * PRIOR.quadratic, devices=8, iterations=8)
+    lone = [s for s in _samples(1e-3, 1e-3 * 2.5 * PRIOR.quadratic, devices=1, iterations=3, seed=1)]
+    fits = fit_roles([PRIOR, PRIOR], [big, lone])
+    assert fits[0].source == "role" and fits[1].source == "job"
+    assert fits[1].attention_factor == pytest.approx(fits[0].attention_factor)
+    assert fits[1].alpha_ms_per_token == pytest.approx(1e-3, rel=0.1)
+
+
+# --- whole detections on benchmarks.telemetry's cost-model truth -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plan64():
+    plan, model = benchmark_plan(QUICK)
+    return plan, model, layout_from_plan(plan, model)
+
+
+# Two of the 8 data-parallel replicas read a shard of long documents (books) for the whole run: their devices
+# do more attention than their role's other devices, iteration after iteration. With attention 3x costlier
+# than the cost model says, a detector that trusts the model's ratio flags 46 (device, iteration) pairs of
+# them in 40 iterations (measured by replacing the fit with k = 1).
+BOOKS = ((0, LengthMix(long_fraction=0.8, long_median_fraction=0.8)),
+         (1, LengthMix(long_fraction=0.8, long_median_fraction=0.8)))
+
+
+@pytest.mark.parametrize("config", [
+    {"attention_error": 3.0, "replica_lengths": BOOKS},
+    {"role_spread_sigma": 0.5, "seed": 7, "replica_lengths": BOOKS},
+], ids=["attention 3x costlier than modelled", "each role's costs off at random"])
+def test_mis_modelled_costs_raise_no_alarm(plan64, config):
+    plan, model, layout = plan64
+    windows = generate_telemetry(plan, model, TelemetryConfig(iterations=40, **config))
+    flags = slow_flags(sliding_detections(summaries_per_iteration(windows, layout), layout))
+    assert not any(flags), [sorted(f) for f in flags if f][:3]
+
+
+def test_the_fitted_factor_follows_the_attention_cost(plan64):
+    """The same job with attention 3x costlier: the measured factor is ~3x, role by role."""
+    plan, model, layout = plan64
+    factors = []
+    for error in (1.0, 3.0):
+        items = [item for window in generate_telemetry(plan, model, TelemetryConfig(iterations=8,
+                                                                                   attention_error=error))
+                 for item in window]
+        factors.append([fit.attention_factor for fit in detect(items, layout).time_models])
+    for plain, costly in zip(*factors, strict=True):
+        assert costly / plain == pytest.approx(3.0, rel=0.15)
+
+
+def test_attention_3x_costlier_still_catches_a_slowdown(plan64):
+    plan, model, layout = plan64
+    slow = layout.roles[1].devices[3]
+    windows = generate_telemetry(plan, model, TelemetryConfig(iterations=12, attention_error=3.0,
+                                                              slowdowns=(Slowdown(slow, 0.6, 4),)))
+    detections = sliding_detections(summaries_per_iteration(windows, layout), layout)
+    first = next(i for i, d in enumerate(detections) if d.fail_slow)
+    assert first - 4 + 1 <= 3  # within 3 slow iterations
+    (found,) = detections[first].fail_slow
+    assert found.device == slow and found.speed == pytest.approx(0.6, abs=0.05)
+
+
+# --- a 7-device job of mixed TP 1/2 stages: roles of one or two devices ------------------------------------------
+
+
+def _seven_device_plan():
+    from wire.convert import resolve_model
+
+    return seven_device_plan(SEQ), resolve_model("llama2-7b")
+
+
+@pytest.mark.parametrize("slow", ["1:1", "1:0", "0:2"])
+def test_a_slowdown_from_the_first_iteration_is_caught_in_a_small_job(slow):
+    plan, model = _seven_device_plan()
+    layout = layout_from_plan(plan, model)
+    assert max(len(role.devices) for role in layout.roles) == 2  # no role has 3 peers
+    windows = generate_telemetry(plan, model, TelemetryConfig(iterations=8, slowdowns=(Slowdown(slow, 0.33, 0),)))
+    result = detect([item for window in windows for item in window], layout)
+    assert [f.device for f in result.fail_slow] == [slow]
+    assert result.fail_slow[0].speed == pytest.approx(0.33, abs=0.1)
+
+
+def test_a_small_healthy_job_raises_no_alarm():
+    plan, model = _seven_device_plan()
+    layout = layout_from_plan(plan, model)
+    for attention_error in (1.0, 3.0):
+        windows = generate_telemetry(plan, model, TelemetryConfig(iterations=60, attention_error=attention_error))
+        flags = slow_flags(sliding_detections(summaries_per_iteration(windows, layout), layout))
+        assert not any(flags), (attention_error, [sorted(f) for f in flags if f][:3])
+
+
+def test_the_time_models_are_in_the_answer(plan64):
+    """/v1/detect's answer carries each role's measured alpha and beta, in ms."""
+    from api.tasks.detection import detect_for
+
+    plan, model, layout = plan64
+    windows = generate_telemetry(plan, model, TelemetryConfig(iterations=8, attention_error=2.0))
+    answer = detect_for(plan, [item for window in windows for item in window])
+    assert [(m.layers, m.tp, m.devices) for m in answer.time_models] == [
+        (list(role.layers), role.tp, len(role.devices)) for role in layout.roles]
+    role_of = {device: i for i, role in enumerate(layout.roles) for device in role.devices}
+    errors = []
+    for item in windows[-1]:
+        fitted = answer.time_models[role_of[item.device]]
+        assert fitted.source == "role" and fitted.alpha_ms_per_token > 0 and fitted.beta_ms_per_token_squared > 0
+        for mb in item.microbatches:
+            predicted = (fitted.alpha_ms_per_token * sum(mb.seq_lengths)
+                         + fitted.beta_ms_per_token_squared * sum(x * x for x in mb.seq_lengths))
+            errors.append(abs(predicted / mb.compute_ms - 1))
+    errors.sort()
+    assert errors[len(errors) // 2] < 0.05  # the published time model predicts the job's microbatches
