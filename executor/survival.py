@@ -14,9 +14,10 @@ and redo the interrupted step.
    step its optimizer would run and whether an update was half applied; once every member has
    arrived or gone stale (or a deadline passes) the first to see it publishes the member list
    atomically (a hard link: exactly one writer wins) and everyone reads the same list. A rank that
-   arrives after the list is out, or is still blocked then, counts as lost and exits (code 75): in about
-   2 of 7 test runs a TP partner of the rank that failed first stayed blocked in a DTensor collective
-   that the shut connections did not wake (cause not found); it is evicted after the deadline.
+   arrives after the list is out, or is still blocked then, counts as lost and exits (code 75),
+   printing its threads' stacks: in about 1 run in 5 a TP partner of the rank that failed first stayed
+   blocked in a DTensor collective that the shut connections did not wake (cause not found); it is
+   evicted after the deadline and its state is recovered like a killed rank's.
 3. A new gloo world among the members on a file store (gloo cannot shrink a group in place), ranks
    renumbered in device order; the watchdog now watches the new members.
 4. The lowest device asks the service for a replan with the lost devices failed
@@ -37,6 +38,7 @@ launcher must not stop the others when a rank dies: torchrun does; `python -m ex
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import socket
@@ -232,7 +234,9 @@ def rendezvous(watchdog: Watchdog, arrival: Arrival, deadline_s: float) -> dict[
 
 def evicted(device: str) -> None:
     say(f"device {device}: the survivors went on without it (it did not reach their rendezvous in time); "
-        "it counts as lost and stops")
+        "it counts as lost and stops; where its threads were:")
+    with contextlib.suppress(Exception):  # the stacks say what held it; stderr may have no descriptor
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     os._exit(EVICTED_EXIT_CODE)
 
 
