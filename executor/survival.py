@@ -6,8 +6,8 @@ and redo the interrupted step.
    (`ROOT/heartbeats/`, with its host and PID) and checks the others': a peer on this host is gone
    when its process has exited, one on another host when its heartbeat is older than
    `--heartbeat-timeout`. A gone peer, an alarm raised by another rank, or an error in this rank's
-   own collectives (a dead peer's sockets close) raises the alarm: the rank shuts its gloo connections down (`shutdown(2)`, not close, so
-   no descriptor is reused under gloo's threads). Gloo waits without a timeout on a pipeline receive
+   own collectives (a dead peer's sockets close) raises the alarm: the rank shuts its gloo
+   connections down (`shutdown(2)`, not close, so no descriptor is reused under gloo's threads). Gloo waits without a timeout on a pipeline receive
    or a DTensor collective; a shut connection wakes the waiter at once, on this rank and on every
    peer connected to it, so within one heartbeat period every survivor's main thread holds an error.
 2. Agree who is left. Each survivor writes its arrival (`ROOT/epoch-<k>/arrivals/`) with the next
