@@ -386,10 +386,10 @@ def mis_modelled_injections(plan: Plan, model: ModelSpec, layout: DetectionLayou
             group = [o for o in outcomes if o.speed == speed]
             found = [o for o in group if o.delay is not None]
             errors = [o.speed_at_detection - speed for o in found]
-            lines.append(f"| {label} | {speed} | {len(found)}/{len(group)} | "
-                         f"{max(o.delay for o in found) if found else '—'} | "
-                         f"{max(errors, key=abs):+.3f} |" if found else f"| {label} | {speed} | 0/{len(group)} | — | — |")
-            lines[-1] += f" {_fmt_alarms(alarms)} |"
+            delay = max(o.delay for o in found) if found else "—"
+            error = f"{max(errors, key=abs):+.3f}" if found else "—"
+            lines.append(f"| {label} | {speed} | {len(found)}/{len(group)} | {delay} | {error} | "
+                         f"{_fmt_alarms(alarms)} |")
     return lines + [""]
 
 
@@ -418,7 +418,8 @@ def small_job(iterations: int) -> list[str]:
              f"whole job (time over its role's measured work, at {DetectorOptions().cross_role_threshold}x the "
              "job's median).", "",
              "| telemetry | false alarms |", "|---|---|"]
-    for label, generator in (("cost-model attention", {}), ("attention 3x costlier than modelled", {"attention_error": 3.0})):
+    for label, generator in (("cost-model attention", {}),
+                             ("attention 3x costlier than modelled", {"attention_error": 3.0})):
         windows = generate_telemetry(plan, model, TelemetryConfig(iterations=iterations, seed=21, **generator))
         flags = slow_flags(sliding_detections(summaries_per_iteration(windows, layout), layout))
         lines.append(f"| {label}, 7 devices x {iterations:,} iterations | "

@@ -7,9 +7,10 @@ and redo the interrupted step.
    when its process has exited, one on another host when its heartbeat is older than
    `--heartbeat-timeout`. A gone peer, an alarm raised by another rank, or an error in this rank's
    own collectives (a dead peer's sockets close) raises the alarm: the rank shuts its gloo
-   connections down (`shutdown(2)`, not close, so no descriptor is reused under gloo's threads). Gloo waits without a timeout on a pipeline receive
-   or a DTensor collective; a shut connection wakes the waiter at once, on this rank and on every
-   peer connected to it, so within one heartbeat period every survivor's main thread holds an error.
+   connections down (`shutdown(2)`, not close, so no descriptor is reused under gloo's threads).
+   Gloo waits without a timeout on a pipeline receive or a DTensor collective; a shut connection
+   wakes the waiter at once, on this rank and on every peer connected to it, so within one
+   heartbeat period every survivor's main thread holds an error.
 2. Agree who is left. Each survivor writes its arrival (`ROOT/epoch-<k>/arrivals/`) with the next
    step its optimizer would run and whether an update was half applied; once every member has
    arrived or gone stale (or a deadline passes) the first to see it publishes the member list
