@@ -15,6 +15,12 @@ from tests.api.support import (
 from wire.schemas import PlanRequest
 
 
+# Tests that compare two answers to one failure state need searches that finish: the failure-aware search
+# is cut by its work budget, and on a loaded machine (the solver pool's workers are niced) the wall-clock
+# safety net may cut it elsewhere (`solver.stopped_by: wall clock`), so two equal requests could differ.
+FINISHING = {"time_limit_s": 10, "allow_non_uniform": False}
+
+
 def _plan(client, **overrides):
     body = small_request(**overrides)
     response = client.post("/v1/plan", json=body)
@@ -23,7 +29,7 @@ def _plan(client, **overrides):
 
 
 def test_replan_after_a_failure_returns_a_valid_plan_with_its_migration(client):
-    body, parent = _plan(client)
+    body, parent = _plan(client, options=FINISHING)
     response = client.post(f"/v1/plans/{parent['plan_id']}/replan", json={"failures": {"failed": ["1:3"]}})
     assert response.status_code == 200, response.text
     child = response.json()
@@ -45,7 +51,7 @@ def test_replan_after_a_failure_returns_a_valid_plan_with_its_migration(client):
 
 def test_keeping_the_plan_updates_device_roles_to_the_failure_state_now(client):
     _, parent = _plan(client, cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "A100-80GB"},
-                      failures={"failed": ["0:1"]})
+                      failures={"failed": ["0:1"]}, options=FINISHING)
     unused = parent["unused_devices"]
     assert unused, "the scenario must leave a device unused (15 GPUs, TP groups of 2 or more)"
     response = client.post(f"/v1/plans/{parent['plan_id']}/replan",
