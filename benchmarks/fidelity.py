@@ -3,6 +3,7 @@
     python -m benchmarks.fidelity            # predict every calibration run, print errors
     python -m benchmarks.fidelity --fit      # refit EfficiencyParams, write the preset
     python -m benchmarks.fidelity --write    # also update BENCHMARKS.md
+    python -m benchmarks.fidelity --joint-fit   # also what fitting half the 2023+ runs would do
 
 Calibration data (copied from ../shared/calibration, unchanged):
 SC'21 Table 1 (TFLOP/s per GPU, full recompute) and Korthikanti et al.
@@ -105,47 +106,6 @@ def load_runs(directory: Path = CALIBRATION_DIR) -> list[CalibrationRun]:
     return runs
 
 
-@dataclass(frozen=True)
-class HeldOutRun:
-    """A published run never used in the fit, with modern software (flash attention, SP, overlapped DP)."""
-
-    label: str
-    source: str
-    model: str
-    gpu: str
-    shape: ParallelShape
-    seq_length: int
-    layers_per_stage: tuple[int, ...]
-    published_tflops_per_gpu: float
-
-
-# Llama 3 paper (Meta, 2024), Table 4: 8,192 H100, TP 8, CP 1, PP 16, DP 64,
-# sequence 8,192, 32 sequences per DP rank (16M tokens per batch), 430 TFLOP/s
-# per GPU. Meta ran interleaved 1F1B with one layer fewer on the first and last
-# stage; the chunking is not published, so this uses v = 1 with that split.
-HELD_OUT = [
-    HeldOutRun(
-        label="llama3-405b, 8,192 x H100", source="Llama 3 paper, Table 4", model="llama3-405b", gpu="H100-SXM",
-        shape=ParallelShape(tp=8, pp=16, dp=64, micro_batch_size=1, recompute="none"), seq_length=8192,
-        layers_per_stage=(7,) + (8,) * 14 + (7,), published_tflops_per_gpu=430.0,
-    ),
-]
-
-
-def predict_held_out(run: HeldOutRun, efficiency: EfficiencyParams) -> float:
-    from cost_models.flops import iteration_model_flops
-    from cost_models.model_spec import model_preset
-
-    gpu = gpu_preset(run.gpu)
-    model = model_preset(run.model)
-    hardware = Hardware(gpu, 8, gpu.intra_node_bandwidth_gb_s, gpu.inter_node_bandwidth_gb_s)
-    batch = run.shape.dp * run.shape.micro_batch_size * 32
-    workload = Workload(model, run.seq_length, batch, zero_stage=1)
-    terms = stage_cost_terms(workload, hardware, run.shape, efficiency, SoftwareConfig())
-    iteration_s = estimate_iteration(terms, run.layers_per_stage).iteration_ms / 1e3
-    return iteration_model_flops(model, run.seq_length, batch) / (iteration_s * run.shape.devices) / 1e12
-
-
 def _sc21_model_flops(workload: Workload) -> float:
     """The paper's own count: 96 B s L h^2 (1 + s/(6h) + V/(16 L h))."""
     m = workload.model
@@ -191,8 +151,11 @@ def korthikanti_memory_rows(directory: Path = CALIBRATION_DIR) -> list[tuple[str
     return out
 
 
-def fit(runs: list[CalibrationRun], start: EfficiencyParams) -> EfficiencyParams:
-    """Least squares on relative errors (both sources weighted equally) over log-parameters."""
+def fit(runs: list[CalibrationRun], start: EfficiencyParams, modern: list | None = None) -> EfficiencyParams:
+    """Least squares on relative errors (each source weighted equally: SC'21, Korthikanti and, when given,
+    the `modern` runs together) over log-parameters."""
+    from benchmarks.modern_runs import predict_iteration_s
+
     from scipy.optimize import minimize
 
     names = EfficiencyParams.field_names()
@@ -208,6 +171,8 @@ def fit(runs: list[CalibrationRun], start: EfficiencyParams) -> EfficiencyParams
         for source in ("sc21", "korthikanti"):
             errs = [(predict(r, p) / r.published - 1) ** 2 for r in runs if r.source == source]
             total += sum(errs) / len(errs)
+        if modern:
+            total += sum((predict_iteration_s(r, p) / r.published_iteration_s - 1) ** 2 for r in modern) / len(modern)
         return total
 
     x0 = [math.log(getattr(start, n)) for n in names]
@@ -228,10 +193,60 @@ def table(runs: list[CalibrationRun], efficiency: EfficiencyParams) -> str:
     return "\n".join(lines)
 
 
+def modern_table(efficiency: EfficiencyParams) -> list[str]:
+    """Each 2023+ run's published and predicted seconds per iteration (and tokens/s per GPU), then the
+    mean |error| per source and over all."""
+    from benchmarks.modern_runs import load_modern_runs, predict_iteration_s
+
+    lines = ["| source | run | mbs, recompute | published s (tokens/s/GPU) | predicted s | error |",
+             "|---|---|---|---:|---:|---:|"]
+    errors: dict[str, list[float]] = {}
+    for run in load_modern_runs():
+        predicted = predict_iteration_s(run, efficiency)
+        error = predicted / run.published_iteration_s - 1
+        errors.setdefault(run.source_id, []).append(abs(error))
+        lines.append(f"| {run.source_id} | {run.label} | {run.shape.micro_batch_size}, {run.shape.recompute} "
+                     f"| {run.published_iteration_s:.3f} ({run.tokens_per_s_per_gpu:,.0f}) | {predicted:.3f} "
+                     f"| {100 * error:+.1f}% |")
+    every = [e for source in errors.values() for e in source]
+    lines += ["", "Mean |error| per source: " + "; ".join(
+        f"{source} {100 * sum(e) / len(e):.1f}% ({len(e)} runs)" for source, e in errors.items())
+        + f"; all {100 * sum(every) / len(every):.1f}% ({len(every)} runs)."]
+    return lines
+
+
+def joint_fit_report(runs: list[CalibrationRun], start: EfficiencyParams) -> list[str]:
+    """What fitting the 2023+ runs too would do: fit on the A100 runs and every other 2023+ run of each
+    source (by GPU count), report the rest as held out. Nothing is saved."""
+    from benchmarks.modern_runs import load_modern_runs, predict_iteration_s
+
+    by_source: dict[str, list] = {}
+    for run in load_modern_runs():
+        by_source.setdefault(run.source_id, []).append(run)
+    train, held = [], []
+    for source_runs in by_source.values():
+        for i, run in enumerate(sorted(source_runs, key=lambda r: r.shape.devices)):
+            (train if i % 2 == 0 else held).append(run)
+    params = fit(runs, start, train)
+
+    def mean_error(chosen: list) -> float:
+        return sum(abs(predict_iteration_s(r, params) / r.published_iteration_s - 1) for r in chosen) / len(chosen)
+
+    at_bound = [n for n, (lo, hi) in EFFICIENCY_BOUNDS.items() if math.isclose(getattr(params, n), lo)
+                or math.isclose(getattr(params, n), hi)]
+    return ["Joint fit (A100 runs + every other 2023+ run per source; not saved): "
+            + ", ".join(f"{k} = {v:.4g}" for k, v in params.to_dict().items()),
+            f"At a bound: {', '.join(at_bound) or 'none'}. SC'21 {100 * mape(runs, params, 'sc21'):.2f}%, "
+            f"Korthikanti {100 * mape(runs, params, 'korthikanti'):.2f}%, 2023+ fitted {100 * mean_error(train):.1f}% "
+            f"({len(train)} runs), held out {100 * mean_error(held):.1f}% ({len(held)} runs)."]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fit", action="store_true", help="refit the efficiency parameters and save them")
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
+    parser.add_argument("--joint-fit", action="store_true",
+                        help="also report a fit that includes half of the 2023+ runs (not saved)")
     args = parser.parse_args(argv)
     runs = load_runs()
     efficiency = fitted_efficiency()
@@ -250,12 +265,10 @@ def main(argv: list[str] | None = None) -> int:
               "|---|---:|---:|---:|---:|"]
     for name, sp, sq, ap, aq in korthikanti_memory_rows():
         report.append(f"| {name} | {sp:.2f} | {sq:.2f} ({100 * (sq / sp - 1):+.1f}%) | {ap:.2f} | {aq:.2f} ({100 * (aq / ap - 1):+.1f}%) |")
-    report += ["", "Held out (not fitted; modern software settings):", "",
-               "| run | source | published TFLOP/s/GPU | predicted | error |", "|---|---|---:|---:|---:|"]
-    for run in HELD_OUT:
-        pred = predict_held_out(run, efficiency)
-        report.append(f"| {run.label} | {run.source} | {run.published_tflops_per_gpu:.0f} | {pred:.0f} | "
-                      f"{100 * (pred / run.published_tflops_per_gpu - 1):+.1f}% |")
+    report += ["", "Held out: published 2023+ BF16 runs on H100/H200 (`calibration/modern_runs.json`), never fitted:", ""]
+    report += modern_table(efficiency)
+    if args.joint_fit:
+        report += [""] + joint_fit_report(runs, efficiency)
     text = "\n".join(report)
     print(text)
     if args.write:

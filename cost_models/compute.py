@@ -121,6 +121,21 @@ def tp_all_reduce_ms(
     return 1e3 * ring_all_reduce_s(bytes_total, tp, bandwidth, NVLINK_STEP_LATENCY_S)
 
 
+def exposed_tp_comm_ms(comm_ms: float, gemm_ms: float, tp: int) -> float:
+    """A TP collective overlapped with its GEMMs, as Megatron's --tp-comm-overlap runs it.
+
+    The all-gather before a column-parallel GEMM and the reduce-scatter after a row-parallel one are
+    split into tp chunks exchanged around the ring while the GEMM runs on the chunks already there
+    (Wang et al., "Overlap Communication with Dependent Computation via Decomposition in Large Deep
+    Learning Models", ASPLOS'23; Transformer Engine's userbuffers, used by Megatron-Core when
+    --tp-comm-overlap is set). One chunk's transfer cannot hide (the first, or the last); the rest hides
+    while the GEMMs last.
+    """
+    if tp <= 1 or comm_ms <= 0.0:
+        return comm_ms
+    return max(comm_ms - gemm_ms, comm_ms / tp)
+
+
 def layer_time(
     model: ModelSpec,
     seq_length: int,
@@ -151,6 +166,9 @@ def layer_time(
     )
     comm_ms = 2.0 * tp_all_reduce_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency)
     backward_comm_ms = comm_ms
+    if software.tp_comm_overlap:
+        # The backward's collectives overlap its dX GEMMs, of the forward's size.
+        comm_ms = backward_comm_ms = exposed_tp_comm_ms(comm_ms, 1e3 * gemm_s, tp)
     if recompute == Recompute.FULL:
         backward_compute_s += forward_compute_s
         backward_comm_ms += comm_ms

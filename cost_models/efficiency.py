@@ -94,6 +94,9 @@ class SoftwareConfig:
     grad_reduce_bytes: bytes per gradient element on the wire (4 when bf16
         training reduces in fp32, Megatron's default; 2 for fp16).
     scatter_gather_p2p: pipeline sends split over the TP group (SC'21 sec. 4.1).
+    tp_comm_overlap: tensor-parallel collectives decomposed and pipelined with the
+        GEMMs that consume or produce them (Megatron's --tp-comm-overlap,
+        Transformer Engine userbuffers; `cost_models.compute.exposed_tp_comm_ms`).
     """
 
     flash_attention: bool = True
@@ -103,6 +106,7 @@ class SoftwareConfig:
     grad_reduce_bytes: int = 4
     scatter_gather_p2p: bool = True
     ddp_bucket_params: int = 40_000_000
+    tp_comm_overlap: bool = False
 
 
 # Megatron-LM of 2021-2022 (the calibration runs): no flash attention, dropout

@@ -22,7 +22,7 @@ def resharded_sync_ms(
     params_per_gpu: float,
     layers: int,
     replicas: int,
-    grad_bytes_per_param: float,
+    sync_bytes_per_param: float,
     network_bandwidth_gb_s: float,
 ) -> float:
     """Gradient sync of one GPU's shard when replicas are sharded differently.
@@ -32,7 +32,7 @@ def resharded_sync_ms(
     """
     if replicas <= 1 or params_per_gpu <= 0:
         return 0.0
-    bandwidth_s = ring_all_reduce_s(params_per_gpu * grad_bytes_per_param, replicas, network_bandwidth_gb_s, 0.0)
+    bandwidth_s = ring_all_reduce_s(params_per_gpu * sync_bytes_per_param, replicas, network_bandwidth_gb_s, 0.0)
     latency_s = max(1, layers) * 2 * (replicas - 1) * NETWORK_STEP_LATENCY_S
     return 1e3 * (bandwidth_s + latency_s)
 

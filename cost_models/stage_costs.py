@@ -53,7 +53,7 @@ class StageCostTerms:
     head: PartCosts
     p2p_ms: float  # per microbatch per stage: v sends forward, v backward
     state_bytes_per_param: float
-    grad_bytes_per_param: float
+    sync_bytes_per_param: float
     dp_bandwidth_intra_gb_s: float
     dp_bandwidth_inter_gb_s: float
     groups_per_node: int  # TP groups of this size per node
@@ -72,11 +72,12 @@ class StageCostTerms:
         return in_flight_row(shape.schedule, shape.pp, self.num_microbatches, shape.virtual_stages)
 
     def dp_sync_ms(self, params: float, ranks: int | None = None) -> float:
-        """Gradient all-reduce (or reduce-scatter + all-gather with ZeRO-1) of `params` per GPU
-        over `ranks` replicas (default: the shape's dp), peers sharing a node while they fit."""
+        """Gradient all-reduce (with ZeRO-1: gradient reduce-scatter, parameter all-gather; see
+        `sync_bytes_per_param`) of `params` per GPU over `ranks` replicas (default: the shape's dp),
+        peers sharing a node while they fit."""
         ranks = self.shape.dp if ranks is None else ranks
         return 1e3 * hierarchical_all_reduce_s(
-            params * self.grad_bytes_per_param,
+            params * self.sync_bytes_per_param,
             ranks,
             min(ranks, self.groups_per_node),
             self.dp_bandwidth_intra_gb_s,
@@ -122,6 +123,25 @@ def part_costs(
     return PartSet(layer, embedding, head)
 
 
+# Bytes per element of the parameters the distributed optimizer all-gathers after its step: the
+# bf16/fp16 model weights (its fp32 master copy stays sharded).
+PARAM_GATHER_BYTES = 2
+
+
+def sync_bytes_per_param(zero_stage: int, grad_reduce_bytes: int) -> float:
+    """Bytes per parameter of a ring all-reduce costing what the data-parallel sync moves.
+
+    ZeRO-0 all-reduces the gradients. With ZeRO-1 (Megatron's distributed optimizer,
+    megatron/core/distributed/param_and_grad_buffer.py and docs/source/api-guide/dist_optimizer.md)
+    each rank reduce-scatters the gradients in `grad_reduce_bytes` and, after its optimizer step on
+    its shard, all-gathers the updated bf16 parameters: each is half of a ring all-reduce's traffic
+    ((n-1)/n of the buffer), so the pair costs an all-reduce of their mean size.
+    """
+    if zero_stage >= 1:
+        return (grad_reduce_bytes + PARAM_GATHER_BYTES) / 2
+    return float(grad_reduce_bytes)
+
+
 def stage_cost_terms(
     workload: Workload,
     hardware: Hardware,
@@ -159,7 +179,7 @@ def stage_cost_terms(
         head=head,
         p2p_ms=p2p_ms,
         state_bytes_per_param=state_bytes_per_param(workload.zero_stage, shape.dp),
-        grad_bytes_per_param=float(software.grad_reduce_bytes),
+        sync_bytes_per_param=sync_bytes_per_param(workload.zero_stage, software.grad_reduce_bytes),
         dp_bandwidth_intra_gb_s=intra * efficiency.nvlink_fraction,
         dp_bandwidth_inter_gb_s=hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction,
         groups_per_node=groups_per_node,

@@ -421,8 +421,8 @@ def _stage_costs(
     else:
         uniform = 0.0
     resharded = exposed_sync_ms(
-        resharded_sync_ms(params, layers, sync_replicas, terms.grad_bytes_per_param, network), backward,
-        resharded_sync_ms(bucket_params, 1, sync_replicas, terms.grad_bytes_per_param, network), overlap,
+        resharded_sync_ms(params, layers, sync_replicas, terms.sync_bytes_per_param, network), backward,
+        resharded_sync_ms(bucket_params, 1, sync_replicas, terms.sync_bytes_per_param, network), overlap,
     )
     full_speed = (stage_forward_ms(terms, position, layers), stage_backward_ms(terms, position, layers),
                   stage_weight_grad_ms(terms, position, layers))

@@ -155,6 +155,24 @@ def test_tp8_comm_is_two_ring_all_reduces_over_nvlink():
     assert 1e3 * one_all_reduce_s == pytest.approx(1e3 * (1.75 * 2097152 / 150e9 + 42e-6), rel=1e-12)
 
 
+def test_overlapped_tp_comm_hides_behind_the_gemms_but_one_chunk():
+    tp = 8
+    nbytes = S * B * H * 2
+    comm_ms = 2 * 1e3 * (2 * 7 / 8 * nbytes / (NVLINK * 1e9) + 14 * NVLINK_STEP_LATENCY_S)
+    # Projection GEMMs of one layer's forward, split over tp, each at the efficiency of its shard width:
+    # QKV 6Th^2 (width 3h/8), output 2Th^2 (h/8), fc1 and fc2 8Th^2 each (4h/8).
+    gemm_ms = 1e3 * T * H * H / tp / PEAK * (6 / eff(3 * H / 8) + 2 / eff(H / 8) + 16 / eff(4 * H / 8))
+    overlapped = run(tp, "none", SoftwareConfig(flash_attention=True, tp_comm_overlap=True))
+    plain = run(tp, "none", SoftwareConfig(flash_attention=True))
+    expected = max(comm_ms - gemm_ms, comm_ms / tp)
+    assert overlapped.forward_tp_comm_ms == pytest.approx(expected, rel=1e-9)
+    assert overlapped.backward_tp_comm_ms == pytest.approx(expected, rel=1e-9)
+    assert overlapped.forward_tp_comm_ms < plain.forward_tp_comm_ms
+    assert overlapped.forward_compute_ms == plain.forward_compute_ms  # the GEMMs themselves take as long
+    # Nothing to overlap without tensor parallelism.
+    assert run(1, "none", SoftwareConfig(tp_comm_overlap=True)).forward_tp_comm_ms == 0.0
+
+
 def test_head_time_by_hand():
     tp = 2
     shard = V / tp

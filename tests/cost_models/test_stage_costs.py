@@ -72,9 +72,10 @@ def test_pp1_iteration_by_hand():
     per_microbatch = L * fb(terms.layer) + fb(terms.embedding) + fb(terms.head)
     # params per GPU: layers and both vocab matrices split over tp, plus the final norm
     params = L * P_LAYER / tp + V * H / tp + V * H / tp + H
-    # dp = 2 groups of tp = 2 fit in one 8-GPU node: ring over NVLink, 4-byte gradients
-    grad_bytes = 4 * params
-    dp_ms = 1e3 * (2 * (dp - 1) / dp * grad_bytes / NVLINK_BPS + 2 * (dp - 1) * NVLINK_STEP_LATENCY_S)
+    # dp = 2 groups of tp = 2 fit in one 8-GPU node: rings over NVLink. ZeRO-1: reduce-scatter of the
+    # 4-byte gradients, then all-gather of the 2-byte updated weights, (dp - 1) steps of 1/dp each.
+    grad_bytes, weight_bytes = 4 * params, 2 * params
+    dp_ms = 1e3 * ((dp - 1) / dp * (grad_bytes + weight_bytes) / NVLINK_BPS + 2 * (dp - 1) * NVLINK_STEP_LATENCY_S)
     # Adam: 34 bytes per param over HBM, sharded over dp by ZeRO-1
     opt_ms = 1e3 * params * 34 / dp / HBM_BPS
     est = estimate_iteration(terms, [L])
@@ -88,7 +89,7 @@ def test_pp1_iteration_by_hand():
 
 def test_dp_across_nodes_uses_network():
     tp, dp = 8, 2  # one TP group fills a node, so DP peers are on different nodes
-    terms = terms_for(tp, 1, dp, 1)
+    terms = terms_for(tp, 1, dp, 1, zero=0)  # ZeRO-0: an all-reduce of the gradients
     params = L * P_LAYER / tp + 2 * V * H / tp + H
     grad_bytes = 4 * params
     expected = 1e3 * (2 * (dp - 1) / dp * grad_bytes / NET_BPS + 2 * (dp - 1) * NETWORK_STEP_LATENCY_S)
@@ -97,7 +98,7 @@ def test_dp_across_nodes_uses_network():
 
 def test_overlapped_dp_sync_exposes_max_of_remainder_and_last_bucket():
     tp, dp = 2, 2
-    terms = terms_for(tp, 1, dp, 2, software=SW_OVERLAP)
+    terms = terms_for(tp, 1, dp, 2, software=SW_OVERLAP, zero=0)
     params = L * P_LAYER / tp + 2 * V * H / tp + H  # 57,938,944 > one 10M bucket
     full_ms = 1e3 * (grad_bytes := 4 * params) / NVLINK_BPS + 1e3 * 2 * NVLINK_STEP_LATENCY_S
     bucket_ms = 1e3 * 4 * 10_000_000 / NVLINK_BPS + 1e3 * 2 * NVLINK_STEP_LATENCY_S

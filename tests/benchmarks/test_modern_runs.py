@@ -1,0 +1,71 @@
+"""The published 2023+ runs the fidelity report holds out: enough of them, from independent sources, each
+layout consistent with its GPU count, and each published figure read as seconds with the source's own
+FLOP count (checked against closed forms worked out here, not the module's code)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.fidelity import modern_table
+from benchmarks.modern_runs import (
+    MODERN_RUNS_PATH,
+    balanced_split,
+    load_modern_runs,
+    published_iteration_s,
+    source_flops_per_iteration,
+)
+from cost_models.efficiency import fitted_efficiency
+
+ROWS = json.loads(MODERN_RUNS_PATH.read_text())["runs"]
+
+
+def test_at_least_15_runs_from_3_independent_sources_on_hopper():
+    assert len(ROWS) >= 15
+    assert len({row["source_id"] for row in ROWS}) >= 3
+    assert {row["gpu"] for row in ROWS} <= {"H100-SXM", "H200", "B200"}
+    for row in ROWS:
+        assert row["citation"] and row["architecture_from"], row["model"]
+        assert row["tp"] * row["pp"] * row["dp"] == row["gpus"], row["model"]
+        assert row["global_batch"] % (row["dp"] * row["micro_batch"]) == 0, row["model"]
+
+
+def test_megatron_formula_for_a_plain_gpt_is_the_closed_form():
+    # Megatron's count for a GPT with ffn 4h, full multi-head attention and no gating:
+    # 12 B s L h^2 (2 + s/h + 4 + V/(2 L h)) = 72 B s L h^2 (1 + s/(6h) + V/(12 L h)).
+    row = next(r for r in ROWS if r["flops_formula"] == "megatron_2024")
+    b, s, layers, h, vocab = row["global_batch"], row["seq_length"], row["layers"], row["hidden"], row["vocab"]
+    closed = 72 * b * s * layers * h * h * (1 + s / (6 * h) + vocab / (12 * layers * h))
+    assert source_flops_per_iteration(row) == pytest.approx(closed, rel=1e-12)
+    # and its published TFLOP/s per GPU times GPUs times seconds gives that count back
+    seconds = published_iteration_s(row)
+    assert seconds * row["measured"]["tflops_per_gpu"] * 1e12 * row["gpus"] == pytest.approx(closed, rel=1e-12)
+
+
+def test_palm_count_for_llama3_405b_matches_its_published_parameters():
+    # PaLM's 6N + 12 L h s per token, N the non-embedding parameters: Llama 3.1 405B has 405.9B parameters,
+    # of which 2 x 128,256 x 16,384 are the input and output embeddings.
+    row = next(r for r in ROWS if r["flops_formula"] == "palm")
+    non_embedding = 405.9e9 - 2 * 128_256 * 16_384
+    per_token = 6 * non_embedding + 12 * 126 * 16_384 * row["seq_length"]
+    tokens = row["global_batch"] * row["seq_length"]
+    assert source_flops_per_iteration(row) == pytest.approx(tokens * per_token, rel=0.005)
+
+
+def test_tokens_per_second_becomes_seconds_per_iteration():
+    row = next(r for r in ROWS if "tokens_per_s_per_gpu" in r["measured"])
+    tokens = row["global_batch"] * row["seq_length"]
+    assert published_iteration_s(row) * row["measured"]["tokens_per_s_per_gpu"] * row["gpus"] == pytest.approx(tokens)
+
+
+def test_uneven_splits_put_the_extra_layers_in_the_middle():
+    assert balanced_split(126, 16) == [7] + [8] * 14 + [7]  # Llama 3 405B as Meta ran it
+    assert balanced_split(10, 4) == [2, 3, 3, 2]
+    assert balanced_split(12, 4) == [3, 3, 3, 3]
+
+
+def test_the_report_prices_every_run_and_says_the_mean_error():
+    lines = modern_table(fitted_efficiency())
+    assert sum(line.startswith("| ") and "%" in line for line in lines) == len(load_modern_runs()) == len(ROWS)
+    assert "all " in lines[-1] and f"({len(ROWS)} runs)" in lines[-1]
