@@ -80,7 +80,7 @@ def _request(model: str, batch: int, seq: int, options: dict, **extra) -> dict:
 # Each solves to OPTIMAL in well under a second, so the plan does not depend on machine load.
 REQUESTS = {
     # pp 4 x tp 2 x dp 2, 10 layers a stage: --pipeline_parallel_layers_per_stage
-    "1f1b-even": _request("llama2-13b", 64, 4096, {"schedules": ["1f1b"]}, cluster=A100_40),
+    "1f1b-even": _request("llama2-13b", 128, 4096, {"schedules": ["1f1b"]}, cluster=A100_40),
     # a slow GPU: 4 stages of tp 2, the slow group last with 2 layers; torchtitan's own llama3_8b config
     "1f1b-uneven-first": _request("llama3.1-8b", 32, 4096, {"schedules": ["1f1b"]}, cluster=ONE_NODE_40, failures=SLOW),
     # a failed GPU: 7 stages of tp 2 on 8 + 6 GPUs, the last stage 2 layers; selective recompute, no ZeRO
