@@ -300,7 +300,10 @@ def _layout(plan: Plan) -> StockLayout:
             problems.append(f"tp {layout.tp} does not divide the model's {count} {what}")
     if layout.zero_stage not in (0, 1):
         problems.append(f"zero_stage {layout.zero_stage} (DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1)")
-    if layout.precision not in ("bf16", "fp16"):
+    if layout.precision == "fp8":
+        problems.append("precision fp8 (DeepSpeed's config has no FP8 training: FP8 comes from Transformer Engine "
+                        "layers in the model code; export to megatron or torchtitan, or plan with precision bf16)")
+    elif layout.precision not in ("bf16", "fp16"):
         problems.append(f"precision {layout.precision!r}")
     if layout.recompute not in ("none", "selective", "full"):
         problems.append(f"recompute mode {layout.recompute!r}")

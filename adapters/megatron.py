@@ -29,7 +29,10 @@ What the plan sets, and how:
                              full: --recompute-granularity full --recompute-method uniform
                              --recompute-num-layers 1
     zero_stage 1             --use-distributed-optimizer; always --overlap-grad-reduce
-    precision                --bf16 / --fp16
+    precision                --bf16 / --fp16; fp8: --bf16 with Transformer Engine's FP8
+                             (--fp8-format hybrid --fp8-recipe delayed
+                             --fp8-amax-history-len 1024 --fp8-amax-compute-algo max, the
+                             settings of NVIDIA's published FP8 recipes)
     architecture             adapters.megatron_model: shape, GQA, --swiglu, untied embeddings,
                              --normalization and --norm-epsilon, RoPE (--position-embedding-type
                              rope, --rotary-base, Llama 3.1 --use-rope-scaling) or a learned
@@ -102,10 +105,14 @@ REQUIRED = (
     Required("--train-iters", "TRAIN_ITERS", "the number of iterations to train"),
     Required("--lr", "LR", "the peak learning rate"),
 )
+# Delayed scaling from the largest amax of the last 1,024 steps: the setting of NVIDIA's reference FP8
+# pretraining scripts (Megatron-LM's Llama 3 examples, NeMo's recipes); Megatron's default is 1 step.
+FP8_AMAX = ("--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Layout
+
 
 
 def stock(plan: Plan) -> StockLayout:
@@ -232,6 +239,8 @@ def _args(layout: StockLayout, order: str) -> list[str]:
         args.append("--use-distributed-optimizer")
     args.append("--overlap-grad-reduce")
     args.append("--fp16" if layout.precision == "fp16" else "--bf16")
+    if layout.precision == "fp8":
+        args += ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", *FP8_AMAX]
     return args
 
 

@@ -43,6 +43,8 @@ _NO_EFFECT_PREFIXES = (
     "--no-mmap-bin-files", "--no-create-attention-mask-in-dataloader", "--use-mcore-models", "--use-checkpoint-",
     "--attention-dropout", "--hidden-dropout", "--use-tp-pp-dp-mapping", "--microbatch-group-size-per-virtual-",
     "--timing-log-", "--no-load-", "--finetune", "--dataloader-type", "--reset-", "--eod-mask-loss", "--rampup-",
+    # FP8 scaling settings: numerics, not time or memory
+    "--fp8-amax-", "--fp8-margin", "--fp8-interval", "--fp8-recipe",
 )
 # Flags whose value is a separate word (every other flag of the table below is a switch).
 _SWITCHES = frozenset({
@@ -124,9 +126,9 @@ _NOT_MODELLED = {
     "--context-parallel-size": "context parallelism is not in the cost model (issue 19)",
     "--expert-model-parallel-size": "expert parallelism is not in the cost model (issue 19)",
     "--num-experts": "mixture-of-experts models are not in the cost model (issue 19)",
-    "--fp8-format": "FP8 training is not in the cost model (issue 19): estimated in bf16",
-    "--fp8-param-gather": "FP8 parameters are not in the cost model",
-    "--tp-comm-overlap": "TP communication overlap is not in the cost model (issue 17)",
+    "--fp8-param-gather": "FP8 primary weights (all-gathered in FP8, no bf16 copy) are not in the cost model: "
+                          "priced with bf16 weights and FP8 copies",
+    "--tp-comm-overlap": "TP communication overlap is not a request field: estimated without it",
     "--overlap-param-gather": "the parameter all-gather's overlap is not in the cost model (issue 17)",
     "--grad-reduce-in-bf16": "the gradient reduce precision is not a request field",
     "--accumulate-allreduce-grads-in-fp32": "the gradient reduce precision is not a request field",
@@ -235,7 +237,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--seq-length",
         "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
-        "--bf16", "--fp16", "--sequence-parallel", "--overlap-grad-reduce", *_NOT_MODELLED,
+        "--bf16", "--fp16", "--fp8-format", "--sequence-parallel", "--overlap-grad-reduce", *_NOT_MODELLED,
     }
     for name in sorted(flags):
         if name not in known and name not in ignored:
@@ -287,6 +289,11 @@ def _recompute(flags: dict, not_modelled: list[str]) -> str:
 def _precision(flags: dict) -> str:
     if "--bf16" in flags and "--fp16" in flags:
         raise CommandLineError("--bf16 and --fp16 both given: Megatron refuses that too")
+    if "--fp8-format" in flags:
+        # Transformer Engine's FP8 linears over bf16 or fp16 training; either format (e4m3, hybrid) is one price
+        if "--fp16" in flags:
+            raise CommandLineError("--fp8-format with --fp16: resiplan models FP8 over bf16 training only")
+        return "fp8"
     if "--bf16" in flags:
         return "bf16"
     if "--fp16" in flags:

@@ -36,6 +36,10 @@ What maps to what (torchtitan 0.3.0, PyTorch 2.13):
                                        FQN list per model part (virtual stage), in virtual-stage order
     recompute none/selective/full      activation_checkpoint:none / selective / full
     precision bf16                     --training.mixed_precision_param bfloat16, --training.dtype float32
+    precision fp8                      the same, with the model's Linear layers swapped by torchtitan's
+                                       float8 converter (in the config function: torchtitan 0.3 sets
+                                       converters in Python, not on the command line; see
+                                       adapters.torchtitan_model.llama3_model_spec(..., float8=True))
     sequence parallel (with tp > 1)    --parallelism.enable_sequence_parallel
 
 Schedules: what PyTorch's GPipe, 1F1B and Interleaved1F1B run is the
@@ -184,6 +188,8 @@ def model_selection(plan: Plan) -> tuple[str, str] | None:
     """torchtitan's own (--module, --config) building exactly the plan's model, or None when it has none."""
     if plan.architecture is None or not RECORDED_DETAILS <= plan.architecture.model_fields_set:
         return None  # a plan stored before it recorded RoPE and norms: torchtitan's model may not be it
+    if plan.precision == "fp8":
+        return None  # its llama3_8b and llama3_70b train in bf16
     planned = _architecture_fields(plan.architecture)
     for selection, preset in BUILTIN_CONFIGS.items():
         if planned == _architecture_fields(resolve_architecture(preset)):
@@ -295,9 +301,9 @@ def launch_command(plan: Plan) -> str:
 def _layout(plan: Plan) -> StockLayout:
     layout = stock_layout(plan, TARGET)
     problems = []
-    if layout.precision != "bf16":
+    if layout.precision not in ("bf16", "fp8"):
         problems.append(f'torchtitan 0.3 trains in bfloat16 or float32, not {layout.precision} (ask with '
-                        '"training": {"precision": "bf16"})')
+                        '"training": {"precision": "bf16"}, or "fp8" for its float8 linears)')
     expected = layout.dp * layout.num_microbatches * layout.micro_batch_size
     if layout.global_batch_size != expected:
         problems.append(f"global_batch_size {layout.global_batch_size} is not dp {layout.dp} x "
@@ -350,9 +356,15 @@ def _model_lines(plan: Plan, selection: tuple[str, str] | None) -> list[str]:
     if selection is not None:
         return [f"# model: torchtitan's own {selection[1]}, which is this plan's architecture field for field"]
     problems = unsupported(arch)
+    float8 = plan.precision == "fp8"
     if problems:
         return ["# model: torchtitan has no config function for it, and its Llama3 decoder cannot build it",
-                f"#   ({inert('; '.join(problems))}): TORCHTITAN_MODULE must name a module of yours that does"]
+                f"#   ({inert('; '.join(problems))}): TORCHTITAN_MODULE must name a module of yours that does"
+                + (" (with float8 linears: the plan trains in fp8)" if float8 else "")]
+    if float8:
+        return ["# model: the plan trains in fp8, which torchtitan sets in Python; TORCHTITAN_MODULE/TORCHTITAN_CONFIG",
+                "#   name your config function, whose model_spec is",
+                "#   adapters.torchtitan_model.llama3_model_spec(plan.architecture, float8=True)"]
     return ["# model: torchtitan has no config function for it; TORCHTITAN_MODULE/TORCHTITAN_CONFIG name yours,",
             "#   whose model_spec is adapters.torchtitan_model.llama3_model_spec(plan.architecture)"]
 

@@ -12,7 +12,8 @@ own for, write one that takes this spec:
         config.model_spec = llama3_model_spec(plan.architecture)
         return config
 
-and start it with `--module your_module --config my_model`. The spec is torchtitan's llama3 spec
+and start it with `--module your_module --config my_model` (an FP8 plan: `llama3_model_spec(plan.architecture,
+float8=True)`, torchtitan's float8 converter on every layer's Linear). The spec is torchtitan's llama3 spec
 (its parallelize and pipelining functions) with the layers built by torchtitan's own llama3 layer
 builder and set to the plan's widths, GQA heads, RMSNorm epsilon, RoPE base and Llama 3.1 scaling,
 biases and weight tying.
@@ -99,12 +100,24 @@ def llama3_model_config(arch: ModelArchitecture) -> Any:
     )
 
 
-def llama3_model_spec(arch: ModelArchitecture) -> Any:
-    """torchtitan's llama3 ModelSpec (parallelize, pipelining, state-dict adapter) with `arch`'s model."""
+def llama3_model_spec(arch: ModelArchitecture, float8: bool = False, emulate: bool = False) -> Any:
+    """torchtitan's llama3 ModelSpec (parallelize, pipelining, state-dict adapter) with `arch`'s model.
+
+    float8: the plan trains in FP8 (`training.precision: "fp8"`): torchtitan's own Float8LinearConverter
+    swaps the transformer layers' Linear configs for torchao's Float8Linear, the output head kept in bf16
+    as the plan prices it (torchtitan's llama3_405b config does the same). It needs an SM89+ GPU;
+    `emulate` runs torchao's emulation instead (CPU tests only)."""
     from torchtitan.models.llama3 import model_registry
 
     spec = model_registry("debugmodel")
-    return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}", model=llama3_model_config(arch))
+    model = llama3_model_config(arch)
+    if float8:
+        from torchtitan.components.quantization.float8 import Float8LinearConverter
+
+        converter = Float8LinearConverter.Config(filter_fqns=["lm_head"], emulate=emulate,
+                                                 model_compile_enabled=not emulate)
+        model = converter.build().convert(model)
+    return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}", model=model)
 
 
 def _set_norms_and_biases(layer: Any, arch: ModelArchitecture) -> None:

@@ -195,16 +195,18 @@ def table(runs: list[CalibrationRun], efficiency: EfficiencyParams) -> str:
 
 def modern_table(efficiency: EfficiencyParams) -> list[str]:
     """Each 2023+ run's published and predicted seconds per iteration (and tokens/s per GPU), then the
-    mean |error| per source and over all."""
+    mean |error| per source, over all, and per precision (FP8 runs reported apart)."""
     from benchmarks.modern_runs import load_modern_runs, predict_iteration_s
 
     lines = ["| source | run | mbs, recompute | published s (tokens/s/GPU) | predicted s | error |",
              "|---|---|---|---:|---:|---:|"]
     errors: dict[str, list[float]] = {}
+    by_precision: dict[str, list[float]] = {}
     for run in load_modern_runs():
         predicted = predict_iteration_s(run, efficiency)
         error = predicted / run.published_iteration_s - 1
         errors.setdefault(run.source_id, []).append(abs(error))
+        by_precision.setdefault(run.precision, []).append(abs(error))
         lines.append(f"| {run.source_id} | {run.label} | {run.shape.micro_batch_size}, {run.shape.recompute} "
                      f"| {run.published_iteration_s:.3f} ({run.tokens_per_s_per_gpu:,.0f}) | {predicted:.3f} "
                      f"| {100 * error:+.1f}% |")
@@ -212,6 +214,8 @@ def modern_table(efficiency: EfficiencyParams) -> list[str]:
     lines += ["", "Mean |error| per source: " + "; ".join(
         f"{source} {100 * sum(e) / len(e):.1f}% ({len(e)} runs)" for source, e in errors.items())
         + f"; all {100 * sum(every) / len(every):.1f}% ({len(every)} runs)."]
+    lines += ["Per precision: " + "; ".join(
+        f"{precision} {100 * sum(e) / len(e):.1f}% ({len(e)} runs)" for precision, e in by_precision.items()) + "."]
     return lines
 
 
@@ -265,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
               "|---|---:|---:|---:|---:|"]
     for name, sp, sq, ap, aq in korthikanti_memory_rows():
         report.append(f"| {name} | {sp:.2f} | {sq:.2f} ({100 * (sq / sp - 1):+.1f}%) | {ap:.2f} | {aq:.2f} ({100 * (aq / ap - 1):+.1f}%) |")
-    report += ["", "Held out: published 2023+ BF16 runs on H100/H200 (`calibration/modern_runs.json`), never fitted:", ""]
+    report += ["", "Held out: published 2023+ BF16 and FP8 runs on H100/H200 (`calibration/modern_runs.json`), never "
+               "fitted:", ""]
     report += modern_table(efficiency)
     if args.joint_fit:
         report += [""] + joint_fit_report(runs, efficiency)

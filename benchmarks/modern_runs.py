@@ -32,6 +32,7 @@ class ModernRun:
     shape: ParallelShape
     software: SoftwareConfig
     published_iteration_s: float
+    precision: str = "bf16"
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -78,14 +79,18 @@ def load_modern_runs(path: Path = MODERN_RUNS_PATH) -> list[ModernRun]:
         gpu = gpu_preset(row["gpu"])
         per_node = GPUS_PER_NODE.get(row["source_id"], 8)
         hardware = Hardware(gpu, per_node, gpu.intra_node_bandwidth_gb_s, gpu.inter_node_bandwidth_gb_s)
+        virtual = row["virtual_stages"]
         shape = ParallelShape(tp=row["tp"], pp=row["pp"], dp=row["dp"], micro_batch_size=row["micro_batch"],
-                              recompute=row["recompute"])
+                              recompute=row["recompute"], schedule="interleaved" if virtual > 1 else "1f1b",
+                              virtual_stages=virtual)
         if shape.devices != row["gpus"]:
             raise ValueError(f"{row['model']} on {row['gpus']} GPUs: tp x pp x dp = {shape.devices}")
         workload = Workload(_model(row), row["seq_length"], row["global_batch"], zero_stage=row["zero_stage"])
-        label = f"{row['model']}, {row['gpus']} x {row['gpu']}, tp {row['tp']} pp {row['pp']} dp {row['dp']}"
+        label = (f"{row['model']}, {row['gpus']} x {row['gpu']}, tp {row['tp']} pp {row['pp']} dp {row['dp']}"
+                 + (f" v {virtual}" if virtual > 1 else "") + (f", {row['precision']}" if row["precision"] != "bf16" else ""))
         software = SoftwareConfig(**row["software"])
-        runs.append(ModernRun(row["source_id"], label, workload, hardware, shape, software, published_iteration_s(row)))
+        runs.append(ModernRun(row["source_id"], label, workload, hardware, shape, software, published_iteration_s(row),
+                              row["precision"]))
     return runs
 
 

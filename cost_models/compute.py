@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from cost_models.choices import Recompute
 from cost_models.comm import NVLINK_STEP_LATENCY_S, ring_all_reduce_s
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+from cost_models.fp8 import CAST_BYTES_PER_ELEMENT, cast_elements_per_token
 from cost_models.flops import BACKWARD_TO_FORWARD, layer_attention_forward_flops
 from cost_models.hardware import GpuSpec
 from cost_models.model_spec import ModelSpec
@@ -39,8 +40,11 @@ def gemm_efficiency(width: float, efficiency: EfficiencyParams) -> float:
     return efficiency.gemm_peak_fraction * width / (width + efficiency.gemm_half_width)
 
 
-def gemm_time_s(flops: float, width: float, gpu: GpuSpec, efficiency: EfficiencyParams) -> float:
-    return flops / (gpu.peak_tflops * 1e12 * gemm_efficiency(width, efficiency))
+def gemm_time_s(flops: float, width: float, gpu: GpuSpec, efficiency: EfficiencyParams,
+                peak_tflops: float | None = None) -> float:
+    """At the BF16 peak unless `peak_tflops` says another (FP8's)."""
+    peak = gpu.peak_tflops if peak_tflops is None else peak_tflops
+    return flops / (peak * 1e12 * gemm_efficiency(width, efficiency))
 
 
 def hbm_time_s(bytes_moved: float, gpu: GpuSpec, efficiency: EfficiencyParams) -> float:
@@ -69,7 +73,7 @@ class LayerTime:
 
 
 def _projection_gemms_s(
-    model: ModelSpec, tokens: int, tp: int, gpu: GpuSpec, efficiency: EfficiencyParams
+    model: ModelSpec, tokens: int, tp: int, gpu: GpuSpec, efficiency: EfficiencyParams, peak_tflops: float | None = None
 ) -> float:
     """QKV, output projection and MLP GEMMs, each with its own shard width."""
     h = model.hidden_size
@@ -81,7 +85,7 @@ def _projection_gemms_s(
         (2 * tokens * h * fc1_out, min(h, fc1_out)),
         (2 * tokens * (model.ffn_hidden_size / tp) * h, min(h, model.ffn_hidden_size / tp)),
     )
-    return sum(gemm_time_s(flops, width, gpu, efficiency) for flops, width in gemms)
+    return sum(gemm_time_s(flops, width, gpu, efficiency, peak_tflops) for flops, width in gemms)
 
 
 def _attention_core_forward_s(
@@ -154,15 +158,21 @@ def layer_time(
     inside the backward; selective recompute repeats the attention core.
     """
     tokens = seq_length * micro_batch
-    gemm_s = _projection_gemms_s(model, tokens, tp, gpu, efficiency)
+    gemm_s = _projection_gemms_s(model, tokens, tp, gpu, efficiency, gpu.peak_fp8_tflops if software.fp8 else None)
     attention_s = _attention_core_forward_s(model, seq_length, micro_batch, tp, gpu, efficiency, software)
     elementwise_s = _elementwise_forward_s(model, tokens, tp, gpu, efficiency, software)
+    cast_forward_s = cast_backward_s = 0.0
+    if software.fp8:
+        forward_elements, backward_elements = cast_elements_per_token(model, tp, software.sequence_parallel)
+        cast_forward_s = hbm_time_s(tokens * forward_elements * CAST_BYTES_PER_ELEMENT, gpu, efficiency)
+        cast_backward_s = hbm_time_s(tokens * backward_elements * CAST_BYTES_PER_ELEMENT, gpu, efficiency)
     overhead_s = efficiency.layer_overhead_ms / 1e3
     attention_backward_ratio = FLASH_BACKWARD_TO_FORWARD if software.flash_attention else BACKWARD_TO_FORWARD
 
-    forward_compute_s = gemm_s + attention_s + elementwise_s + overhead_s
+    forward_compute_s = gemm_s + attention_s + elementwise_s + overhead_s + cast_forward_s
     backward_compute_s = (
         BACKWARD_TO_FORWARD * (gemm_s + elementwise_s + overhead_s) + attention_backward_ratio * attention_s
+        + cast_backward_s
     )
     comm_ms = 2.0 * tp_all_reduce_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency)
     backward_comm_ms = comm_ms

@@ -97,6 +97,10 @@ class SoftwareConfig:
     tp_comm_overlap: tensor-parallel collectives decomposed and pipelined with the
         GEMMs that consume or produce them (Megatron's --tp-comm-overlap,
         Transformer Engine userbuffers; `cost_models.compute.exposed_tp_comm_ms`).
+    fp8: the transformer layers' linear projections run in FP8 (Transformer
+        Engine's delayed scaling, E4M3 forward / E5M2 gradients: Megatron-Core's
+        --fp8-format hybrid; torchtitan's float8 converter); attention core,
+        norms, embedding and output head stay in BF16 (`cost_models.fp8`).
     """
 
     flash_attention: bool = True
@@ -107,6 +111,7 @@ class SoftwareConfig:
     scatter_gather_p2p: bool = True
     ddp_bucket_params: int = 40_000_000
     tp_comm_overlap: bool = False
+    fp8: bool = False
 
 
 # Megatron-LM of 2021-2022 (the calibration runs): no flash attention, dropout

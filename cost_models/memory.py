@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from cost_models.choices import Recompute, ScheduleName
 from cost_models.efficiency import SoftwareConfig
+from cost_models.fp8 import saved_input_bytes_per_token
 from cost_models.model_spec import ModelSpec
 from cost_models.pipeline import interleaved_group_sizes
 
@@ -58,6 +59,10 @@ def _layer_activation_terms(model: ModelSpec, software: SoftwareConfig) -> tuple
     activation_inputs = (2.0 * 2.0 if model.swiglu else 2.0) * ffn_ratio
     fc2_input = 2.0 * ffn_ratio
     sharded = qkv + out_proj_input + activation_inputs + fc2_input
+    if software.fp8:
+        replicated_saved, sharded_saved = saved_input_bytes_per_token(model)
+        replicated -= replicated_saved
+        sharded -= sharded_saved
     score_per_s = 0.0 if software.flash_attention else (2.0 + (3.0 if software.dropout else 0.0))
     return replicated, sharded, score_per_s
 

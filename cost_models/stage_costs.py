@@ -17,6 +17,7 @@ from cost_models.comm import (
 )
 from cost_models.compute import LayerTime, embedding_time, head_time, layer_time
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+from cost_models.fp8 import WEIGHT_CACHE_BYTES_PER_PARAM as FP8_WEIGHT_CACHE_BYTES_PER_PARAM
 from cost_models.layout import Hardware, ParallelShape, Workload
 from cost_models.memory import (
     ACTIVATION_FRAGMENTATION,
@@ -40,6 +41,7 @@ class PartCosts:
     time: LayerTime
     params: float  # parameters held per GPU (already divided by tp)
     activation_bytes: float  # per in-flight microbatch
+    cache_bytes: float = 0.0  # kept all iteration beside the model state: FP8 weight copies
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ def part_costs(
         time=layer_time(model, seq, mbs, tp, shape.recompute, gpu, intra, efficiency, software),
         params=model.params_per_layer / tp,
         activation_bytes=layer_activation_bytes(model, seq, mbs, tp, shape.recompute, software),
+        cache_bytes=FP8_WEIGHT_CACHE_BYTES_PER_PARAM * model.params_per_layer / tp if software.fp8 else 0.0,
     )
     embedding = PartCosts(
         time=embedding_time(model, seq, mbs, tp, gpu, intra, efficiency),
@@ -243,7 +246,7 @@ def stage_memory(terms: StageCostTerms, stage: int, layers: int) -> StageMemory:
         once += terms.head.activation_bytes
     fragmentation = 1 + ACTIVATION_FRAGMENTATION
     return StageMemory(
-        static_bytes=params * terms.state_bytes_per_param + once * fragmentation,
+        static_bytes=params * terms.state_bytes_per_param + layers * terms.layer.cache_bytes + once * fragmentation,
         per_microbatch_bytes=per_microbatch * fragmentation,
     )
 
@@ -275,7 +278,7 @@ def _max_layers(terms: StageCostTerms, empty: StageMemory, memory_bytes: float, 
     """Most layers within `memory_bytes`, `empty` being the stage's memory without layers."""
     fixed = empty.peak_bytes(in_flight)
     per_layer = (
-        terms.layer.params * terms.state_bytes_per_param
+        terms.layer.params * terms.state_bytes_per_param + terms.layer.cache_bytes
         + terms.layer.activation_bytes * in_flight * (1 + ACTIVATION_FRAGMENTATION)
     )
     return int((memory_bytes - fixed) // per_layer)

@@ -89,9 +89,12 @@ def check_invariants(plan: Plan, request: PlanRequest, model: ModelSpec, gpu: Gp
     is_uniform = len({signature(r) for r in plan.replicas}) == 1
     assert plan.uniform == is_uniform, f"uniform={plan.uniform} but replicas {'are' if is_uniform else 'are not'} identical"
 
-    # 7. Never faster than the compute floor of the devices used.
+    # 7. Never faster than the compute floor of the devices used (at the FP8 peak for FP8 training: no FLOP
+    # runs faster than that).
     flops = independent_model_flops(model, request.training.seq_length, request.training.global_batch_size)
-    peak = sum(gpu.peak_tflops * 1e12 * speeds.get(d, 1.0) for d in used)
+    per_gpu_tflops = gpu.peak_fp8_tflops if request.training.precision == "fp8" else gpu.peak_tflops
+    assert per_gpu_tflops is not None, "an fp8 plan on a GPU without FP8 tensor cores"
+    peak = sum(per_gpu_tflops * 1e12 * speeds.get(d, 1.0) for d in used)
     floor_s = flops / peak
     assert plan.predicted.iteration_time_s >= floor_s * (1 - 1e-9), f"iteration {plan.predicted.iteration_time_s} s below floor {floor_s} s"
 

@@ -57,6 +57,7 @@ def resolve_gpu(gpu: str | GpuObject) -> GpuSpec:
         peak_tflops=gpu.peak_tflops,
         memory_gib=gpu.memory_gib,
         hbm_bandwidth_gb_s=gpu.hbm_bandwidth_gb_s or reference.hbm_bandwidth_gb_s * ratio,
+        peak_fp8_tflops=gpu.peak_fp8_tflops,
         intra_node_bandwidth_gb_s=reference.intra_node_bandwidth_gb_s,
         inter_node_bandwidth_gb_s=reference.inter_node_bandwidth_gb_s,
     )
@@ -148,7 +149,14 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
         request.failures.failed,
         [(s.device, s.speed) for s in request.failures.slow],
     )
-    software = SoftwareConfig(grad_reduce_bytes=4 if training.precision == "bf16" else 2)
+    if training.precision == "fp8" and hardware.gpu.peak_fp8_tflops is None:
+        with_fp8 = ", ".join(name for name in gpu_preset_names() if gpu_preset(name).peak_fp8_tflops is not None)
+        raise PlanningError(f"training.precision fp8 needs FP8 tensor cores; a {hardware.gpu.name} has none "
+                            f"(presets with FP8: {with_fp8}; a custom GPU object gives peak_fp8_tflops)")
+    # fp16 training reduces fp16 gradients; bf16 and fp8 (whose gradients leave the GEMMs in bf16) reduce
+    # them in fp32, Megatron's default.
+    software = SoftwareConfig(grad_reduce_bytes=2 if training.precision == "fp16" else 4,
+                              fp8=training.precision == "fp8")
     reserve_gib = request.options.memory_reserve_gib
     if reserve_gib is None:
         reserve_gib = DEFAULT_MEMORY_RESERVE_GIB

@@ -86,6 +86,10 @@ class GpuObject(_Strict):
         default=None, ge=MIN_BANDWIDTH_GB_S, le=100_000,
         description="HBM bandwidth GB/s; default scales A100's by peak FLOP/s.",
     )
+    peak_fp8_tflops: float | None = Field(
+        default=None, ge=MIN_PEAK_TFLOPS, le=200_000,
+        description="Dense FP8 TFLOP/s per GPU; null: the GPU has no FP8 tensor cores (precision fp8 is refused).",
+    )
 
 
 class Cluster(_Strict):
@@ -242,7 +246,11 @@ class Training(_Strict):
     global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH_SEQUENCES, description="Sequences per iteration.")
     seq_length: int = Field(ge=1, le=1_048_576, description="Tokens per sequence.")
     micro_batch_size: int | None = Field(default=None, ge=1, le=4096, description="null: the planner chooses.")
-    precision: Literal["bf16", "fp16"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp8"] = Field(
+        default="bf16",
+        description="fp8: the layers' linear projections in FP8 (Transformer Engine, hybrid E4M3/E5M2), "
+                    "the rest in bf16; needs a GPU with FP8 tensor cores.",
+    )
     zero_stage: Literal[0, 1] = 1
     recompute: Recompute = "auto"
 

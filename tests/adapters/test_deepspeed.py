@@ -446,6 +446,13 @@ def test_adapter_refuses_tp_that_does_not_divide_heads(healthy_plan):
         ds_export.render(tampered)
 
 
+def test_adapter_refuses_an_fp8_plan_saying_where_fp8_runs(healthy_plan):
+    """DeepSpeedConfig accepts no FP8 setting (its bf16/fp16 sections are all it has): the adapter refuses."""
+    fp8 = healthy_plan.model_copy(update={"precision": "fp8"})
+    with pytest.raises(ExportError, match="precision fp8 .*megatron or torchtitan"):
+        ds_export.render(fp8)
+
+
 def test_adapter_refuses_a_non_uniform_plan():
     plan = plan_for(PlanRequest.model_validate(small_request(failures={"failed": ["1:3"]})))
     assert not plan.uniform

@@ -115,6 +115,10 @@ PLANS = {
     "recompute-selective-interleaved": lambda: _estimate(
         {"tp": 1, "pp": 4, "virtual_stages": 2, "schedule": "interleaved", "recompute": "selective"}),
     "recompute-full-layout": lambda: _estimate({"tp": 2, "pp": 4, "layers_per_stage": [8, 7, 9, 8], "recompute": "full"}),
+    # FP8 training on H100s (Transformer Engine, hybrid E4M3/E5M2)
+    "fp8-h100": lambda: plan_for(PlanRequest.model_validate(small_request(
+        cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
+        training={"global_batch_size": 64, "seq_length": 8192, "precision": "fp8"}, options=STOCK))),
     # llama2-13b interleaved, relabelled so each replica sits on one node
     "replica-major": lambda: _replica_major(plan_for(PlanRequest.model_validate(small_request(
         model="llama2-13b", training={"global_batch_size": 64, "seq_length": 8192},
@@ -176,6 +180,10 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--overlap-grad-reduce", action="store_true", default=False)
     add("--bf16", action="store_true")
     add("--fp16", action="store_true")
+    add("--fp8-format", default=None, choices=["e4m3", "hybrid"], dest="fp8")
+    add("--fp8-recipe", default="delayed", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"])
+    add("--fp8-amax-history-len", type=int, default=1)
+    add("--fp8-amax-compute-algo", default="most_recent", choices=["most_recent", "max"])
     # what launch_command leaves to placeholders
     add("--data-path", nargs="*", default=None)
     add("--tokenizer-type", type=str, default=None, choices=[
@@ -433,6 +441,12 @@ def test_megatron_core_runs_the_plan(name):
     assert ns.use_distributed_optimizer == (plan.zero_stage == 1)
     assert (ns.seq_length, ns.micro_batch_size, ns.global_batch_size) == (
         plan.seq_length, plan.micro_batch_size, plan.global_batch_size)
+    # FP8 as planned: Transformer Engine's hybrid format with delayed scaling, over bf16
+    fp8 = plan.precision == "fp8"
+    assert (config.fp8, ns.bf16) == ("hybrid" if fp8 else None, plan.precision != "fp16")
+    if fp8:
+        assert (config.fp8_recipe, config.fp8_amax_history_len, config.fp8_amax_compute_algo) == (
+            "delayed", 1024, "max")
 
 
 def test_cases_cover_the_flag_variants():
@@ -450,6 +464,7 @@ def test_cases_cover_the_flag_variants():
     recompute = {name: real_plan(name).recompute for name in PLANS if name.startswith("recompute-")}
     assert sorted(recompute.values()) == ["full", "none", "selective"]
     assert "NPROC_PER_NODE=6" in megatron.launch_command(real_plan("failed-gpu"))
+    assert "--fp8-format" in flags["fp8-h100"] and all("--fp8-format" not in f for n, f in flags.items() if n != "fp8-h100")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -49,13 +49,15 @@ def test_megatrons_llama3_8b_example_is_the_llama3_8b_preset_shape_and_the_flags
     assert imported.request["layout"] == {"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1, "virtual_stages": 1,
                                           "schedule": "1f1b", "recompute": "none"}
     assert imported.request["training"] == {"global_batch_size": 128, "seq_length": 8192, "zero_stage": 1,
-                                            "precision": "bf16"}
+                                            "precision": "fp8"}
     # The script builds LayerNorm (it never says --normalization RMSNorm) with a RoPE base of 1e6: what runs.
     assert (model["normalization"], model["rope_theta"], model["swiglu"], model["tied_embeddings"]) == (
         "layernorm", 1e6, True, False)
     reported = " ".join(imported.not_modelled)
-    for flag in ("--fp8-format hybrid", "--overlap-param-gather", "--grad-reduce-in-bf16", "--fp8-amax-history-len"):
+    for flag in ("--fp8-param-gather", "--overlap-param-gather", "--grad-reduce-in-bf16"):
         assert flag in reported, flag
+    assert "--fp8-format" not in reported  # FP8 training is priced
+    assert {"--fp8-amax-history-len", "--fp8-amax-compute-algo"} <= set(imported.ignored)  # scaling: numerics
     assert "--context-parallel-size" not in reported, "context parallelism 1 changes nothing"
     assert {"--lr", "--save", "--tokenizer-type", "--split"} <= set(imported.ignored)
     # Every flag is mapped, reported or ignored: none dropped silently.
@@ -73,7 +75,7 @@ MAPPED_FLAGS = {
     "--num-query-groups", "--kv-channels", "--seq-length", "--max-position-embeddings", "--position-embedding-type",
     "--rotary-base", "--rotary-percent", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
     "--micro-batch-size", "--global-batch-size", "--bf16", "--tensor-model-parallel-size", "--sequence-parallel",
-    "--use-distributed-optimizer", "--overlap-grad-reduce", "--vocab-size",
+    "--use-distributed-optimizer", "--overlap-grad-reduce", "--vocab-size", "--fp8-format",
     "--context-parallel-size",  # at 1: no context parallelism, as the model runs it
 }
 

@@ -46,6 +46,7 @@ from torchtitan.models.llama3 import _build_llama3_layers, _debugmodel
 from adapters import torch_csv
 from adapters.registry import ExportError, export_format
 from adapters.stock import stock_layout
+from adapters.torchtitan_model import llama3_model_spec
 from adapters.torchtitan import (
     BUILTIN_CONFIGS,
     REQUIRED,
@@ -69,6 +70,7 @@ ONE_NODE_40 = {"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-40GB"}
 SLOW = {"slow": [{"device": "0:3", "speed": 0.5}]}
 FAILED = {"failed": ["1:5"]}
 STOCK = {"time_limit_s": 3, "allow_non_uniform": False}
+H100 = {"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}
 COMPUTE = ("F", "B", "I", "W")  # PyTorch's compute actions; the schedules add REDUCE_GRAD, comms, (un)shards
 
 
@@ -101,6 +103,9 @@ REQUESTS = {
                                  cluster=ONE_NODE_40, failures=SLOW),
     "optimized-interleaved": _request("llama2-70b", 16, 4096, {"schedules": ["optimized"], "time_limit_s": 8,
                                                                 "allow_non_uniform": True}),
+    # FP8 training on H100s: the same overrides, float8 linears from the config function
+    "fp8-h100": _request("llama3-8b", 32, 8192, {"schedules": ["1f1b"]}, cluster=H100,
+                         training={"precision": "fp8"}),
 }
 NON_UNIFORM = _request("llama3-8b", 32, 4096, {"schedules": ["1f1b"], "allow_non_uniform": True}, failures=FAILED)
 
@@ -474,6 +479,35 @@ def test_launch_uses_torchtitans_own_llama3_config():
     other = real_plan("1f1b-even")  # llama2-13b: torchtitan has no config for it
     assert model_selection(other) is None
     assert '"${TORCHTITAN_MODULE:?' in launch_command(other)
+
+
+def test_an_fp8_plan_gets_torchtitans_float8_converter_on_every_layer_linear():
+    plan = real_plan("fp8-h100")
+    assert plan.precision == "fp8"
+    # torchtitan's llama3_8b trains in bf16: the launch names the user's config function instead
+    assert model_selection(plan) is None
+    command = launch_command(plan)
+    assert '"${TORCHTITAN_MODULE:?' in command and "llama3_model_spec(plan.architecture, float8=True)" in command
+    # torchtitan's own converter (torchao's Float8Linear, emulated on CPU) on the plan's architecture
+    spec = llama3_model_spec(plan.architecture, float8=True, emulate=True)
+    plain = llama3_model_spec(plan.architecture)
+    kinds = {path: type(value).__qualname__ for path, value in _linear_configs(spec.model)}
+    assert kinds and {path for path, _ in _linear_configs(plain.model)} == set(kinds)
+    assert kinds.pop("lm_head") == "Linear.Config"  # the output head stays bf16, as the plan prices it
+    assert set(kinds.values()) == {"Float8Linear.Config"}
+    assert any(path.startswith("layers.") and path.endswith("w2") for path in kinds)
+
+
+def _linear_configs(config, path: str = ""):
+    """(path, config) of every Linear config (plain or float8) inside a torchtitan model config."""
+    if type(config).__qualname__ in ("Linear.Config", "Float8Linear.Config"):
+        yield path, config
+        return
+    if dataclasses.is_dataclass(config):
+        for field in dataclasses.fields(config):
+            yield from _linear_configs(getattr(config, field.name), f"{path}.{field.name}".lstrip("."))
+    elif isinstance(config, (list, tuple)) and config and dataclasses.is_dataclass(config[0]):
+        yield from _linear_configs(config[0], f"{path}.0")
 
 
 @pytest.mark.parametrize(("selection", "preset"), sorted(BUILTIN_CONFIGS.items()))

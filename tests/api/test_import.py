@@ -14,11 +14,15 @@ def test_the_llama3_example_imports_and_estimates(client):
     assert response.status_code == 200, response.text
     answer = response.json()
     assert answer["request"]["layout"]["dp"] == 8 and answer["request"]["cluster"] == CLUSTER
-    assert any(entry.startswith("--fp8-format hybrid") for entry in answer["not_modelled"])
+    assert answer["request"]["training"]["precision"] == "fp8"  # --fp8-format hybrid, priced
+    assert any(entry.startswith("--fp8-param-gather") for entry in answer["not_modelled"])
     estimate = client.post("/v1/estimate", json=answer["request"])
     assert estimate.status_code == 200, estimate.text
     plan = verify_plan(estimate.json(), answer["request"])
-    assert plan.status == "fixed" and len(plan.replicas) == 8
+    assert plan.status == "fixed" and len(plan.replicas) == 8 and plan.precision == "fp8"
+    # The same job on GPUs without FP8 tensor cores is refused, saying why.
+    a100 = {**answer["request"], "cluster": {**CLUSTER, "gpu": "A100-80GB"}}
+    assert_detail(client.post("/v1/estimate", json=a100), "fp8 needs FP8 tensor cores")
 
 
 def test_a_command_line_resiplan_cannot_take_is_a_422(client):
