@@ -151,6 +151,8 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
     sharded = bool(shard and shard > 1) or "--parallelism.fsdp_reshard_after_forward" in options
     training = {"global_batch_size": batch, "seq_length": seq, "zero_stage": 1 if sharded else 0,
                 "precision": _PRECISIONS[precision]}
+    notes.append("float8 linears are set in torchtitan's config function, not on its command line: the request "
+                 'says bf16; make it "precision": "fp8" if your config converts the linears to float8')
     ignored = sorted(key for key in options if key.startswith(_NO_EFFECT))
     for key in sorted(options):
         if key in _MAPPED or key in ignored:

@@ -151,7 +151,7 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
     )
     if training.precision == "fp8" and hardware.gpu.peak_fp8_tflops is None:
         with_fp8 = ", ".join(name for name in gpu_preset_names() if gpu_preset(name).peak_fp8_tflops is not None)
-        raise PlanningError(f"training.precision fp8 needs FP8 tensor cores; a {hardware.gpu.name} has none "
+        raise PlanningError(f"training.precision fp8 needs FP8 tensor cores; the {hardware.gpu.name} has none "
                             f"(presets with FP8: {with_fp8}; a custom GPU object gives peak_fp8_tflops)")
     # fp16 training reduces fp16 gradients; bf16 and fp8 (whose gradients leave the GEMMs in bf16) reduce
     # them in fp32, Megatron's default.

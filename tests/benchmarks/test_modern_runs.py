@@ -68,4 +68,8 @@ def test_uneven_splits_put_the_extra_layers_in_the_middle():
 def test_the_report_prices_every_run_and_says_the_mean_error():
     lines = modern_table(fitted_efficiency())
     assert sum(line.startswith("| ") and "%" in line for line in lines) == len(load_modern_runs()) == len(ROWS)
-    assert "all " in lines[-1] and f"({len(ROWS)} runs)" in lines[-1]
+    summary = "\n".join(lines[-2:])
+    assert "all " in summary and f"({len(ROWS)} runs)" in summary
+    # FP8 runs reported apart from BF16 ones
+    by_precision = {row["precision"] for row in ROWS}
+    assert by_precision == {"bf16", "fp8"} and all(f"{p} " in lines[-1] for p in by_precision)
