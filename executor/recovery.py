@@ -17,7 +17,7 @@ from executor.migrate import migrate, switch_events
 from executor.model import ModelConfig
 from executor.optimizer import AdamState
 from executor.runtime import Runtime, build_runtime
-from executor.survival import Arrival, Watchdog, ask_replan, join_world, rendezvous, say
+from executor.survival import Arrival, Watchdog, ask_replan, join_world, rendezvous, rendezvous_deadline_s, say
 from executor.timing import OpTimer
 from wire.schemas import Plan
 
@@ -85,7 +85,7 @@ def recover(lost: Lost, timeout_s: float, server: str, token: str | None, cfg: M
     why = f"{type(lost.error).__name__}: {str(lost.error)[:300]}"
     watchdog.alarm(why)
     arrival = Arrival(watchdog.device, old.active, progress.next_step, progress.torn, why)
-    arrivals = rendezvous(watchdog, arrival, deadline_s=2 * watchdog.timeout_s + 10.0)
+    arrivals = rendezvous(watchdog, arrival, deadline_s=rendezvous_deadline_s(watchdog.timeout_s, timeout_s))
     members = list(arrivals)
     gone = sorted(set(watchdog.members) - set(members), key=device_key)
     if not gone:
@@ -99,7 +99,7 @@ def recover(lost: Lost, timeout_s: float, server: str, token: str | None, cfg: M
     unrun = sorted(set(plan_devices(replanned)) - set(members), key=device_key)
     if unrun:
         raise RuntimeError(f"the replan {replanned.plan_id} uses devices no survivor runs: {unrun}")
-    new = build_runtime(replanned, cfg, members, seed, timer, watchdog.epoch)
+    new = build_runtime(replanned, cfg, members, seed, timer, watchdog.epoch, timeout_s)
     regrouped = time.perf_counter()
     event: dict[str, Any] = {
         "event": "recovery", "step": lost.step, "lost": gone, "survivors": len(members),

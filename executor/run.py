@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -136,7 +136,8 @@ def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = (),
                 target = switches.pop(step)
                 _check_compatible(cfg, [plan, target] if runtime is not None else [plan])
                 began = time.perf_counter()
-                new = build_runtime(target, cfg, devices, options.seed, timer, watchdog.epoch if watchdog else 0)
+                new = build_runtime(target, cfg, devices, options.seed, timer, watchdog.epoch if watchdog else 0,
+                                    options.timeout_s)
                 regrouped = time.perf_counter()
                 if runtime is None and resume_dir is not None:
                     loaded_s = checkpoint.load(resume_dir, new, adam, cfg.num_layers)
@@ -401,6 +402,7 @@ def run_rank(rank: int, world: int, init_method: str, plan_json: str, options: O
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
+    options = replace(options, timeout_s=timeout_s)  # every group of the run gets the world's timeout
     try:
         switches = [(step, Plan.model_validate_json(text)) for step, text in reconfigure]
         return run_and_save(Plan.model_validate_json(plan_json), options, out_dir, telemetry_path, switches, live)

@@ -6,6 +6,7 @@ import csv
 import io
 import tempfile
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -31,17 +32,24 @@ class Groups:
     unit_owners: dict[str, tuple[int, ...]]  # sync unit -> every rank holding it (all replicas, all TP ranks)
 
 
-def new_groups(layout: Layout, units: list[str], zero_stage: int) -> Groups:
-    """Every group of a plan, created by every rank of the world in the same order."""
+def new_groups(layout: Layout, units: list[str], zero_stage: int, timeout_s: float) -> Groups:
+    """Every group of a plan, created by every rank of the world in the same order, each with the job's collective
+    timeout (`new_group` would give gloo's 30 minutes: a send whose peer died can wait that long, and shut
+    connections do not wake it; `survival.py`)."""
     world = dist.get_world_size()
     used = sorted(layout.stage_of_rank)
-    plan_group = None if len(used) == world else dist.new_group(used)
+    timeout = timedelta(seconds=timeout_s)
+
+    def new_group(ranks: list[int]) -> dist.ProcessGroup:
+        return dist.new_group(ranks, timeout=timeout)
+
+    plan_group = None if len(used) == world else new_group(used)
     tp = {}
     for i, replica in enumerate(layout.replicas):
         for stage in replica.stages:
             if stage.tp > 1:
-                tp[(i, stage.stage)] = dist.new_group(sorted(stage.ranks))
-    pp = {i: dist.new_group(sorted(replica.leaders)) for i, replica in enumerate(layout.replicas)}
+                tp[(i, stage.stage)] = new_group(sorted(stage.ranks))
+    pp = {i: new_group(sorted(replica.leaders)) for i, replica in enumerate(layout.replicas)}
     leaders, holders = {}, {}
     for unit in units:
         stages = []
@@ -50,9 +58,9 @@ def new_groups(layout: Layout, units: list[str], zero_stage: int) -> Groups:
             stages.append(replica.stages[part.stage])
         leaders[unit] = tuple(sorted(stage.leader for stage in stages))
         holders[unit] = tuple(sorted(rank for stage in stages for rank in stage.ranks))
-    sync = {ranks: dist.new_group(list(ranks)) for ranks in sorted(set(leaders.values())) if len(ranks) > 1}
+    sync = {ranks: new_group(list(ranks)) for ranks in sorted(set(leaders.values())) if len(ranks) > 1}
     owner_sets = set(holders.values()) if zero_stage >= 1 else set()
-    owners = {ranks: dist.new_group(list(ranks)) for ranks in sorted(owner_sets) if len(ranks) > 1}
+    owners = {ranks: new_group(list(ranks)) for ranks in sorted(owner_sets) if len(ranks) > 1}
     return Groups(plan_group, tp, pp, sync, owners, leaders, holders)
 
 
@@ -105,10 +113,10 @@ class Runtime:
 
 
 def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: int, timer: OpTimer,
-                  world_epoch: int = 0) -> Runtime:
+                  world_epoch: int = 0, timeout_s: float = 300.0) -> Runtime:
     """Groups (every rank), then this rank's chunks with seeded full weights sharded for its TP group, and its
     pipeline runtime (the leader) or CSV replay (a follower). `world_epoch` counts the worlds this process has
-    been in (a recovery forms a new one)."""
+    been in (a recovery forms a new one); `timeout_s` is the collective timeout of every group."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
@@ -116,7 +124,7 @@ def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: 
 
     layout = build_layout(plan, cfg.num_layers, world_devices)
     units = sync_units(cfg)
-    groups = new_groups(layout, units, plan.zero_stage)
+    groups = new_groups(layout, units, plan.zero_stage, timeout_s)
     rank = dist.get_rank()
     runtime = Runtime(plan, layout, groups, units, rank)
     if rank not in layout.stage_of_rank:

@@ -14,11 +14,15 @@ and redo the interrupted step.
 2. Agree who is left. Each survivor writes its arrival (`ROOT/epoch-<k>/arrivals/`) with the next
    step its optimizer would run and whether an update was half applied; once every member has
    arrived or gone stale (or a deadline passes) the first to see it publishes the member list
-   atomically (a hard link: exactly one writer wins) and everyone reads the same list. A rank that
-   arrives after the list is out, or is still blocked then, counts as lost and exits (code 75),
-   printing its threads' stacks: in about 1 run in 5 a TP partner of the rank that failed first stayed
-   blocked in a DTensor collective that the shut connections did not wake (cause not found); it is
-   evicted after the deadline and its state is recovered like a killed rank's.
+   atomically (a hard link: exactly one writer wins) and everyone reads the same list. A shut
+   connection does not wake everything: a gloo all-reduce whose partner left it half way waits for
+   the partner's receive before its own send completes (`UnboundBuffer::waitSend`, seen in gdb in a
+   TP partner of the rank that failed first, about 1 run in 8 here), and only the group's timeout
+   ends that wait. Every group therefore gets the job's collective timeout (`--timeout`; `new_group`
+   would give 30 minutes), and the survivors wait for a member whose process still runs until that
+   timeout has passed (`rendezvous_deadline_s`): it wakes with the timeout's error and arrives. A
+   rank that arrives after the list is out, or is still blocked then, counts as lost and exits
+   (code 75), printing its threads' stacks; its state is recovered like a killed rank's.
 3. A new gloo world among the members on a file store (gloo cannot shrink a group in place), ranks
    renumbered in device order; the watchdog now watches the new members.
 4. The lowest device asks the service for a replan with the lost devices failed
@@ -231,6 +235,13 @@ def rendezvous(watchdog: Watchdog, arrival: Arrival, deadline_s: float) -> dict[
     if arrival.device not in records:
         evicted(arrival.device)
     return {device: Arrival(**record) for device, record in sorted(records.items(), key=lambda kv: device_key(kv[0]))}
+
+
+def rendezvous_deadline_s(heartbeat_timeout_s: float, collective_timeout_s: float) -> float:
+    """How long the survivors wait for every member: past the collective timeout, which ends the waits a shut
+    connection does not (a send whose peer left the collective), with two heartbeat periods and 10 s to
+    arrive in."""
+    return collective_timeout_s + 2 * heartbeat_timeout_s + 10.0
 
 
 def evicted(device: str) -> None:

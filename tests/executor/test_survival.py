@@ -32,6 +32,8 @@ from wire.schemas import Plan
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, LR = 5, 1e-3
+# A TP partner left blocked in a gloo send (about 1 run in 8) wakes at this timeout and joins the survivors.
+COLLECTIVE_TIMEOUT_S = 60
 REQUEST = survival.REQUEST  # the benchmark's scenario (8 heads: see its comment)
 
 
@@ -53,7 +55,7 @@ def _survive(tmp: Path, body: dict, fail: str, extra: list[str] = ()) -> dict:
         command = [sys.executable, "-m", "executor.launch", "--nproc-per-node", str(len(_devices(plan))),
                    "--log-dir", str(tmp / "logs"), "--plan", str(plan_file), "--steps", str(STEPS),
                    "--optimizer", "adam", "--lr", str(LR), "--server", url, "--survive", "--fail-device", fail,
-                   "--timeout", "120", "--out-dir", str(tmp / "out"), *extra]
+                   "--timeout", str(COLLECTIVE_TIMEOUT_S), "--out-dir", str(tmp / "out"), *extra]
         done = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
                               text=True, timeout=600)
         logs = {p.name: p.read_text() for p in sorted((tmp / "logs").glob("rank*.log"))}
@@ -91,14 +93,7 @@ FAILED, FAIL_STEP = "2:1", 2
 
 @pytest.fixture(scope="module")
 def survived(tmp_path_factory) -> dict:
-    # Checkpoints only as the net for an evicted rank holding a last copy (see test_the_lost_state_came_...).
-    return _survive(tmp_path_factory.mktemp("survive"), REQUEST, f"{FAILED}@{FAIL_STEP}", ["--checkpoint-every", "1"])
-
-
-def _evicted(run: dict) -> list[str]:
-    """Devices the survivors went on without besides the killed one (see executor/survival.py: a rank still
-    blocked at the rendezvous deadline is evicted)."""
-    return [d for d in run["recovery"]["lost"] if d != run["failed"]]
+    return _survive(tmp_path_factory.mktemp("survive"), REQUEST, f"{FAILED}@{FAIL_STEP}")
 
 
 def test_the_killed_process_died_and_the_others_regrouped(survived):
@@ -106,12 +101,10 @@ def test_the_killed_process_died_and_the_others_regrouped(survived):
     assert plan.uniform and plan.zero_stage == 0 and FAILED in _devices(plan)
     assert "were lost (killed by SIGKILL" in survived["launcher"]
     assert sum(f"device {FAILED}: killed at step {FAIL_STEP}" in text for text in survived["logs"].values()) == 1
-    evicted = _evicted(survived)
-    assert sum("it counts as lost and stops" in text for text in survived["logs"].values()) == len(evicted)
-    assert recovery["step"] == FAIL_STEP and FAILED in recovery["lost"] and len(evicted) <= 1
-    assert recovery["survivors"] == 8 - len(recovery["lost"])
-    if not evicted:
-        assert "from_checkpoint" not in recovery and recovery["next_step"] == FAIL_STEP  # the interrupted step
+    # Every healthy rank made it, also one a shut connection could not wake (executor/survival.py).
+    assert not any("it counts as lost and stops" in text for text in survived["logs"].values())
+    assert recovery["step"] == FAIL_STEP and recovery["lost"] == [FAILED] and recovery["survivors"] == 7
+    assert "from_checkpoint" not in recovery and recovery["next_step"] == FAIL_STEP  # the interrupted step
 
 
 def test_the_service_replanned_without_the_lost_device(survived):
@@ -129,10 +122,6 @@ def test_losses_through_the_loss_equal_one_process(survived):
 
 def test_the_lost_state_came_from_the_replicas_as_planned(survived):
     replanned, recovery = survived["replanned"], survived["recovery"]
-    if "from_checkpoint" in recovery:
-        # Only when an evicted rank held the last copy of some state; then the checkpoint had to serve.
-        assert _evicted(survived) and replanned.migration.bytes_from_checkpoint > 0
-        return
     assert replanned.migration.bytes_from_checkpoint == 0
     events = [e for e in survived["events"] if e["step"] == FAIL_STEP]
     executed = sorted((e for e in events if e["event"] == "transfer"), key=lambda e: e["index"])
@@ -159,7 +148,7 @@ def from_checkpoint(tmp_path_factory) -> dict:
 def test_state_no_survivor_holds_comes_from_the_checkpoint(from_checkpoint):
     plan, replanned, recovery = from_checkpoint["plan"], from_checkpoint["replanned"], from_checkpoint["recovery"]
     assert plan.zero_stage == 1 and replanned.migration.bytes_from_checkpoint > 0
-    assert "1:1" in recovery["lost"] and len(_evicted(from_checkpoint)) <= 1
+    assert recovery["lost"] == ["1:1"]
     assert recovery["from_checkpoint"].endswith("step-000002")
     assert "held by no survivor" in recovery["checkpoint_reason"] and recovery["next_step"] == 2
     assert not [e for e in from_checkpoint["events"] if e["event"] == "transfer"]
@@ -194,6 +183,49 @@ def test_shutting_connections_wakes_a_blocked_reader_and_spares_listeners():
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "shut 2"  # the two ends of the connection, not the listener
+
+
+def test_every_group_of_a_plan_gets_the_jobs_collective_timeout(tmp_path):
+    """A gloo send whose partner left the collective half way is woken by its group's timeout only (shut
+    connections do not end it; executor/survival.py): `new_group` alone would give 30 minutes. Two ranks build
+    every group of a 2-GPU plan with a 7 s collective timeout and read each group's timeout back."""
+    from api.tasks.planning import plan_for
+    from wire.schemas import PlanRequest
+
+    body = {**REQUEST, "cluster": {**REQUEST["cluster"], "num_nodes": 1}, "options": {"allow_non_uniform": False}}
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(plan_for(PlanRequest.model_validate(body)).model_dump_json())
+    script = textwrap.dedent(f"""
+        import datetime, sys, torch, torch.distributed as dist
+        from executor.layout import build_layout, sync_units
+        from executor.model import model_config
+        from executor.runtime import new_groups
+        from wire.schemas import Plan
+        plan = Plan.model_validate_json(open({str(plan_file)!r}).read())
+        cfg = model_config(plan)
+        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=int(sys.argv[1]),
+                                world_size=2, timeout=datetime.timedelta(seconds=7))
+        groups = new_groups(build_layout(plan, cfg.num_layers), sync_units(cfg), plan.zero_stage, 7.0)
+        made = [g for g in [groups.plan, *groups.tp.values(), *groups.pp.values(), *groups.sync.values(),
+                            *groups.owners.values()] if isinstance(g, dist.ProcessGroup)]  # not: a non-member
+        timeouts = {{str(g._get_backend(torch.device("cpu")).options._timeout) for g in made}}
+        print(len(made), sorted(timeouts))
+        dist.destroy_process_group()
+    """)
+    ranks = [subprocess.Popen([sys.executable, "-c", script, str(rank)], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    for rank in ranks:
+        out, err = rank.communicate(timeout=120)
+        assert rank.returncode == 0, err[-3000:]
+        count, timeouts = out.strip().split(" ", 1)
+        assert int(count) > 0 and timeouts == "['0:00:07']"
+
+
+def test_the_survivors_wait_past_the_collective_timeout():
+    """A member still blocked in a collective wakes at the collective timeout; the rendezvous must outlast it."""
+    from executor.survival import rendezvous_deadline_s
+
+    assert rendezvous_deadline_s(heartbeat_timeout_s=5.0, collective_timeout_s=60.0) > 60.0 + 2 * 5.0
 
 
 @pytest.fixture(scope="module")
