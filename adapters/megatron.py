@@ -28,7 +28,8 @@ What the plan sets, and how:
     recompute                selective: --recompute-granularity selective (core attention);
                              full: --recompute-granularity full --recompute-method uniform
                              --recompute-num-layers 1
-    zero_stage 1             --use-distributed-optimizer; always --overlap-grad-reduce
+    zero_stage 1             --use-distributed-optimizer --overlap-param-gather; always
+                             --overlap-grad-reduce
     precision                --bf16 / --fp16; fp8: --bf16 with Transformer Engine's FP8
                              (--fp8-format hybrid --fp8-recipe delayed
                              --fp8-amax-history-len 1024 --fp8-amax-compute-algo max, the
@@ -238,6 +239,9 @@ def _args(layout: StockLayout, order: str) -> list[str]:
     if layout.zero_stage == 1:
         args.append("--use-distributed-optimizer")
     args.append("--overlap-grad-reduce")
+    if layout.zero_stage == 1:
+        # The weight all-gather under the next forward, as priced (cost_models.iteration.exposed_param_gather_ms).
+        args.append("--overlap-param-gather")
     args.append("--fp16" if layout.precision == "fp16" else "--bf16")
     if layout.precision == "fp8":
         args += ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", *FP8_AMAX]

@@ -17,6 +17,7 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
       --seq-length                                       training.seq_length
     --recompute-granularity / -method / -num-layers    layout.recompute (selective; full = uniform, 1 layer)
     --use-distributed-optimizer                        training.zero_stage 1 (else 0)
+    --overlap-grad-reduce, --overlap-param-gather      what the cost model assumes (their absence is reported)
     --bf16 / --fp16                                    training.precision
     model shape, GQA, --swiglu, untied embeddings,     model (an architecture object)
       normalization, RoPE or learned positions,
@@ -129,7 +130,6 @@ _NOT_MODELLED = {
     "--fp8-param-gather": "FP8 primary weights (all-gathered in FP8, no bf16 copy) are not in the cost model: "
                           "priced with bf16 weights and FP8 copies",
     "--tp-comm-overlap": "TP communication overlap is not a request field: estimated without it",
-    "--overlap-param-gather": "the parameter all-gather's overlap is not in the cost model (issue 17)",
     "--grad-reduce-in-bf16": "the gradient reduce precision is not a request field",
     "--accumulate-allreduce-grads-in-fp32": "the gradient reduce precision is not a request field",
     "--cpu-offloading": "CPU offloading is not in the cost model",
@@ -237,7 +237,8 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--seq-length",
         "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
-        "--bf16", "--fp16", "--fp8-format", "--sequence-parallel", "--overlap-grad-reduce", *_NOT_MODELLED,
+        "--bf16", "--fp16", "--fp8-format", "--sequence-parallel", "--overlap-grad-reduce", "--overlap-param-gather",
+        *_NOT_MODELLED,
     }
     for name in sorted(flags):
         if name not in known and name not in ignored:
@@ -246,6 +247,11 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
                                 "its effect on time and memory is not modelled")
     if "--sequence-parallel" not in flags and tp > 1:
         not_modelled.append("no --sequence-parallel with tp > 1: the model assumes sequence parallelism")
+    if "--overlap-grad-reduce" not in flags:
+        not_modelled.append("no --overlap-grad-reduce: the model overlaps the gradient reduction with the backward")
+    if "--use-distributed-optimizer" in flags and "--overlap-param-gather" not in flags:
+        not_modelled.append("no --overlap-param-gather: the model overlaps the weight all-gather with the next "
+                            "forward")
     if stray:
         notes.append(f"words that are not flags, left out: {' '.join(stray[:8])}")
     request = {"model": arch, "training": training, "layout": layout}

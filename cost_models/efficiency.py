@@ -91,6 +91,9 @@ class SoftwareConfig:
     dropout: dropout layers present (GPT-3 era); Llama-style training has none.
     overlap_grad_reduce: data-parallel gradient reduction overlaps the last
         microbatch's backward pass, bucket by bucket.
+    overlap_param_gather: with ZeRO-1, the all-gather of the updated weights
+        runs under the next iteration's forward, bucket by bucket
+        (Megatron's --overlap-param-gather), not after the optimizer step.
     grad_reduce_bytes: bytes per gradient element on the wire (4 when bf16
         training reduces in fp32, Megatron's default; 2 for fp16).
     scatter_gather_p2p: pipeline sends split over the TP group (SC'21 sec. 4.1).
@@ -107,6 +110,7 @@ class SoftwareConfig:
     sequence_parallel: bool = True
     dropout: bool = False
     overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
     grad_reduce_bytes: int = 4
     scatter_gather_p2p: bool = True
     ddp_bucket_params: int = 40_000_000
@@ -121,6 +125,7 @@ MEGATRON_2021 = SoftwareConfig(
     sequence_parallel=False,
     dropout=True,
     overlap_grad_reduce=False,
+    overlap_param_gather=False,
     grad_reduce_bytes=2,
     scatter_gather_p2p=True,
 )

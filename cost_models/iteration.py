@@ -3,9 +3,11 @@
     iteration = pipeline_time(stage times) + max over stages of the exposed
                 data-parallel sync + max over stages of the optimizer step
 
-Exposed sync: without overlap the whole all-reduce; with overlap it runs
-under the last microbatch's backward, bucket by bucket, so at least the last
-bucket is exposed.
+Exposed sync: the gradient all-reduce (ZeRO-1: reduce-scatter) runs under the
+last microbatch's backward, bucket by bucket, so at least the last bucket is
+exposed (all of it without the overlap); ZeRO-1's weight all-gather runs
+under the next forward, at least its first bucket exposed (all of it after
+the optimizer step without the overlap).
 """
 
 from __future__ import annotations
@@ -132,7 +134,9 @@ def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.
     )
 
 
-def exposed_dp_sync_ms(terms: StageCostTerms, stage: StageTime) -> float:
+def exposed_grad_reduce_ms(terms: StageCostTerms, stage: StageTime) -> float:
+    """The gradient all-reduce (ZeRO-1: reduce-scatter) left after the stage's last backward; with the
+    overlap, buckets go as they fill during that backward and at least the last one is exposed."""
     if terms.shape.dp <= 1:
         return 0.0
     full_ms = terms.dp_sync_ms(stage.params)
@@ -140,6 +144,25 @@ def exposed_dp_sync_ms(terms: StageCostTerms, stage: StageTime) -> float:
         return full_ms
     last_bucket_ms = terms.dp_sync_ms(min(terms.bucket_params, stage.params))
     return max(full_ms - stage.backward_ms, last_bucket_ms)
+
+
+def exposed_param_gather_ms(terms: StageCostTerms, stage: StageTime) -> float:
+    """ZeRO-1's all-gather of the updated weights: after the optimizer step, or (overlap_param_gather)
+    bucket by bucket under the next iteration's first forward, each layer waiting for its bucket: at
+    least the first bucket is exposed, and what the forward cannot cover."""
+    if terms.shape.dp <= 1 or terms.gather_bytes_per_param <= 0.0:
+        return 0.0
+    full_ms = terms.param_gather_ms(stage.params)
+    if not terms.overlap_param_gather:
+        return full_ms
+    first_bucket_ms = terms.param_gather_ms(min(terms.bucket_params, stage.params))
+    return max(full_ms - stage.forward_ms, first_bucket_ms)
+
+
+def exposed_dp_sync_ms(terms: StageCostTerms, stage: StageTime) -> float:
+    """What the stage's data-parallel sync adds to the iteration: the gradient reduction left after the
+    backward and the weight all-gather left before (or after) the forward."""
+    return exposed_grad_reduce_ms(terms, stage) + exposed_param_gather_ms(terms, stage)
 
 
 def estimate_iteration(

@@ -25,23 +25,25 @@ def resharded_sync_ms(
     sync_bytes_per_param: float,
     network_bandwidth_gb_s: float,
 ) -> float:
-    """Gradient sync of one GPU's shard when replicas are sharded differently.
+    """Gradient sync (or, at ZeRO-1's gather bytes, the weight all-gather) of one GPU's shard when replicas
+    are sharded differently.
 
     Bandwidth: a flat ring over `replicas` of the GPU's whole gradient shard.
     Latency: one ring per layer (the groups differ layer by layer).
     """
-    if replicas <= 1 or params_per_gpu <= 0:
+    if replicas <= 1 or params_per_gpu <= 0 or sync_bytes_per_param <= 0:
         return 0.0
     bandwidth_s = ring_all_reduce_s(params_per_gpu * sync_bytes_per_param, replicas, network_bandwidth_gb_s, 0.0)
     latency_s = max(1, layers) * 2 * (replicas - 1) * NETWORK_STEP_LATENCY_S
     return 1e3 * (bandwidth_s + latency_s)
 
 
-def exposed_sync_ms(sync_ms: float, last_backward_ms: float, last_bucket_ms: float, overlap: bool) -> float:
-    """Sync left after the last microbatch's backward; at least the last bucket when overlapped."""
+def exposed_sync_ms(sync_ms: float, overlapped_ms: float, last_bucket_ms: float, overlap: bool) -> float:
+    """Sync left after the compute it overlaps (the gradient reduction: the last microbatch's backward; the
+    weight all-gather: the first forward); at least one bucket when overlapped, all of it when not."""
     if not overlap:
         return sync_ms
-    return max(sync_ms - last_backward_ms, min(sync_ms, last_bucket_ms))
+    return max(sync_ms - overlapped_ms, min(sync_ms, last_bucket_ms))
 
 
 def nonuniform_iteration_ms(

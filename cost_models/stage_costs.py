@@ -55,13 +55,15 @@ class StageCostTerms:
     head: PartCosts
     p2p_ms: float  # per microbatch per stage: v sends forward, v backward
     state_bytes_per_param: float
-    sync_bytes_per_param: float
+    sync_bytes_per_param: float  # the sync under the last backward (`sync_bytes_per_param`)
+    gather_bytes_per_param: float  # ZeRO-1's weight all-gather after the step (`gather_bytes_per_param`)
     dp_bandwidth_intra_gb_s: float
     dp_bandwidth_inter_gb_s: float
     groups_per_node: int  # TP groups of this size per node
     optimizer_ms_per_param: float
     bucket_params: float
     overlap_grad_reduce: bool
+    overlap_param_gather: bool
 
     def in_flight(self, stage: int) -> float:
         """Microbatches whose activations `stage` holds at its peak, in layer-set units."""
@@ -74,12 +76,19 @@ class StageCostTerms:
         return in_flight_row(shape.schedule, shape.pp, self.num_microbatches, shape.virtual_stages)
 
     def dp_sync_ms(self, params: float, ranks: int | None = None) -> float:
-        """Gradient all-reduce (with ZeRO-1: gradient reduce-scatter, parameter all-gather; see
-        `sync_bytes_per_param`) of `params` per GPU over `ranks` replicas (default: the shape's dp),
-        peers sharing a node while they fit."""
+        """The data-parallel sync of `params` gradients per GPU that overlaps the backward: their all-reduce,
+        or with ZeRO-1 their reduce-scatter (`sync_bytes_per_param`), over `ranks` replicas (default: the
+        shape's dp), peers sharing a node while they fit."""
+        return self._all_reduce_equivalent_ms(params * self.sync_bytes_per_param, ranks)
+
+    def param_gather_ms(self, params: float, ranks: int | None = None) -> float:
+        """ZeRO-1's all-gather of `params` updated weights per GPU (`gather_bytes_per_param`); 0 without ZeRO-1."""
+        return self._all_reduce_equivalent_ms(params * self.gather_bytes_per_param, ranks)
+
+    def _all_reduce_equivalent_ms(self, bytes_total: float, ranks: int | None) -> float:
         ranks = self.shape.dp if ranks is None else ranks
         return 1e3 * hierarchical_all_reduce_s(
-            params * self.sync_bytes_per_param,
+            bytes_total,
             ranks,
             min(ranks, self.groups_per_node),
             self.dp_bandwidth_intra_gb_s,
@@ -132,17 +141,26 @@ PARAM_GATHER_BYTES = 2
 
 
 def sync_bytes_per_param(zero_stage: int, grad_reduce_bytes: int) -> float:
-    """Bytes per parameter of a ring all-reduce costing what the data-parallel sync moves.
+    """Bytes per parameter of a ring all-reduce costing the gradient sync that overlaps the backward.
 
     ZeRO-0 all-reduces the gradients. With ZeRO-1 (Megatron's distributed optimizer,
     megatron/core/distributed/param_and_grad_buffer.py and docs/source/api-guide/dist_optimizer.md)
-    each rank reduce-scatters the gradients in `grad_reduce_bytes` and, after its optimizer step on
-    its shard, all-gathers the updated bf16 parameters: each is half of a ring all-reduce's traffic
-    ((n-1)/n of the buffer), so the pair costs an all-reduce of their mean size.
+    each rank reduce-scatters the gradients in `grad_reduce_bytes`: half of a ring all-reduce's
+    traffic ((n-1)/n of the buffer). The all-gather of the updated weights comes after the
+    optimizer step (`gather_bytes_per_param`).
     """
     if zero_stage >= 1:
-        return (grad_reduce_bytes + PARAM_GATHER_BYTES) / 2
+        return grad_reduce_bytes / 2
     return float(grad_reduce_bytes)
+
+
+def gather_bytes_per_param(zero_stage: int) -> float:
+    """Bytes per parameter of a ring all-reduce costing ZeRO-1's all-gather of the updated bf16 weights
+    (half an all-reduce of `PARAM_GATHER_BYTES`); 0 without ZeRO-1, whose all-reduce leaves every replica
+    the whole gradient. Megatron runs it after the step, or with --overlap-param-gather under the next
+    iteration's forward, bucket by bucket (megatron/core/distributed/distributed_data_parallel.py
+    `start_param_sync` from the forward pre-hook; `cost_models.iteration.exposed_param_gather_ms`)."""
+    return PARAM_GATHER_BYTES / 2 if zero_stage >= 1 else 0.0
 
 
 def stage_cost_terms(
@@ -183,12 +201,14 @@ def stage_cost_terms(
         p2p_ms=p2p_ms,
         state_bytes_per_param=state_bytes_per_param(workload.zero_stage, shape.dp),
         sync_bytes_per_param=sync_bytes_per_param(workload.zero_stage, software.grad_reduce_bytes),
+        gather_bytes_per_param=gather_bytes_per_param(workload.zero_stage),
         dp_bandwidth_intra_gb_s=intra * efficiency.nvlink_fraction,
         dp_bandwidth_inter_gb_s=hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction,
         groups_per_node=groups_per_node,
         optimizer_ms_per_param=optimizer_ms_per_param,
         bucket_params=float(software.ddp_bucket_params),
         overlap_grad_reduce=software.overlap_grad_reduce,
+        overlap_param_gather=software.overlap_param_gather,
     )
 
 

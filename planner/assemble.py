@@ -11,7 +11,7 @@ from __future__ import annotations
 from cost_models.device import device_id
 from cost_models.flops import iteration_model_flops
 from cost_models.hardware import GIB
-from cost_models.iteration import StageTime, exposed_dp_sync_ms, stage_time
+from cost_models.iteration import StageTime, exposed_dp_sync_ms, exposed_param_gather_ms, stage_time
 from cost_models.stage_costs import StageCostTerms
 from planner.devices import Slot, slot_inventory
 from planner.problem import PlanningProblem
@@ -68,7 +68,7 @@ def stage_grad_sync(terms: StageCostTerms, stage: int, layers: int) -> GradSync:
         return GradSync(0.0, 0.0, 0.0)
     full_ms = terms.dp_sync_ms(healthy.params)
     bucket_ms = terms.dp_sync_ms(min(terms.bucket_params, healthy.params)) if terms.overlap_grad_reduce else full_ms
-    return GradSync(full_ms, bucket_ms, exposed_dp_sync_ms(terms, healthy))
+    return GradSync(full_ms, bucket_ms, exposed_dp_sync_ms(terms, healthy), exposed_param_gather_ms(terms, healthy))
 
 
 def stage_figures(timing: StageTime) -> dict[str, float]:

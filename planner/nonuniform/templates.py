@@ -413,19 +413,25 @@ def _stage_costs(
     params += terms.embedding.params if position == 0 else 0.0
     params += terms.head.params if position == stages - 1 else 0.0
     network = problem.hardware.inter_node_bandwidth_gb_s * problem.efficiency.network_fraction
-    overlap = terms.overlap_grad_reduce
     bucket_params = min(terms.bucket_params, params)
-    if sync_replicas > 1:
-        uniform = exposed_sync_ms(terms.dp_sync_ms(params, sync_replicas), backward,
-                                  terms.dp_sync_ms(bucket_params, sync_replicas), overlap)
-    else:
-        uniform = 0.0
-    resharded = exposed_sync_ms(
-        resharded_sync_ms(params, layers, sync_replicas, terms.sync_bytes_per_param, network), backward,
-        resharded_sync_ms(bucket_params, 1, sync_replicas, terms.sync_bytes_per_param, network), overlap,
-    )
     full_speed = (stage_forward_ms(terms, position, layers), stage_backward_ms(terms, position, layers),
                   stage_weight_grad_ms(terms, position, layers))
+    forward = full_speed[0]
+    # The gradient reduction under the last backward, then ZeRO-1's weight all-gather under the next forward
+    # (`cost_models.iteration.exposed_dp_sync_ms`).
+    if sync_replicas > 1:
+        uniform = (exposed_sync_ms(terms.dp_sync_ms(params, sync_replicas), backward,
+                                   terms.dp_sync_ms(bucket_params, sync_replicas), terms.overlap_grad_reduce)
+                   + exposed_sync_ms(terms.param_gather_ms(params, sync_replicas), forward,
+                                     terms.param_gather_ms(bucket_params, sync_replicas), terms.overlap_param_gather))
+    else:
+        uniform = 0.0
+    resharded = sum(
+        exposed_sync_ms(resharded_sync_ms(params, layers, sync_replicas, bytes_per_param, network), overlapped_ms,
+                        resharded_sync_ms(bucket_params, 1, sync_replicas, bytes_per_param, network), overlap)
+        for bytes_per_param, overlapped_ms, overlap in (
+            (terms.sync_bytes_per_param, backward, terms.overlap_grad_reduce),
+            (terms.gather_bytes_per_param, forward, terms.overlap_param_gather)))
     memo[key] = (layers * per_layer + fixed, params, uniform, resharded, params * terms.optimizer_ms_per_param, *full_speed)
     return memo[key]
 

@@ -88,9 +88,10 @@ class ChunkTimes:
 class GradSync:
     """One stage's data-parallel gradient sync (`planner.schedules.sync`)."""
 
-    full_ms: float  # all its gradients over the data-parallel group
-    last_bucket_ms: float  # the least that stays exposed (the whole sync when it does not overlap)
-    exposed_ms: float  # what the 1F1B overlap model charges: the plan's price before its schedule is known
+    full_ms: float  # all its gradients' reduction over the data-parallel group
+    last_bucket_ms: float  # the least of it that stays exposed (the whole reduction when it does not overlap)
+    exposed_ms: float  # what the 1F1B overlap model charges, weight all-gather included: the plan's price before its schedule is known
+    gather_exposed_ms: float = 0.0  # ZeRO-1's weight all-gather left exposed (at the iteration's start, whatever the schedule)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 A plan's iteration is its makespan plus the exposed gradient sync plus the optimizer step. Before its
 schedule is known, the sync is priced as Megatron overlaps it under 1F1B (`GradSync.exposed_ms`,
 `cost_models.iteration.exposed_dp_sync_ms`): buckets all-reduce under the last microbatch's backward,
-at least the last bucket exposed. That holds for every schedule here but one.
+at least the last bucket exposed, and ZeRO-1's weight all-gather runs under the next iteration's first
+forward (`GradSync.gather_exposed_ms`, the same whatever the schedule). That holds for every schedule
+here but one.
 
 Breadth-first pipelining (Lamy-Poirier, "Breadth-First Pipeline Parallelism", 2022; PyTorch's
 ScheduleLoopedBFS) finishes a stage's model chunks one after another, the last first: chunk c's
@@ -48,13 +50,16 @@ def chunked_sync_end_ms(timeline: tuple[TimedOp, ...], chunks: int, full_ms: flo
 def sync_shift_ms(schedule_name: str, spec: PipelineSpec, timelines: tuple[tuple[TimedOp, ...], ...],
                   makespan_ms: float) -> float:
     """What the schedule's exposed sync differs by from the 1F1B price; 0 for schedules priced at it, or
-    when the spec carries no sync. Never positive: chunk 0's share alone overlaps its last backward as the
-    1F1B model's whole sync does, and each earlier share has its chunk's m backwards after it, at least
-    one stage backward, so the chunked end is at most the 1F1B one (the cap guards rounding and stages
-    slower than the full-speed peers the 1F1B price assumes)."""
+    when the spec carries no sync. Never positive: ZeRO-1's weight all-gather is priced alike in both,
+    chunk 0's share alone overlaps its last backward as the 1F1B model's whole reduction does, and each
+    earlier share has its chunk's m backwards after it, at least one stage backward, so the chunked end is
+    at most the 1F1B one (the cap guards rounding and stages slower than the full-speed peers the 1F1B
+    price assumes)."""
     if schedule_name != ScheduleName.LOOPED_BFS or spec.grad_sync is None:
         return 0.0
     priced_ms = max(sync.exposed_ms for sync in spec.grad_sync)
-    ends = [chunked_sync_end_ms(timeline, spec.virtual_stages, sync.full_ms, sync.last_bucket_ms)
-            for timeline, sync in zip(timelines, spec.grad_sync)]
-    return min(0.0, max(0.0, max(ends) - makespan_ms) - priced_ms)
+    # Each stage's weight all-gather (ZeRO-1) adds to what its reduction leaves past the makespan.
+    exposed = [max(0.0, chunked_sync_end_ms(timeline, spec.virtual_stages, sync.full_ms, sync.last_bucket_ms)
+                   - makespan_ms) + sync.gather_exposed_ms
+               for timeline, sync in zip(timelines, spec.grad_sync)]
+    return min(0.0, max(exposed) - priced_ms)

@@ -87,8 +87,8 @@ def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float |
     were every term below g, induction on s would give P_s below the equal
     solution's, and P_p below W.
 
-    The sync floor is the last bucket of a stage of mean parameters (under the 1F1B overlap model at least
-    the largest stage's last bucket stays exposed); with `chunk_sync_overlap` (looped BFS allowed, which
+    The sync floor is the last bucket of a stage of mean parameters, and the first bucket of its weight
+    all-gather with ZeRO-1 (under the 1F1B overlap model at least the largest stage's stay exposed); with `chunk_sync_overlap` (looped BFS allowed, which
     hides finished chunks' sync: `planner.schedules.sync`) only some stage's last bucket is sure to, and
     every stage holds a layer at least.
     """
@@ -108,7 +108,8 @@ def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float |
     if terms.shape.dp > 1:
         least_params = terms.layer.params if chunk_sync_overlap else mean_params
         synced = min(terms.bucket_params, least_params) if terms.overlap_grad_reduce else least_params
-        dp_floor = terms.dp_sync_ms(synced)
+        gathered = min(terms.bucket_params, least_params) if terms.overlap_param_gather else least_params
+        dp_floor = terms.dp_sync_ms(synced) + terms.param_gather_ms(gathered)
     return pipeline + dp_floor + mean_params * terms.optimizer_ms_per_param
 
 

@@ -9,6 +9,7 @@ stage fitting in GPU memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -49,10 +50,10 @@ def _stage_affine(candidate: Candidate, stage: int, speed: float, attribute: str
     return Affine(_ticks(one - zero), _ticks(zero))
 
 
-def _sync_ms_affine(candidate: Candidate) -> tuple[float, float]:
-    """Gradient sync time = slope_ms_per_param * params + intercept_ms, for a positive parameter count."""
-    terms = candidate.terms
-    low, high = terms.dp_sync_ms(_SYNC_PROBE_PARAMS), terms.dp_sync_ms(2 * _SYNC_PROBE_PARAMS)
+def _sync_ms_affine(collective_ms: Callable[[float], float]) -> tuple[float, float]:
+    """A data-parallel collective's time (`StageCostTerms.dp_sync_ms`, `.param_gather_ms`) =
+    slope_ms_per_param * params + intercept_ms, for a positive parameter count."""
+    low, high = collective_ms(_SYNC_PROBE_PARAMS), collective_ms(2 * _SYNC_PROBE_PARAMS)
     slope = (high - low) / _SYNC_PROBE_PARAMS
     return slope, low - slope * _SYNC_PROBE_PARAMS
 
@@ -84,18 +85,22 @@ def solve_split(
     p, m, v = terms.shape.pp, terms.num_microbatches, terms.shape.virtual_stages
     model = cp_model.CpModel()
 
-    # Data: stage time per microbatch for each replica speed vector, backward
-    # time at full speed, gradient sync and optimizer step, all affine in
-    # the stage's layer count, in ticks.
+    # Data: stage time per microbatch for each replica speed vector, forward
+    # and backward time at full speed, gradient sync, weight all-gather
+    # (ZeRO-1) and optimizer step, all affine in the stage's layer count, in ticks.
     times = [[_stage_affine(candidate, i, speeds[i], "total_ms") for i in range(p)] for speeds in candidate.replica_speeds]
     even = [num_layers // p + (1 if i < num_layers % p else 0) for i in range(p)]
     backward = [_stage_affine(candidate, i, 1.0, "backward_ms") for i in range(p)]
-    sync_slope, sync_intercept = _sync_ms_affine(candidate)
+    forward = [_stage_affine(candidate, i, 1.0, "forward_ms") for i in range(p)]
+    sync_slope, sync_intercept = _sync_ms_affine(terms.dp_sync_ms)
     sync = [_per_param_affine(candidate, i, sync_slope, sync_intercept) for i in range(p)]
     bucket_sync = _ticks(terms.dp_sync_ms(terms.bucket_params))
+    gather_slope, gather_intercept = _sync_ms_affine(terms.param_gather_ms)
+    gather = [_per_param_affine(candidate, i, gather_slope, gather_intercept) for i in range(p)]
+    bucket_gather = _ticks(terms.param_gather_ms(terms.bucket_params))
     step = [_per_param_affine(candidate, i, terms.optimizer_ms_per_param, 0.0) for i in range(p)]
     stage_horizon = max(a.per_layer * num_layers + a.fixed for row in times for a in row)
-    sync_horizon = max(a.per_layer * num_layers + a.fixed for a in sync + step)
+    sync_horizon = max(a.per_layer * num_layers + a.fixed for a in sync + gather + step)
     horizon = (m * v + p) * stage_horizon + v * sync_horizon
 
     # Variables: layers per stage, at most what fits in memory.
@@ -129,19 +134,31 @@ def solve_split(
             totals.append(total)
         model.add(pipeline >= (m * v - 1) * slowest + sum(totals))
 
-    # Gradient sync: per stage, exposed >= its sync minus its last backward,
-    # and >= the sync of its last bucket, min(stage sync, one bucket's sync).
+    # Gradient sync: per stage, exposed >= the reduction left after its last
+    # backward plus the weight all-gather left before its first forward
+    # (`cost_models.iteration.exposed_dp_sync_ms`). Each part is at least its
+    # collective minus the compute it overlaps, and at least one bucket's,
+    # min(collective, one bucket's); without the overlap, all of it.
     if terms.shape.dp > 1:
+        overlaps = ((sync, backward, bucket_sync, terms.overlap_grad_reduce, "reduce"),
+                    (gather, forward, bucket_gather, terms.overlap_param_gather, "gather"))
         for i in range(p):
-            stage_sync = model.new_int_var(0, horizon, f"sync_{i}")
-            model.add(stage_sync == sync[i].per_layer * layers[i] + sync[i].fixed)
-            if not terms.overlap_grad_reduce:
-                model.add(exposed >= stage_sync)
-                continue
-            model.add(exposed >= stage_sync - backward[i].per_layer * layers[i] - backward[i].fixed)
-            last_bucket = model.new_int_var(0, horizon, f"last_bucket_{i}")
-            model.add_min_equality(last_bucket, [stage_sync, bucket_sync])
-            model.add(exposed >= last_bucket)
+            parts = []
+            for collective, compute, bucket, overlapped, name in overlaps:
+                if collective[i].per_layer == 0 and collective[i].fixed <= 0:
+                    continue  # no weight all-gather without ZeRO-1
+                whole = model.new_int_var(0, horizon, f"{name}_{i}")
+                model.add(whole == collective[i].per_layer * layers[i] + collective[i].fixed)
+                if not overlapped:
+                    parts.append(whole)
+                    continue
+                left = model.new_int_var(0, horizon, f"{name}_exposed_{i}")
+                model.add(left >= whole - compute[i].per_layer * layers[i] - compute[i].fixed)
+                least = model.new_int_var(0, horizon, f"{name}_least_{i}")
+                model.add_min_equality(least, [whole, bucket])
+                model.add(left >= least)
+                parts.append(left)
+            model.add(exposed >= sum(parts))
 
     # Optimizer: the stage with the most parameters per GPU sets the step time.
     for i in range(p):

@@ -246,7 +246,9 @@ class StockSearch:
         """How far below the 1F1B sync price a run of `spec` may report (0 without looped BFS)."""
         if not (self._chunk_sync_overlap and spec.virtual_stages > 1 and spec.grad_sync):
             return 0.0
-        return max(0.0, max(s.exposed_ms for s in spec.grad_sync) - min(s.last_bucket_ms for s in spec.grad_sync))
+        # The stage whose reduction ends last leaves at least its last bucket and its weight all-gather exposed.
+        least_ms = min(s.last_bucket_ms for s in spec.grad_sync) + min(s.gather_exposed_ms for s in spec.grad_sync)
+        return max(0.0, max(s.exposed_ms for s in spec.grad_sync) - least_ms)
 
     def _split_bound(self, candidate: Candidate, split: tuple[int, ...]) -> float:
         """Below the reported time of this split under every placement and allowed schedule: a replica at

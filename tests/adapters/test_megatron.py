@@ -178,6 +178,7 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--recompute-num-layers", type=int, default=None)
     add("--use-distributed-optimizer", action="store_true")
     add("--overlap-grad-reduce", action="store_true", default=False)
+    add("--overlap-param-gather", action="store_true", default=False)
     add("--bf16", action="store_true")
     add("--fp16", action="store_true")
     add("--fp8-format", default=None, choices=["e4m3", "hybrid"], dest="fp8")
@@ -231,6 +232,9 @@ def validate_like_megatron_lm(ns: argparse.Namespace) -> None:
             assert ns.pipeline_model_parallel_size > 2
     else:
         ns.overlap_p2p_comm = False  # not overlapped without the interleaved schedule
+    if ns.overlap_param_gather:
+        assert ns.use_distributed_optimizer, "--overlap-param-gather only supported with distributed optimizer"
+        assert ns.overlap_grad_reduce, "--overlap-grad-reduce should be turned on when using --overlap-param-gather"
     assert not (ns.bf16 and ns.fp16)
     assert ns.max_position_embeddings >= ns.seq_length
     if ns.recompute_granularity == "selective":

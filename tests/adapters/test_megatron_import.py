@@ -54,9 +54,10 @@ def test_megatrons_llama3_8b_example_is_the_llama3_8b_preset_shape_and_the_flags
     assert (model["normalization"], model["rope_theta"], model["swiglu"], model["tied_embeddings"]) == (
         "layernorm", 1e6, True, False)
     reported = " ".join(imported.not_modelled)
-    for flag in ("--fp8-param-gather", "--overlap-param-gather", "--grad-reduce-in-bf16"):
+    for flag in ("--fp8-param-gather", "--grad-reduce-in-bf16"):
         assert flag in reported, flag
     assert "--fp8-format" not in reported  # FP8 training is priced
+    assert "overlap" not in reported  # both data-parallel overlaps are priced as the script sets them
     assert {"--fp8-amax-history-len", "--fp8-amax-compute-algo"} <= set(imported.ignored)  # scaling: numerics
     assert "--context-parallel-size" not in reported, "context parallelism 1 changes nothing"
     assert {"--lr", "--save", "--tokenizer-type", "--split"} <= set(imported.ignored)
@@ -75,7 +76,7 @@ MAPPED_FLAGS = {
     "--num-query-groups", "--kv-channels", "--seq-length", "--max-position-embeddings", "--position-embedding-type",
     "--rotary-base", "--rotary-percent", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
     "--micro-batch-size", "--global-batch-size", "--bf16", "--tensor-model-parallel-size", "--sequence-parallel",
-    "--use-distributed-optimizer", "--overlap-grad-reduce", "--vocab-size", "--fp8-format",
+    "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--vocab-size", "--fp8-format",
     "--context-parallel-size",  # at 1: no context parallelism, as the model runs it
 }
 
@@ -134,6 +135,19 @@ def test_shell_quoting_continuations_and_equals_forms():
     model = imported.request["model"]
     assert (model["normalization"], model["position_embedding"], model["linear_bias"], model["tied_embeddings"],
             model["swiglu"]) == ("layernorm", "learned", True, True, False)
+
+
+@pytest.mark.parametrize("overlaps, missing", [
+    ("", ["--overlap-grad-reduce", "--overlap-param-gather"]),
+    ("--overlap-grad-reduce", ["--overlap-param-gather"]),
+    ("--overlap-grad-reduce --overlap-param-gather", []),
+])
+def test_a_data_parallel_overlap_the_command_leaves_off_is_reported(overlaps, missing):
+    """The cost model prices both overlaps; a run without one is slower than estimated, and the import says so."""
+    text = ("pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 "
+            f"--global-batch-size 8 --vocab-size 1000 --bf16 --use-distributed-optimizer {overlaps}")
+    reported = [entry for entry in import_megatron(text).not_modelled if "overlap" in entry]
+    assert [entry.split(":")[0] for entry in reported] == [f"no {flag}" for flag in missing]
 
 
 @pytest.mark.parametrize("text, fragment", [

@@ -233,7 +233,7 @@ def test_import_megatron_then_estimate(tmp_path, capsys):
                "--num-attention-heads 32 --swiglu --untie-embeddings-and-output-weights --normalization RMSNorm "
                "--position-embedding-type rope --disable-bias-linear --seq-length 4096 --micro-batch-size 1 "
                "--global-batch-size 64 --recompute-granularity selective --use-distributed-optimizer --bf16 "
-               "--sequence-parallel --lr 3e-4")
+               "--sequence-parallel --overlap-grad-reduce --overlap-param-gather --lr 3e-4")
     cluster = write(tmp_path, {"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-80GB"}, "cluster.json")
     out = run_ok(capsys, ["import", "megatron", write(tmp_path, command, "run.sh"), "--cluster", cluster])
     imported = json.loads(out)

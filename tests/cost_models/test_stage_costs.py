@@ -4,6 +4,7 @@ from the per-part times (which test_compute.py checks against first principles).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -13,6 +14,7 @@ from cost_models.hardware import GpuSpec
 from cost_models.iteration import (
     estimate_iteration,
     exposed_dp_sync_ms,
+    exposed_param_gather_ms,
     stage_backward_ms,
     stage_time,
     stage_total_ms,
@@ -42,7 +44,7 @@ HBM_BPS = 1000.0 * 0.5 * 1e9
 FRAG = 1 + ACTIVATION_FRAGMENTATION
 
 SW = SoftwareConfig(flash_attention=True, sequence_parallel=True, dropout=False, overlap_grad_reduce=False,
-                    grad_reduce_bytes=4)
+                    overlap_param_gather=False, grad_reduce_bytes=4)
 SW_OVERLAP = SoftwareConfig(flash_attention=True, sequence_parallel=True, dropout=False, overlap_grad_reduce=True,
                             grad_reduce_bytes=4, ddp_bucket_params=10_000_000)
 
@@ -73,9 +75,11 @@ def test_pp1_iteration_by_hand():
     # params per GPU: layers and both vocab matrices split over tp, plus the final norm
     params = L * P_LAYER / tp + V * H / tp + V * H / tp + H
     # dp = 2 groups of tp = 2 fit in one 8-GPU node: rings over NVLink. ZeRO-1: reduce-scatter of the
-    # 4-byte gradients, then all-gather of the 2-byte updated weights, (dp - 1) steps of 1/dp each.
+    # 4-byte gradients after the backward, then all-gather of the 2-byte updated weights after the step, each
+    # (dp - 1) transfers of 1/dp of the buffer (each priced with an all-reduce's 2 (dp - 1) latencies).
     grad_bytes, weight_bytes = 4 * params, 2 * params
-    dp_ms = 1e3 * ((dp - 1) / dp * (grad_bytes + weight_bytes) / NVLINK_BPS + 2 * (dp - 1) * NVLINK_STEP_LATENCY_S)
+    dp_ms = sum(1e3 * ((dp - 1) / dp * size / NVLINK_BPS + 2 * (dp - 1) * NVLINK_STEP_LATENCY_S)
+                for size in (grad_bytes, weight_bytes))
     # Adam: 34 bytes per param over HBM, sharded over dp by ZeRO-1
     opt_ms = 1e3 * params * 34 / dp / HBM_BPS
     est = estimate_iteration(terms, [L])
@@ -110,6 +114,31 @@ def test_overlapped_dp_sync_exposes_max_of_remainder_and_last_bucket():
     assert exposed_dp_sync_ms(terms, stage) == pytest.approx(expected, rel=1e-12)
     # no data parallelism: nothing to sync
     assert estimate_iteration(terms_for(tp, 1, 1, 2), [L]).dp_exposed_ms == 0.0
+
+
+def test_the_weight_all_gather_overlaps_the_next_forward_with_zero1():
+    """Megatron's --overlap-param-gather: ZeRO-1's all-gather of the updated weights runs bucket by bucket under
+    the next iteration's first forward; what the forward cannot cover, and at least the first bucket, is exposed.
+    Without it the all-gather follows the optimizer step in full. ZeRO-0 has none."""
+    tp, dp = 2, 2
+    params = L * P_LAYER / tp + 2 * V * H / tp + H
+    gather_ms = 1e3 * (2 * params) / 2 / NVLINK_BPS + 1e3 * 2 * NVLINK_STEP_LATENCY_S  # 2-byte weights, 1/2 each
+    bucket_ms = 1e3 * (2 * 10_000_000) / 2 / NVLINK_BPS + 1e3 * 2 * NVLINK_STEP_LATENCY_S
+    reduce_ms = 1e3 * (4 * params) / 2 / NVLINK_BPS + 1e3 * 2 * NVLINK_STEP_LATENCY_S  # 4-byte gradients
+    reduce_bucket_ms = 1e3 * (4 * 10_000_000) / 2 / NVLINK_BPS + 1e3 * 2 * NVLINK_STEP_LATENCY_S
+    terms = terms_for(tp, 1, dp, 2, software=SW_OVERLAP, zero=1)
+    stage = stage_time(terms, 0, L)
+    forward_ms = L * terms.layer.time.forward_ms + terms.embedding.time.forward_ms + terms.head.time.forward_ms
+    backward_ms = L * terms.layer.time.backward_ms + terms.embedding.time.backward_ms + terms.head.time.backward_ms
+    exposed_gather = max(gather_ms - forward_ms, bucket_ms)
+    assert exposed_param_gather_ms(terms, stage) == pytest.approx(exposed_gather, rel=1e-12)
+    expected = max(reduce_ms - backward_ms, reduce_bucket_ms) + exposed_gather
+    assert exposed_dp_sync_ms(terms, stage) == pytest.approx(expected, rel=1e-12)
+    assert estimate_iteration(terms, [L]).dp_exposed_ms == pytest.approx(expected, rel=1e-12)
+    after_step = terms_for(tp, 1, dp, 2, software=replace(SW_OVERLAP, overlap_param_gather=False), zero=1)
+    assert exposed_param_gather_ms(after_step, stage_time(after_step, 0, L)) == pytest.approx(gather_ms, rel=1e-12)
+    zero0 = terms_for(tp, 1, dp, 2, software=SW_OVERLAP, zero=0)
+    assert exposed_param_gather_ms(zero0, stage_time(zero0, 0, L)) == 0.0
 
 
 def test_stage_memory_by_hand_pp1():
