@@ -17,7 +17,7 @@ and redo the interrupted step.
    atomically (a hard link: exactly one writer wins) and everyone reads the same list. A shut
    connection does not wake everything: a gloo all-reduce whose partner left it half way waits for
    the partner's receive before its own send completes (`UnboundBuffer::waitSend`, seen in gdb in a
-   TP partner of the rank that failed first, about 1 run in 8 here), and only the group's timeout
+   TP partner of the rank that failed first, 4 of 41 runs here), and only the group's timeout
    ends that wait. Every group therefore gets the job's collective timeout (`--timeout`; `new_group`
    would give 30 minutes), and the survivors wait for a member whose process still runs until that
    timeout has passed (`rendezvous_deadline_s`): it wakes with the timeout's error and arrives. A
