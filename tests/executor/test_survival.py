@@ -68,10 +68,11 @@ def _survive(tmp: Path, body: dict, fail: str, extra: list[str] = ()) -> dict:
             "logs": logs, "records": _jsonl(tmp / "out" / "losses.jsonl"), "out": tmp / "out"}
 
 
-def _matches_one_process(run: dict) -> None:
+def _matches_one_process(run: dict, hidden: int | None = None, vocab: int | None = None,
+                         adam_eps: float = 1e-8) -> None:
     plan = run["plan"]
-    reference, _, final = executor_model.reference_train(executor_model.model_config(plan), plan.global_batch_size,
-                                                         STEPS, 0, LR, "adam")
+    cfg = executor_model.model_config(plan, hidden=hidden, vocab=vocab)
+    reference, _, final = executor_model.reference_train(cfg, plan.global_batch_size, STEPS, 0, LR, "adam", adam_eps)
     records = run["records"]
     assert [r["step"] for r in records] == list(range(STEPS))
     for record in records:
@@ -158,6 +159,30 @@ def test_state_no_survivor_holds_comes_from_the_checkpoint(from_checkpoint):
     records = from_checkpoint["records"]
     assert [r["plan_id"] for r in records] == [plan.plan_id] * 2 + [replanned.plan_id] * 3  # 2 and 3 run again
     _matches_one_process(from_checkpoint)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ZeRO-1 through the checkpoint onto a failure-aware replan that mixes TP sizes: optimizer pieces of 1/24 of a
+# tensor, so a model they split into whole elements (hidden 192 = 32 heads x 6, vocabulary 240). Adam's eps is
+# 1e-4 on both sides: at 1e-8 Adam turns fp32 summation-order noise on near-zero gradients into whole-lr steps
+# (seen: 2e-3 on one tensor here, while SGD and eps 1e-4 match).
+
+MIXED_HIDDEN, MIXED_VOCAB, MIXED_EPS = 192, 240, 1e-4
+
+
+@pytest.fixture(scope="module")
+def mixed_tp(tmp_path_factory) -> dict:
+    body = {**REQUEST, "training": {**REQUEST["training"], "zero_stage": 1}}
+    return _survive(tmp_path_factory.mktemp("survive-mixed"), body, "1:1@3",
+                    ["--checkpoint-every", "2", "--hidden", str(MIXED_HIDDEN), "--vocab", str(MIXED_VOCAB),
+                     "--adam-eps", str(MIXED_EPS)])
+
+
+def test_a_mixed_tp_replan_resumes_from_the_checkpoint_like_one_process(mixed_tp):
+    replanned, recovery = mixed_tp["replanned"], mixed_tp["recovery"]
+    assert replanned.zero_stage == 1 and len({s.tp for r in replanned.replicas for s in r.stages}) > 1
+    assert recovery["lost"] == ["1:1"] and recovery["from_checkpoint"].endswith("step-000002")
+    _matches_one_process(mixed_tp, hidden=MIXED_HIDDEN, vocab=MIXED_VOCAB, adam_eps=MIXED_EPS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
