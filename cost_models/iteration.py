@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cost_models.pipeline import pipeline_time_ms
+from cost_models.resharding import exposed_sync_ms
 from cost_models.stage_costs import StageCostTerms, stage_memory
 
 
@@ -139,11 +140,9 @@ def exposed_grad_reduce_ms(terms: StageCostTerms, stage: StageTime) -> float:
     overlap, buckets go as they fill during that backward and at least the last one is exposed."""
     if terms.shape.dp <= 1:
         return 0.0
-    full_ms = terms.dp_sync_ms(stage.params)
-    if not terms.overlap_grad_reduce:
-        return full_ms
-    last_bucket_ms = terms.dp_sync_ms(min(terms.bucket_params, stage.params))
-    return max(full_ms - stage.backward_ms, last_bucket_ms)
+    bucket_params = min(terms.bucket_params, stage.params)
+    return exposed_sync_ms(terms.dp_sync_ms(stage.params), stage.backward_ms, terms.dp_sync_ms(bucket_params),
+                           terms.overlap_grad_reduce)
 
 
 def exposed_param_gather_ms(terms: StageCostTerms, stage: StageTime) -> float:
@@ -152,11 +151,9 @@ def exposed_param_gather_ms(terms: StageCostTerms, stage: StageTime) -> float:
     least the first bucket is exposed, and what the forward cannot cover."""
     if terms.shape.dp <= 1 or terms.gather_bytes_per_param <= 0.0:
         return 0.0
-    full_ms = terms.param_gather_ms(stage.params)
-    if not terms.overlap_param_gather:
-        return full_ms
-    first_bucket_ms = terms.param_gather_ms(min(terms.bucket_params, stage.params))
-    return max(full_ms - stage.forward_ms, first_bucket_ms)
+    bucket_params = min(terms.bucket_params, stage.params)
+    return exposed_sync_ms(terms.param_gather_ms(stage.params), stage.forward_ms,
+                           terms.param_gather_ms(bucket_params), terms.overlap_param_gather)
 
 
 def exposed_dp_sync_ms(terms: StageCostTerms, stage: StageTime) -> float:
