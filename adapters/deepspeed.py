@@ -23,7 +23,10 @@ What maps to what (DeepSpeed 0.19.8):
     global_batch_size                  train_batch_size (= micro x accumulation x dp, which DeepSpeedConfig asserts)
     micro_batch_size                   train_micro_batch_size_per_gpu
     num_microbatches m                 gradient_accumulation_steps (the PipelineEngine runs m microbatches a step)
-    zero_stage 0 / 1                   zero_optimization.stage 0 / 1 (the PipelineEngine refuses stage >= 2)
+    zero_stage 0 / 1                   zero_optimization.stage 0 / 1
+    zero_stage 2 / 3 (pp = 1 only)     zero_optimization.stage 2 / 3, and no PipelineModule: the PipelineEngine
+                                       refuses ZeRO-2/3, so `resiplan.pipeline_module` is null and the script
+                                       hands deepspeed.initialize its plain model (DeepSpeedEngine)
     precision bf16                     bf16.enabled; with ZeRO-1 also data_types.grad_accum_dtype fp32, which
                                        makes DeepSpeed use its BF16_Optimizer (fp32 gradient accumulation)
     precision fp16                     fp16.enabled with dynamic loss scaling (loss_scale 0)
@@ -298,8 +301,9 @@ def _layout(plan: Plan) -> StockLayout:
     for what, count in (("attention heads", architecture.num_attention_heads), ("KV heads", architecture.num_kv_heads)):
         if count % layout.tp:
             problems.append(f"tp {layout.tp} does not divide the model's {count} {what}")
-    if layout.zero_stage not in (0, 1):
-        problems.append(f"zero_stage {layout.zero_stage} (DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1)")
+    if layout.zero_stage >= 2 and layout.pp > 1:
+        problems.append(f"zero_stage {layout.zero_stage} with pp {layout.pp} (DeepSpeed's PipelineEngine runs ZeRO "
+                        "stage 0 or 1; ZeRO-2/3 run without pipeline parallelism)")
     if layout.precision == "fp8":
         problems.append("precision fp8 (DeepSpeed's config has no FP8 training: FP8 comes from Transformer Engine "
                         "layers in the model code; export to megatron or torchtitan, or plan with precision bf16)")
@@ -321,6 +325,9 @@ def _config(layout: StockLayout) -> dict[str, Any]:
         "gradient_clipping": GRADIENT_CLIPPING,
         "zero_optimization": {"stage": layout.zero_stage},
     }
+    if layout.zero_stage >= 2:
+        # The collectives under compute, as cost_models.sharded_dp prices them (ZeRO-3 prefetches by default).
+        config["zero_optimization"]["overlap_comm"] = True
     if layout.precision == "bf16":
         config["bf16"] = {"enabled": True}
         if layout.zero_stage == 1:
@@ -328,11 +335,12 @@ def _config(layout: StockLayout) -> dict[str, Any]:
     else:
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                           "hysteresis": 2, "min_loss_scale": 1}
-    config["pipeline"] = {
-        "activation_checkpoint_interval": 1 if full else 0,
-        "pipe_partitioned": layout.tp > 1,
-        "grad_partitioned": layout.tp > 1,
-    }
+    if _pipelined(layout):
+        config["pipeline"] = {
+            "activation_checkpoint_interval": 1 if full else 0,
+            "pipe_partitioned": layout.tp > 1,
+            "grad_partitioned": layout.tp > 1,
+        }
     if full:
         config["activation_checkpointing"] = {
             "partition_activations": layout.tp > 1,
@@ -344,6 +352,12 @@ def _config(layout: StockLayout) -> dict[str, Any]:
     return config
 
 
+def _pipelined(layout: StockLayout) -> bool:
+    """Whether the script builds a PipelineModule (DeepSpeed's PipelineEngine): always, except for ZeRO-2/3,
+    which only the plain DeepSpeedEngine runs (`_layout` refuses them with pp > 1)."""
+    return layout.zero_stage <= 1
+
+
 def _script_settings(plan: Plan, layout: StockLayout) -> dict[str, Any]:
     boundaries = [0]
     for count in layout.layers_per_stage:
@@ -353,11 +367,14 @@ def _script_settings(plan: Plan, layout: StockLayout) -> dict[str, Any]:
         "none": "no activation checkpointing",
         "selective": "no layer checkpointing: the model's attention must be a fused kernel (torch SDPA, "
                      "FlashAttention), which never stores the score matrix selective recompute drops",
-        "full": "activation_checkpoint_interval 1: every layer's forward runs again in backward",
+        "full": "activation_checkpoint_interval 1: every layer's forward runs again in backward" if _pipelined(layout)
+                else "every layer checkpointed by the model (deepspeed.checkpointing.checkpoint)",
     }[layout.recompute]
     return {
         "plan_id": plan.plan_id,
-        "pipeline_module": {
+        "engine": "PipelineEngine (a PipelineModule)" if _pipelined(layout) else
+                  f"DeepSpeedEngine: ZeRO-{layout.zero_stage} runs without a PipelineModule; pass the plain model",
+        "pipeline_module": None if not _pipelined(layout) else {
             "num_stages": layout.pp,
             "topology": {"class": "PipeModelDataParallelTopology", "num_pp": layout.pp, "num_mp": layout.tp,
                          "num_dp": layout.dp},

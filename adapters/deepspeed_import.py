@@ -5,7 +5,7 @@ estimate request; every setting that changes time or memory is mapped or reporte
     train_batch_size                                   training.global_batch_size
     train_micro_batch_size_per_gpu                     layout.micro_batch_size
     gradient_accumulation_steps, with the batch        layout.dp = train_batch_size / (micro x accumulation)
-    zero_optimization.stage 0 / 1                      training.zero_stage (2 and 3 are reported: not modelled)
+    zero_optimization.stage 0-3                        training.zero_stage (other values refused, as DeepSpeed does)
     bf16.enabled / fp16.enabled                        training.precision
     pipeline.activation_checkpoint_interval 1          layout.recompute full (0: none; others reported)
     "resiplan" (what the DeepSpeed export adds)        the PipelineModule's stages, split and TP size, and the model
@@ -98,9 +98,8 @@ def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size:
         layout["dp"] = batch // (mbs * steps)
     layout["micro_batch_size"] = mbs
     stage = (config.get("zero_optimization") or {}).get("stage", 0)
-    if stage not in (0, 1):
-        not_modelled.append(f"zero_optimization.stage {stage}: ZeRO-2/3 are not in the cost model (issue 19); "
-                            "estimated as ZeRO-1")
+    if stage not in (0, 1, 2, 3):
+        raise CommandLineError(f"zero_optimization.stage {stage!r}: DeepSpeed's ZeRO stages are 0, 1, 2 and 3")
     interval = (config.get("pipeline") or {}).get("activation_checkpoint_interval", 0)
     if interval not in (0, 1):
         not_modelled.append(f"pipeline.activation_checkpoint_interval {interval}: checkpointing every "
@@ -109,7 +108,7 @@ def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size:
         layout["recompute"] = "full"
     elif megatron_args is None:  # the export's: DeepSpeed's config has no selective recompute of its own
         layout["recompute"] = (exported.get("recompute") or {}).get("plan", "none")
-    training = {"global_batch_size": batch, "seq_length": seq, "zero_stage": 1 if stage else 0,
+    training = {"global_batch_size": batch, "seq_length": seq, "zero_stage": stage,
                 "precision": _precision(config)}
     for key in sorted(config):
         if key in _NO_EFFECT_KEYS:

@@ -30,6 +30,11 @@ What the plan sets, and how:
                              --recompute-num-layers 1
     zero_stage 1             --use-distributed-optimizer --overlap-param-gather; always
                              --overlap-grad-reduce
+    zero_stage 2 / 3         Megatron-FSDP: --use-megatron-fsdp --data-parallel-sharding-strategy
+                             optim_grads / optim_grads_params (megatron_fsdp.ShardingStrategy 2 / 3)
+                             --ckpt-format fsdp_dtensor (validate_args requires it), with
+                             --use-distributed-optimizer (Megatron-FSDP v1 runs under it) and
+                             both overlaps
     precision                --bf16 / --fp16; fp8: --bf16 with Transformer Engine's FP8
                              (--fp8-format hybrid --fp8-recipe delayed
                              --fp8-amax-history-len 1024 --fp8-amax-compute-algo max, the
@@ -97,6 +102,8 @@ DEFAULT_ORDER = "tp-dp-pp"  # Megatron's default rank order: tp fastest, then dp
 TP_PP_DP_ORDER = "tp-pp-dp"  # with --use-tp-pp-dp-mapping
 ENTRY_SCRIPT = "pretrain_gpt.py"
 MASTER_PORT = 29500
+# Megatron-FSDP's names for ZeRO stages 2 and 3 (megatron_fsdp.fully_shard.ShardingStrategy).
+FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 # What pretrain_gpt.py cannot start without and the plan cannot know: the launch command reads each
 # from the environment and stops, saying which, while one is unset.
 REQUIRED = (
@@ -236,11 +243,15 @@ def _args(layout: StockLayout, order: str) -> list[str]:
         args += ["--recompute-granularity", "selective"]
     elif layout.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    if layout.zero_stage == 1:
+    if layout.zero_stage >= 1:
         args.append("--use-distributed-optimizer")
+    if layout.zero_stage >= 2:
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_SHARDING[layout.zero_stage],
+                 "--ckpt-format", "fsdp_dtensor"]
     args.append("--overlap-grad-reduce")
-    if layout.zero_stage == 1:
-        # The weight all-gather under the next forward, as priced (cost_models.iteration.exposed_param_gather_ms).
+    if layout.zero_stage >= 1:
+        # The weight all-gather under the next forward, as priced (cost_models.iteration.exposed_param_gather_ms;
+        # ZeRO-3's per-layer gathers, cost_models.sharded_dp).
         args.append("--overlap-param-gather")
     args.append("--fp16" if layout.precision == "fp16" else "--bf16")
     if layout.precision == "fp8":

@@ -17,6 +17,8 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
       --seq-length                                       training.seq_length
     --recompute-granularity / -method / -num-layers    layout.recompute (selective; full = uniform, 1 layer)
     --use-distributed-optimizer                        training.zero_stage 1 (else 0)
+    --use-megatron-fsdp --data-parallel-sharding-strategy  training.zero_stage 0-3 (no_shard, optim, optim_grads,
+                                                       optim_grads_params; Megatron-LM's default the last)
     --overlap-grad-reduce, --overlap-param-gather      what the cost model assumes (their absence is reported)
     --bf16 / --fp16                                    training.precision
     model shape, GQA, --swiglu, untied embeddings,     model (an architecture object)
@@ -32,6 +34,7 @@ from __future__ import annotations
 import re
 
 from adapters.command_line import CommandLineError, Imported, command_words, world_size
+from adapters.megatron import FSDP_SHARDING
 from cost_models.model_spec import model_preset, model_preset_names
 
 
@@ -224,7 +227,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
             raise CommandLineError(f"torchrun starts {world} ranks, not a multiple of tp {tp} x pp {pp}")
         layout["dp"] = world // (tp * pp)
     training = {"global_batch_size": _required(flags, "--global-batch-size"), "seq_length": seq_length,
-                "zero_stage": 1 if "--use-distributed-optimizer" in flags else 0,
+                "zero_stage": _zero_stage(flags),
                 "precision": _precision(flags)}
     ignored = sorted(name for name in flags if name.startswith(_NO_EFFECT_PREFIXES))
     known = {
@@ -238,7 +241,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--seq-length",
         "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
         "--bf16", "--fp16", "--fp8-format", "--sequence-parallel", "--overlap-grad-reduce", "--overlap-param-gather",
-        *_NOT_MODELLED,
+        "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format", *_NOT_MODELLED,
     }
     for name in sorted(flags):
         if name not in known and name not in ignored:
@@ -249,7 +252,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         not_modelled.append("no --sequence-parallel with tp > 1: the model assumes sequence parallelism")
     if "--overlap-grad-reduce" not in flags:
         not_modelled.append("no --overlap-grad-reduce: the model overlaps the gradient reduction with the backward")
-    if "--use-distributed-optimizer" in flags and "--overlap-param-gather" not in flags:
+    if ("--use-distributed-optimizer" in flags or "--use-megatron-fsdp" in flags) and "--overlap-param-gather" not in flags:
         not_modelled.append("no --overlap-param-gather: the model overlaps the weight all-gather with the next "
                             "forward")
     if stray:
@@ -290,6 +293,20 @@ def _recompute(flags: dict, not_modelled: list[str]) -> str:
         not_modelled.append(f"--recompute-method {method} --recompute-num-layers {count}: recompute is modelled as "
                             "every layer recomputed on its own (uniform, 1)")
     return "full"
+
+
+# Megatron-FSDP's sharding strategies by ZeRO stage (megatron_fsdp.fully_shard.ShardingStrategy).
+_FSDP_STAGES = {"no_shard": 0, "optim": 1, **{name: stage for stage, name in FSDP_SHARDING.items()}}
+
+
+def _zero_stage(flags: dict) -> int:
+    if "--use-megatron-fsdp" in flags:
+        strategy = flags.get("--data-parallel-sharding-strategy") or "optim_grads_params"
+        if strategy not in _FSDP_STAGES:
+            raise CommandLineError(f"--data-parallel-sharding-strategy {strategy}: Megatron-FSDP's strategies are "
+                                   f"{', '.join(_FSDP_STAGES)}")
+        return _FSDP_STAGES[strategy]
+    return 1 if "--use-distributed-optimizer" in flags else 0
 
 
 def _precision(flags: dict) -> str:

@@ -19,6 +19,9 @@ What maps to what (torchtitan 0.3.0, PyTorch 2.13):
     dp, zero_stage 0                   --parallelism.data_parallel_replicate_degree dp, _shard_degree 1
     dp, zero_stage 1                   --parallelism.data_parallel_shard_degree dp, _replicate_degree 1,
                                        --parallelism.fsdp_reshard_after_forward never
+    dp, zero_stage 2 (pp = 1)          the same as zero_stage 1 (FSDP2 has no gradient-only sharding)
+    dp, zero_stage 3 (pp = 1)          --parallelism.data_parallel_shard_degree dp,
+                                       --parallelism.fsdp_reshard_after_forward always (FULL_SHARD)
     micro_batch_size                   --parallelism.pipeline_parallel_microbatch_size
     num_microbatches m (pp > 1)        --training.local_batch_size m * mbs (torchtitan cuts it into m)
     num_microbatches m (pp = 1)        --training.local_batch_size mbs; global / (mbs * dp) = m
@@ -60,6 +63,14 @@ Where torchtitan is not what the plan assumed:
   stay sharded. Peak memory is at most the plan's (parameters are also
   sharded between steps) and the traffic is ZeRO-1's (one reduce-scatter
   plus one all-gather of the parameters per step).
+- ZeRO-2. FSDP2 shards gradients only together with the parameters; with
+  reshard_after_forward never, a zero_stage 2 plan's parameters are whole
+  from each microbatch's forward to its backward and its gradients are
+  reduce-scattered after every backward, as planned, but the parameters
+  are gathered again every microbatch (the plan gathers them once a step).
+- ZeRO-2/3 with PP. torchtitan's pipeline runtime syncs gradients once a
+  step, keeping them whole meanwhile: more memory than a zero_stage 2 or 3
+  plan counts, so such plans are refused (plan them with pp 1, or zero_stage 1).
 - Gradient accumulation without PP. torchtitan syncs (reduce-scatters or
   all-reduces) gradients after every accumulation step, so with pp = 1 and
   m > 1 microbatches it moves m times the data-parallel traffic the plan
@@ -158,8 +169,8 @@ def torchtitan_overrides(plan: Plan, schedule_csv_path: str = SCHEDULE_CSV) -> l
         ("--parallelism.expert_parallel_degree", "1"),
         ("--parallelism.enable_sequence_parallel",),
     ]
-    if layout.zero_stage == 1:
-        options.append(("--parallelism.fsdp_reshard_after_forward", "never"))
+    if layout.zero_stage >= 1:
+        options.append(("--parallelism.fsdp_reshard_after_forward", "always" if layout.zero_stage == 3 else "never"))
     options.append(("--parallelism.pipeline_parallel_microbatch_size", str(microbatch)))
     if layout.pp > 1:
         options += _pipeline_options(plan, layout, schedule_csv_path)
@@ -318,6 +329,10 @@ def _layout(plan: Plan) -> StockLayout:
         problems.append(f"unknown recompute mode {layout.recompute!r}")
     if layout.pp == 1 and layout.virtual_stages > 1:
         problems.append(f"virtual_stages {layout.virtual_stages} without pipeline parallelism")
+    if layout.zero_stage >= 2 and layout.pp > 1:
+        problems.append(f"zero_stage {layout.zero_stage} with pp {layout.pp}: torchtitan's pipeline runtime keeps "
+                        "gradients whole until the step's last microbatch, more memory than the plan counts (plan "
+                        "with pp 1, or zero_stage 1)")
     if problems:
         raise ExportError(f"{TARGET} cannot run this plan: {'; '.join(problems)}")
     return layout

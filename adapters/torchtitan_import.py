@@ -5,8 +5,10 @@ torchtitan's TOML job file, with every setting that changes time or memory mappe
     torchtitan                                           request
     --parallelism.tensor_parallel_degree / pipeline_...  layout.tp / layout.pp
     data_parallel_replicate_degree x _shard_degree       layout.dp (shard -1: what torchrun's ranks leave)
-    data_parallel_shard_degree > 1                       training.zero_stage 1 (FSDP; resharding after forward,
-                                                         ZeRO-3-like, is reported as not modelled)
+    data_parallel_shard_degree > 1                       training.zero_stage 3 (FSDP2 resharding after forward:
+                                                         fsdp_reshard_after_forward always, or default with pp 1),
+                                                         else 1 (never; default with pp > 1, where torchtitan keeps
+                                                         parameters whole between forward and backward)
     --parallelism.pipeline_parallel_microbatch_size      layout.micro_batch_size (pp > 1; else local_batch_size)
     --training.global_batch_size, --training.seq_len     training (global -1: local_batch_size x dp)
     --parallelism.pipeline_parallel_schedule             GPipe / 1F1B / Interleaved1F1B / LoopedBFS by name
@@ -149,7 +151,9 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
                                "torchtitan 0.3 trains in bfloat16 or float32")
     # FSDP over the data-parallel ranks shards optimizer state (with one rank, the reshard setting says FSDP was asked).
     sharded = bool(shard and shard > 1) or "--parallelism.fsdp_reshard_after_forward" in options
-    training = {"global_batch_size": batch, "seq_length": seq, "zero_stage": 1 if sharded else 0,
+    reshard = (options.get("--parallelism.fsdp_reshard_after_forward") or ["default"])[0]
+    fully_sharded = bool(shard and shard > 1) and pp == 1 and reshard in ("always", "default")
+    training = {"global_batch_size": batch, "seq_length": seq, "zero_stage": 3 if fully_sharded else (1 if sharded else 0),
                 "precision": _PRECISIONS[precision]}
     notes.append("float8 linears are set in torchtitan's config function, not on its command line: the request "
                  'says bf16; make it "precision": "fp8" if your config converts the linears to float8')
@@ -159,8 +163,8 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
             continue
         why = next((reason for prefix, reason in _NOT_MODELLED.items() if key.startswith(prefix)),
                    "not a setting resiplan knows; its effect on time and memory is not modelled")
-        if key == "--parallelism.fsdp_reshard_after_forward" and options[key] == ["never"]:
-            continue  # ZeRO-1's traffic: what the export writes for zero_stage 1
+        if key == "--parallelism.fsdp_reshard_after_forward" and (options[key] == ["never"] or fully_sharded):
+            continue  # ZeRO-1's traffic (never), or ZeRO-3's (always / default without PP): both mapped
         not_modelled.append(f"{key} {' '.join(options[key])}".strip() + f": {why}")
     if stray:
         notes.append(f"words that are not settings, left out: {' '.join(stray[:8])}")

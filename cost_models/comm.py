@@ -25,6 +25,12 @@ def ring_all_gather_s(bytes_total: float, ranks: int, bandwidth_gb_s: float, ste
     return steps / ranks * bytes_total / (bandwidth_gb_s * 1e9) + steps * step_latency_s
 
 
+def _node_split(ranks: int, ranks_per_node: int) -> tuple[int, int]:
+    """(ranks in each node, nodes) of `ranks` placed `ranks_per_node` to a node."""
+    per_node = max(1, min(ranks_per_node, ranks))
+    return per_node, -(-ranks // per_node)
+
+
 def hierarchical_all_reduce_s(
     bytes_total: float,
     ranks: int,
@@ -41,10 +47,27 @@ def hierarchical_all_reduce_s(
     """
     if ranks <= 1:
         return 0.0
-    per_node = max(1, min(ranks_per_node, ranks))
-    nodes = -(-ranks // per_node)
+    per_node, nodes = _node_split(ranks, ranks_per_node)
     intra = 2 * ring_all_gather_s(bytes_total, per_node, intra_bandwidth_gb_s, NVLINK_STEP_LATENCY_S)
     inter = ring_all_reduce_s(bytes_total / per_node, nodes, inter_bandwidth_gb_s, NETWORK_STEP_LATENCY_S)
+    return intra + inter
+
+
+def hierarchical_all_gather_s(
+    bytes_total: float,
+    ranks: int,
+    ranks_per_node: int,
+    intra_bandwidth_gb_s: float,
+    inter_bandwidth_gb_s: float,
+) -> float:
+    """All-gather (or reduce-scatter) of a `bytes_total` buffer over `ranks` spread as `ranks_per_node`
+    per node: the 1/k shards across nodes (the k GPUs on their own NICs in parallel), then inside the
+    node over NVLink; half of `hierarchical_all_reduce_s`, latency included."""
+    if ranks <= 1:
+        return 0.0
+    per_node, nodes = _node_split(ranks, ranks_per_node)
+    intra = ring_all_gather_s(bytes_total, per_node, intra_bandwidth_gb_s, NVLINK_STEP_LATENCY_S)
+    inter = ring_all_gather_s(bytes_total / per_node, nodes, inter_bandwidth_gb_s, NETWORK_STEP_LATENCY_S)
     return intra + inter
 
 

@@ -62,14 +62,27 @@ class LayerTime:
     # The part of backward_compute_ms that computes weight gradients: zero-bubble
     # schedules run it later, apart from the input gradient the previous stage waits for.
     weight_grad_ms: float = 0.0
+    # ZeRO-2/3's per-microbatch data-parallel collectives, the part compute does not hide
+    # (`cost_models.sharded_dp.with_sharded_comm`); like TP traffic, a slow GPU does not slow them.
+    forward_shard_comm_ms: float = 0.0
+    backward_shard_comm_ms: float = 0.0
 
     @property
     def forward_ms(self) -> float:
-        return self.forward_compute_ms + self.forward_tp_comm_ms
+        return self.forward_compute_ms + self.forward_tp_comm_ms + self.forward_shard_comm_ms
 
     @property
     def backward_ms(self) -> float:
-        return self.backward_compute_ms + self.backward_tp_comm_ms
+        return self.backward_compute_ms + self.backward_tp_comm_ms + self.backward_shard_comm_ms
+
+    @property
+    def forward_comm_ms(self) -> float:
+        """What a slow GPU does not slow down: TP and sharded data-parallel traffic."""
+        return self.forward_tp_comm_ms + self.forward_shard_comm_ms
+
+    @property
+    def backward_comm_ms(self) -> float:
+        return self.backward_tp_comm_ms + self.backward_shard_comm_ms
 
 
 def _projection_gemms_s(

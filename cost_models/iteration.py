@@ -34,6 +34,7 @@ class StageTime:
     weight_grad_ms: float = 0.0  # part of backward_ms a zero-bubble schedule may defer
     static_memory_bytes: float = 0.0
     activation_bytes_per_microbatch: float = 0.0
+    shard_comm_ms: float = 0.0  # ZeRO-2/3's exposed per-microbatch data-parallel traffic (forward + backward)
 
     @property
     def total_ms(self) -> float:
@@ -64,7 +65,7 @@ class IterationEstimate:
             "tp_comm_s": m * slowest.tp_comm_ms / 1e3,
             "pp_comm_s": m * slowest.p2p_ms / 1e3,
             "pipeline_bubble_s": (self.pipeline_ms - steady_ms) / 1e3,
-            "dp_comm_s": self.dp_exposed_ms / 1e3,
+            "dp_comm_s": (self.dp_exposed_ms + m * slowest.shard_comm_ms) / 1e3,
             "optimizer_s": self.optimizer_ms / 1e3,
         }
 
@@ -80,12 +81,12 @@ def _stage_parts(terms: StageCostTerms, stage: int, layers: int) -> list:
 
 def _forward_ms(parts: list, speed: float, half_p2p: float) -> float:
     compute = sum(part.time.forward_compute_ms * count for part, count in parts) / speed
-    return compute + sum(part.time.forward_tp_comm_ms * count for part, count in parts) + half_p2p
+    return compute + sum(part.time.forward_comm_ms * count for part, count in parts) + half_p2p
 
 
 def _backward_ms(parts: list, speed: float, half_p2p: float) -> float:
     compute = sum(part.time.backward_compute_ms * count for part, count in parts) / speed
-    return compute + sum(part.time.backward_tp_comm_ms * count for part, count in parts) + half_p2p
+    return compute + sum(part.time.backward_comm_ms * count for part, count in parts) + half_p2p
 
 
 def stage_total_ms(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.0) -> float:
@@ -117,6 +118,7 @@ def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.
     backward_compute = sum(part.time.backward_compute_ms * count for part, count in parts) / speed
     forward_comm = sum(part.time.forward_tp_comm_ms * count for part, count in parts)
     backward_comm = sum(part.time.backward_tp_comm_ms * count for part, count in parts)
+    shard_comm = sum((part.time.forward_shard_comm_ms + part.time.backward_shard_comm_ms) * count for part, count in parts)
     params = sum(part.params * count for part, count in parts)
     weight_grad = sum(part.time.weight_grad_ms * count for part, count in parts) / speed
     memory = stage_memory(terms, stage, layers)
@@ -132,6 +134,7 @@ def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.
         weight_grad_ms=weight_grad,
         static_memory_bytes=memory.static_bytes,
         activation_bytes_per_microbatch=memory.per_microbatch_bytes,
+        shard_comm_ms=shard_comm,
     )
 
 

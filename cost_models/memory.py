@@ -16,7 +16,9 @@ from cost_models.model_spec import ModelSpec
 from cost_models.pipeline import interleaved_group_sizes
 
 # bf16/fp16 weights (2) + fp32 gradients (4) + fp32 master weights, Adam m, v (12).
-WEIGHT_AND_GRAD_BYTES_PER_PARAM = 6.0
+WEIGHT_BYTES_PER_PARAM = 2.0
+GRAD_BYTES_PER_PARAM = 4.0
+WEIGHT_AND_GRAD_BYTES_PER_PARAM = WEIGHT_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM
 OPTIMIZER_BYTES_PER_PARAM = 12.0
 
 # Memory per GPU a plan leaves free for what this model does not count, unless the request says
@@ -35,10 +37,14 @@ ACTIVATION_FRAGMENTATION = 0.10
 
 
 def state_bytes_per_param(zero_stage: int, data_parallel: int) -> float:
-    """18 bytes per parameter, or 6 + 12/d with optimizer states sharded over d replicas."""
-    if zero_stage >= 1:
-        return WEIGHT_AND_GRAD_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM / max(1, data_parallel)
-    return WEIGHT_AND_GRAD_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM
+    """Weights, gradients and optimizer state per parameter on one GPU: 18 bytes, with ZeRO stage 1, 2, 3
+    the optimizer state, then the gradients, then the weights sharded over d replicas (the table in
+    `cost_models.sharded_dp`)."""
+    d = max(1, data_parallel)
+    weights = WEIGHT_BYTES_PER_PARAM / d if zero_stage >= 3 else WEIGHT_BYTES_PER_PARAM
+    grads = GRAD_BYTES_PER_PARAM / d if zero_stage >= 2 else GRAD_BYTES_PER_PARAM
+    optimizer = OPTIMIZER_BYTES_PER_PARAM / d if zero_stage >= 1 else OPTIMIZER_BYTES_PER_PARAM
+    return weights + grads + optimizer
 
 
 def _layer_activation_terms(model: ModelSpec, software: SoftwareConfig) -> tuple[float, float, float]:

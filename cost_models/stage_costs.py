@@ -7,11 +7,12 @@ evaluator (`iteration.py`) can use the very same numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost_models.comm import (
     NETWORK_STEP_LATENCY_S,
     NVLINK_STEP_LATENCY_S,
+    hierarchical_all_gather_s,
     hierarchical_all_reduce_s,
     point_to_point_s,
 )
@@ -19,6 +20,7 @@ from cost_models.compute import LayerTime, embedding_time, head_time, layer_time
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.fp8 import WEIGHT_CACHE_BYTES_PER_PARAM as FP8_WEIGHT_CACHE_BYTES_PER_PARAM
 from cost_models.layout import Hardware, ParallelShape, Workload
+from cost_models.sharded_dp import gathered_bytes_per_param, shards_every_microbatch, with_sharded_comm
 from cost_models.memory import (
     ACTIVATION_FRAGMENTATION,
     embedding_activation_bytes,
@@ -57,6 +59,7 @@ class StageCostTerms:
     state_bytes_per_param: float
     sync_bytes_per_param: float  # the sync under the last backward (`sync_bytes_per_param`)
     gather_bytes_per_param: float  # ZeRO-1's weight all-gather after the step (`gather_bytes_per_param`)
+    gathered_bytes_per_param: float  # ZeRO-3's working set per parameter of a stage's largest part
     dp_bandwidth_intra_gb_s: float
     dp_bandwidth_inter_gb_s: float
     groups_per_node: int  # TP groups of this size per node
@@ -148,7 +151,11 @@ def sync_bytes_per_param(zero_stage: int, grad_reduce_bytes: int) -> float:
     each rank reduce-scatters the gradients in `grad_reduce_bytes`: half of a ring all-reduce's
     traffic ((n-1)/n of the buffer). The all-gather of the updated weights comes after the
     optimizer step (`gather_bytes_per_param`).
+    ZeRO-2 and 3 reduce-scatter inside every microbatch's backward, priced there
+    (`cost_models.sharded_dp.with_sharded_comm`): nothing is left for after the last one.
     """
+    if shards_every_microbatch(zero_stage):
+        return 0.0
     if zero_stage >= 1:
         return grad_reduce_bytes / 2
     return float(grad_reduce_bytes)
@@ -159,8 +166,10 @@ def gather_bytes_per_param(zero_stage: int) -> float:
     (half an all-reduce of `PARAM_GATHER_BYTES`); 0 without ZeRO-1, whose all-reduce leaves every replica
     the whole gradient. Megatron runs it after the step, or with --overlap-param-gather under the next
     iteration's forward, bucket by bucket (megatron/core/distributed/distributed_data_parallel.py
-    `start_param_sync` from the forward pre-hook; `cost_models.iteration.exposed_param_gather_ms`)."""
-    return PARAM_GATHER_BYTES / 2 if zero_stage >= 1 else 0.0
+    `start_param_sync` from the forward pre-hook; `cost_models.iteration.exposed_param_gather_ms`).
+    ZeRO-2 gathers the same way; ZeRO-3 keeps its weights sharded and gathers each layer as it computes it
+    (`cost_models.sharded_dp`)."""
+    return PARAM_GATHER_BYTES / 2 if zero_stage in (1, 2) else 0.0
 
 
 def stage_cost_terms(
@@ -186,6 +195,12 @@ def stage_cost_terms(
     # Megatron's rank order is tp, dp, pp (fastest first): data-parallel
     # peers share a node while they fit.
     groups_per_node = max(1, hardware.gpus_per_node // shape.tp)
+    dp_intra_gb_s = intra * efficiency.nvlink_fraction
+    dp_inter_gb_s = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction
+    if shards_every_microbatch(workload.zero_stage):
+        group = (shape.dp, min(shape.dp, groups_per_node), dp_intra_gb_s, dp_inter_gb_s)
+        layer, embedding, head = (_sharded_part(part, workload.zero_stage, software.grad_reduce_bytes, *group)
+                                  for part in (layer, embedding, head))
     p2p_ms = pipeline_p2p_ms(workload, hardware, shape, efficiency, software)
 
     optimizer_params_share = 1.0 / shape.dp if workload.zero_stage >= 1 else 1.0
@@ -202,14 +217,26 @@ def stage_cost_terms(
         state_bytes_per_param=state_bytes_per_param(workload.zero_stage, shape.dp),
         sync_bytes_per_param=sync_bytes_per_param(workload.zero_stage, software.grad_reduce_bytes),
         gather_bytes_per_param=gather_bytes_per_param(workload.zero_stage),
-        dp_bandwidth_intra_gb_s=intra * efficiency.nvlink_fraction,
-        dp_bandwidth_inter_gb_s=hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction,
+        gathered_bytes_per_param=gathered_bytes_per_param(workload.zero_stage),
+        dp_bandwidth_intra_gb_s=dp_intra_gb_s,
+        dp_bandwidth_inter_gb_s=dp_inter_gb_s,
         groups_per_node=groups_per_node,
         optimizer_ms_per_param=optimizer_ms_per_param,
         bucket_params=float(software.ddp_bucket_params),
         overlap_grad_reduce=software.overlap_grad_reduce,
         overlap_param_gather=software.overlap_param_gather,
     )
+
+
+def _sharded_part(part: PartCosts, zero_stage: int, grad_reduce_bytes: int, ranks: int, ranks_per_node: int,
+                  intra_gb_s: float, inter_gb_s: float) -> PartCosts:
+    """`part` with ZeRO-2/3's per-microbatch collectives of its weights over `ranks` replicas, the part
+    compute does not hide (`cost_models.sharded_dp.with_sharded_comm`)."""
+    def collective_ms(bytes_per_param: float) -> float:
+        return 1e3 * hierarchical_all_gather_s(part.params * bytes_per_param, ranks, ranks_per_node, intra_gb_s, inter_gb_s)
+
+    time = with_sharded_comm(part.time, zero_stage, collective_ms(PARAM_GATHER_BYTES), collective_ms(grad_reduce_bytes))
+    return replace(part, time=time)
 
 
 def pipeline_p2p_ms(
@@ -266,9 +293,23 @@ def stage_memory(terms: StageCostTerms, stage: int, layers: int) -> StageMemory:
         once += terms.head.activation_bytes
     fragmentation = 1 + ACTIVATION_FRAGMENTATION
     return StageMemory(
-        static_bytes=params * terms.state_bytes_per_param + layers * terms.layer.cache_bytes + once * fragmentation,
+        static_bytes=params * terms.state_bytes_per_param + layers * terms.layer.cache_bytes + once * fragmentation
+        + gathered_bytes(terms, stage),
         per_microbatch_bytes=per_microbatch * fragmentation,
     )
+
+
+def gathered_bytes(terms: StageCostTerms, stage: int) -> float:
+    """ZeRO-3's gathered working set on one GPU of `stage`: its largest part whole, twice (computed and
+    prefetched), counted whether or not the stage holds layers so that it is affine in their count."""
+    if not terms.gathered_bytes_per_param:
+        return 0.0
+    largest = terms.layer.params
+    if stage == 0:
+        largest = max(largest, terms.embedding.params)
+    if stage == terms.shape.pp - 1:
+        largest = max(largest, terms.head.params)
+    return terms.gathered_bytes_per_param * largest
 
 
 def stage_memory_bytes(terms: StageCostTerms, stage: int, layers: int) -> float:

@@ -106,6 +106,10 @@ def build_layout(plan: Plan, num_layers: int | None = None, devices: list[str] |
     missing = sorted(set(plan_devices(plan)) - set(rank_of), key=device_key)
     if missing:
         raise ValueError(f"plan {plan.plan_id} uses devices outside the world: {missing}")
+    if plan.zero_stage >= 2:
+        raise ValueError(f"plan {plan.plan_id} shards gradients{' and weights' if plan.zero_stage == 3 else ''} "
+                         f"(zero_stage {plan.zero_stage}); the reference executor shards optimizer state only "
+                         "(zero_stage 0 or 1): run it through the megatron, deepspeed or torchtitan export")
     v = plan.virtual_stages
     plan_layers = plan.replicas[0].stages[-1].layers[1]
     num_layers = num_layers or plan_layers

@@ -26,7 +26,8 @@ def format_bytes(value: float) -> str:
 
 
 def _leanest_layout(problem: PlanningProblem) -> tuple[float, ParallelShape] | None:
-    """The layout needing the least memory on its fullest GPU: most stages, mbs 1, full recompute."""
+    """The layout needing the least memory on its fullest GPU: most stages, mbs 1, full recompute, and with
+    ZeRO as many replicas as the GPUs hold (each shards more of the state)."""
     layers = problem.workload.model.num_layers
     best: tuple[float, ParallelShape] | None = None
     for tp in tensor_parallel_sizes(problem):
@@ -34,7 +35,8 @@ def _leanest_layout(problem: PlanningProblem) -> tuple[float, ParallelShape] | N
         if slots == 0:
             continue
         pp = min(layers, slots)
-        shape = ParallelShape(tp, pp, 1, 1, Recompute.FULL if Recompute.FULL in problem.recompute_modes else problem.recompute_modes[0])
+        dp = max(1, slots // pp) if problem.workload.zero_stage >= 1 else 1
+        shape = ParallelShape(tp, pp, dp, 1, Recompute.FULL if Recompute.FULL in problem.recompute_modes else problem.recompute_modes[0])
         terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
         base, extra = divmod(layers, pp)
         need = max(stage_memory_bytes(terms, i, base + (1 if i < extra else 0)) for i in range(pp))
@@ -81,7 +83,8 @@ def explain_infeasible(problem: PlanningProblem) -> str:
         need, shape = leanest
         if need > problem.usable_memory_bytes:
             return (
-                f"no layout fits in memory: even the leanest (tp={shape.tp}, pp={shape.pp}, micro_batch_size=1, "
+                f"no layout fits in memory: even the leanest (tp={shape.tp}, pp={shape.pp}, dp={shape.dp}, "
+                f"zero_stage={problem.workload.zero_stage}, micro_batch_size=1, "
                 f"recompute={shape.recompute}) needs {need / GIB:.1f} GiB on its fullest GPU, and "
                 f"{problem.capacity_text()} at seq_length {problem.workload.seq_length}"
             )

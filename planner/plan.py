@@ -39,6 +39,7 @@ from planner.uniform.search import SearchResult, UniformSearch, search
 from planner.uniform.candidates import Candidate, ranked_candidates
 from planner.uniform.simulated import StockSearch
 from planner.reported import SEARCH_FINISHED, WALL_CLOCK_STOP, WORK_BUDGET_STOP, as_reported
+from planner.zero_choice import plan_each_zero_stage
 
 
 
@@ -82,6 +83,8 @@ def plan(problem: PlanningProblem, budget: Budget | None = None) -> PlanResult:
     """The best layout for the cluster as it is now (uniform only when `stock_layouts_only`), by the
     deadline of `budget` (default: `time_limit_s` from now)."""
     budget = budget or Budget.starting_now(problem.time_limit_s)
+    if problem.zero_stage_auto:
+        return plan_each_zero_stage(problem, budget, plan)
     obvious = obvious_infeasibility(problem)
     if obvious is not None:
         raise InfeasibleError(obvious)

@@ -71,7 +71,8 @@ class ClusterState:
 class PlanningProblem:
     """Everything the planner needs, already validated.
 
-    micro_batch_size / recompute: None / "auto" let the planner choose.
+    micro_batch_size / recompute: None / "auto" let the planner choose; so does zero_stage_auto
+        (`workload.zero_stage` is then only a placeholder).
     stock_layouts_only: restrict to layouts stock Megatron-LM, DeepSpeed and
         torchtitan run unchanged (equal middle stages, uneven first/last only).
     """
@@ -84,6 +85,7 @@ class PlanningProblem:
     recompute: str = "auto"
     precision: str = "bf16"
     stock_layouts_only: bool = False
+    zero_stage_auto: bool = False  # plan every ZeRO stage and keep the fastest (planner.zero_choice)
     time_limit_s: float = 10.0
     random_seed: int = 0
     schedules: frozenset[str] | None = None  # pipeline schedules allowed; None: all (stock ones if stock_layouts_only)

@@ -27,6 +27,7 @@ from planner.gc_pause import gc_paused
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, ReplicaResult
 from planner.schedules.result import ScheduleChoice
+from planner.zero_choice import with_zero_stage
 from wire.calibration import AppliedCalibration
 from wire.schemas import (
     Cluster,
@@ -165,15 +166,18 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
             f"options.memory_reserve_gib {reserve_gib:g} leaves nothing of a {hardware.gpu.name}'s "
             f"{hardware.gpu.memory_gib:g} GiB for the model; it must be below the GPU's memory"
         )
-    return PlanningProblem(
+    zero_stage = 1 if training.zero_stage == "auto" else training.zero_stage
+    problem = PlanningProblem(
         hardware=hardware,
         cluster=state,
-        workload=Workload(model, training.seq_length, training.global_batch_size, training.zero_stage),
+        # With zero_stage auto the planner sets the stage per search (planner.zero_choice); 1 holds its place.
+        workload=Workload(model, training.seq_length, training.global_batch_size, zero_stage),
         model_name=model_label(request.model, model),
         micro_batch_size=training.micro_batch_size,
         recompute=training.recompute,
         precision=training.precision,
         stock_layouts_only=not request.options.allow_non_uniform,
+        zero_stage_auto=training.zero_stage == "auto",
         time_limit_s=request.options.time_limit_s,
         random_seed=request.options.random_seed,
         schedules=frozenset(request.options.schedules) if request.options.schedules is not None else None,
@@ -182,6 +186,8 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
         calibration_id=calibration.calibration_id if calibration is not None else None,
         software=software,
     )
+    # ZeRO-2/3 plan stock layouts (planner.zero_choice.with_zero_stage says why).
+    return with_zero_stage(problem, zero_stage) if not problem.zero_stage_auto else problem
 
 
 @gc_paused()

@@ -251,7 +251,13 @@ class Training(_Strict):
         description="fp8: the layers' linear projections in FP8 (Transformer Engine, hybrid E4M3/E5M2), "
                     "the rest in bf16; needs a GPU with FP8 tensor cores.",
     )
-    zero_stage: Literal[0, 1] = 1
+    zero_stage: Literal[0, 1, 2, 3, "auto"] = Field(
+        default=1,
+        description="Data-parallel sharding: 0 none, 1 optimizer state (Megatron's distributed optimizer), 2 also "
+                    "gradients (reduce-scattered every microbatch), 3 also weights (FSDP / ZeRO-3: gathered layer by "
+                    "layer in forward and backward); auto: the planner plans 1, 2 and 3 and keeps the fastest (not "
+                    "for estimates). Stages 2 and 3 are planned on stock layouts.",
+    )
     recompute: Recompute = "auto"
 
     @model_validator(mode="after")
@@ -373,6 +379,9 @@ class EstimateRequest(PlanRequest):
         """A setting both `training` and `layout` can give applies once: given in one, it applies; given in both,
         the two must agree (which would win is a guess the estimate must not make)."""
         training, layout = self.training, self.layout
+        if training.zero_stage == "auto":
+            raise ValueError("training.zero_stage auto is a planner's choice; an estimate prices one stage: give 0, 1, 2 "
+                             "or 3")
         pairs = [("micro_batch_size", training.micro_batch_size, layout.micro_batch_size, 1),
                  ("recompute", None if training.recompute == "auto" else training.recompute, layout.recompute,
                   "selective")]

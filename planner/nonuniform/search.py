@@ -132,7 +132,7 @@ def _inventory(problem: PlanningProblem, tp: int, sizes: list[int]) -> _Inventor
 
 def _per_layer_ms(cache: TermsCache, stage_type: StageType) -> float:
     time = cache.layer_time(stage_type.tp)
-    return (time.forward_compute_ms + time.backward_compute_ms) / stage_type.speed + time.forward_tp_comm_ms + time.backward_tp_comm_ms
+    return (time.forward_compute_ms + time.backward_compute_ms) / stage_type.speed + time.forward_comm_ms + time.backward_comm_ms
 
 
 def _ends_in_layers(cache: TermsCache, tps: list[int]) -> float:

@@ -2,8 +2,9 @@
 
 A layout here is only what decides the state a device holds: per replica, its
 stages' devices (in tensor-parallel rank order) and layer ranges, the number
-of model chunks per stage, and whether ZeRO-1 shards the optimizer state
-over the replicas. It is built from a planner result or from a stored wire
+of model chunks per stage, and whether ZeRO shards the optimizer state (stages
+1-3) and the weights (stage 3) over the replicas; ZeRO-2's sharded gradients
+are not state a step carries over. It is built from a planner result or from a stored wire
 plan, so a running job's layout and a new one compare alike.
 """
 
@@ -97,7 +98,8 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
     least common multiple of the layout's TP sizes), the r-th R-th: a device whose TP slice spans
     T/t of those pieces holds its replica's share of each. With equal TP everywhere (T = t) that is
     the r-th R-th of the device's slice; with mixed TP it still covers every piece exactly once
-    (splitting each device's slice alone into R would leave pieces nobody holds)."""
+    (splitting each device's slice alone into R would leave pieces nobody holds). ZeRO-3 shards the
+    weights the same way: the device holds only its share of them too."""
     holdings: dict[str, Holding] = {}
     replicas = len(layout.replicas)
     finest = math.lcm(*(len(stage.devices) for stages in layout.replicas for stage in stages)) if replicas else 1
@@ -122,6 +124,8 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
                         optimizer_lo, optimizer_hi = weight_lo + index * share, weight_lo + (index + 1) * share
                     else:
                         optimizer_lo, optimizer_hi = weight_lo, weight_hi
+                    if layout.zero_stage >= 3:
+                        weight_lo, weight_hi = optimizer_lo, optimizer_hi
                     blocks.extend(ShardBlock(first, end, weight_lo, weight_hi, optimizer_lo, optimizer_hi)
                                   for first, end in _merged(units))
                 holdings[device] = tuple(blocks)

@@ -454,14 +454,19 @@ def test_adapter_refuses_an_fp8_plan_saying_where_fp8_runs(healthy_plan):
 
 
 def test_adapter_refuses_a_non_uniform_plan():
-    plan = plan_for(PlanRequest.model_validate(small_request(failures={"failed": ["1:3"]})))
+    # spelled out, not searched: a search cut short by a loaded machine may answer a uniform plan
+    node0, node1 = ([f"{node}:{gpu}" for gpu in range(8)] for node in (0, 1))
+    replicas = [{"num_microbatches": 16, "stages": [{"devices": node0, "layers": [0, 32]}]},
+                {"num_microbatches": 16, "stages": [{"devices": node1[:4], "layers": [0, 16]},
+                                                    {"devices": node1[4:], "layers": [16, 32]}]}]
+    plan = estimate_for(EstimateRequest.model_validate(small_request(layout={"replicas": replicas})))
     assert not plan.uniform
     with pytest.raises(ExportError) as refused:
         ds_export.render(plan)
     message = str(refused.value)
     assert message.startswith("DeepSpeed cannot run this plan:")
     assert re.search(r"different (microbatch counts|stage counts|TP sizes)|split the layers differently", message)
-    assert '"allow_non_uniform": false' in message and '"schedules": ["1f1b"]' in message
+    assert '"allow_non_uniform": false' in message
 
 
 @pytest.mark.parametrize("schedule, reason", [
@@ -622,3 +627,34 @@ def test_deepspeed_launcher_places_agrees_with_launch_py(blocks, tmp_path):
     placement = deepspeed_launcher_placement(lines, tmp_path, local_gpus=8, local_node=blocks[0][0])
     planned = dict(enumerate(f"{node}:{gpu}" for node, gpus in blocks for gpu in gpus))
     assert (placement == planned) == ds_export.deepspeed_launcher_places(blocks)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ZeRO-2 and ZeRO-3: DeepSpeed's plain engine (its PipelineEngine refuses them), so only with pp 1
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_engine_runs_zero_2_and_3_without_a_pipeline_module(world, stage):
+    plan = estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 1, "pp": 1, "dp": 32}, training={"global_batch_size": 64, "seq_length": 4096, "zero_stage": stage})))
+    document = exported(plan)
+    assert document["resiplan"]["pipeline_module"] is None and "pipeline" not in document
+    world.enter(32, 0)
+    config = DeepSpeedConfig(copy.deepcopy(document))
+    assert (config.zero_optimization_stage, config.world_size) == (stage, 32)
+    assert config.gradient_accumulation_steps == plan.replicas[0].num_microbatches == 2
+    model = nn.Sequential(Embedding(4, 4), TransformerLayer(4, 4), Head(4, 4))
+    # the script's model-parallel unit (tp 1 here), as a Megatron-DeepSpeed script passes its mpu
+    grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(num_pp=1, num_mp=1, num_dp=32))
+    engine, *_ = deepspeed.initialize(model=model, config=copy.deepcopy(document), mpu=grid,
+                                      optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
+    assert not isinstance(engine, PipelineEngine)
+    assert engine.zero_optimization_stage() == stage == plan.zero_stage
+    assert (engine.train_batch_size(), engine.gradient_accumulation_steps()) == (64, 2)
+
+
+def test_adapter_refuses_zero_2_with_pipeline_parallelism():
+    plan = estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 1, "pp": 2, "dp": 16}, training={"global_batch_size": 64, "seq_length": 4096, "zero_stage": 2})))
+    with pytest.raises(ExportError, match="zero_stage 2 with pp 2 .DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1"):
+        ds_export.render(plan)

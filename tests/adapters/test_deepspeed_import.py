@@ -58,7 +58,7 @@ def test_a_config_beside_megatron_deepspeed_flags(name):
     assert imported.request["training"]["precision"] == plan.precision
 
 
-def test_zero_3_and_unknown_keys_are_reported():
+def test_zero_3_is_mapped_and_unknown_keys_are_reported():
     config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
               "zero_optimization": {"stage": 3}, "bf16": {"enabled": True}, "optimizer": {"type": "Adam"},
               "sparse_attention": {"mode": "fixed"}}
@@ -68,8 +68,17 @@ def test_zero_3_and_unknown_keys_are_reported():
     imported = import_deepspeed(config, args)
     assert imported.request["layout"]["dp"] == 8 and imported.request["model"]["vocab_size"] == 32000
     reported = " ".join(imported.not_modelled)
-    assert "zero_optimization.stage 3" in reported and "sparse_attention" in reported
+    assert imported.request["training"]["zero_stage"] == 3
+    assert "zero_optimization" not in reported and "sparse_attention" in reported
     assert "optimizer" in imported.ignored
+
+
+def test_a_zero_stage_deepspeed_lacks_is_refused():
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+              "zero_optimization": {"stage": 4}, "bf16": {"enabled": True}}
+    with pytest.raises(CommandLineError, match="zero_optimization.stage 4: DeepSpeed's ZeRO stages are 0, 1, 2 and 3"):
+        import_deepspeed(config, "pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+                                 "--seq-length 4096 --vocab-size 32000")
 
 
 def test_a_config_alone_does_not_say_the_model():

@@ -39,6 +39,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": expected on CPU
     warnings.simplefilter("ignore")
     from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.distributed.fsdp.src.megatron_fsdp.fully_shard import ShardingStrategy
     from megatron.core.num_microbatches_calculator import (
         destroy_num_microbatches_calculator,
         get_num_microbatches,
@@ -119,6 +121,13 @@ PLANS = {
     "fp8-h100": lambda: plan_for(PlanRequest.model_validate(small_request(
         cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
         training={"global_batch_size": 64, "seq_length": 8192, "precision": "fp8"}, options=STOCK))),
+    # ZeRO-2 and ZeRO-3 through Megatron-FSDP (llama3-8b on 16 H100s)
+    "zero2-fsdp": lambda: plan_for(PlanRequest.model_validate(small_request(
+        cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
+        training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 2}, options=STOCK))),
+    "zero3-fsdp": lambda: plan_for(PlanRequest.model_validate(small_request(
+        cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
+        training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 3}, options=STOCK))),
     # llama2-13b interleaved, relabelled so each replica sits on one node
     "replica-major": lambda: _replica_major(plan_for(PlanRequest.model_validate(small_request(
         model="llama2-13b", training={"global_batch_size": 64, "seq_length": 8192},
@@ -177,6 +186,10 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--recompute-method", type=str, default=None, choices=["uniform", "block"])
     add("--recompute-num-layers", type=int, default=None)
     add("--use-distributed-optimizer", action="store_true")
+    add("--use-megatron-fsdp", action="store_true")
+    add("--data-parallel-sharding-strategy", type=str, default="optim_grads_params",
+        choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
+    add("--ckpt-format", default="torch_dist", choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"])
     add("--overlap-grad-reduce", action="store_true", default=False)
     add("--overlap-param-gather", action="store_true", default=False)
     add("--bf16", action="store_true")
@@ -232,8 +245,12 @@ def validate_like_megatron_lm(ns: argparse.Namespace) -> None:
             assert ns.pipeline_model_parallel_size > 2
     else:
         ns.overlap_p2p_comm = False  # not overlapped without the interleaved schedule
+    if ns.use_megatron_fsdp:
+        assert ns.ckpt_format == "fsdp_dtensor", "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format."
+        ns.use_distributed_optimizer = True  # Megatron-FSDP v1 runs under the distributed optimizer
     if ns.overlap_param_gather:
-        assert ns.use_distributed_optimizer, "--overlap-param-gather only supported with distributed optimizer"
+        assert ns.use_distributed_optimizer or ns.use_megatron_fsdp, \
+            "--overlap-param-gather only supported with distributed optimizer, megatron fsdp"
         assert ns.overlap_grad_reduce, "--overlap-grad-reduce should be turned on when using --overlap-param-gather"
     assert not (ns.bf16 and ns.fp16)
     assert ns.max_position_embeddings >= ns.seq_length
@@ -442,7 +459,15 @@ def test_megatron_core_runs_the_plan(name):
     assert (ns.position_embedding_type, ns.rotary_base) == ("rope", arch.rope_theta)
     assert ns.use_rope_scaling == (arch.rope_scaling is not None)
     assert (config.add_bias_linear, config.add_qkv_bias) == (arch.linear_bias, arch.qkv_bias or arch.linear_bias)
-    assert ns.use_distributed_optimizer == (plan.zero_stage == 1)
+    assert ns.use_distributed_optimizer == (plan.zero_stage >= 1)
+    # ZeRO-2/3 as Megatron-FSDP: megatron-core's own DDP config takes the strategy, and its
+    # ShardingStrategy numbers it as the plan's stage
+    assert ns.use_megatron_fsdp == (plan.zero_stage >= 2)
+    if ns.use_megatron_fsdp:
+        ddp = DistributedDataParallelConfig(
+            use_megatron_fsdp=True, use_distributed_optimizer=True, overlap_grad_reduce=ns.overlap_grad_reduce,
+            overlap_param_gather=ns.overlap_param_gather, data_parallel_sharding_strategy=ns.data_parallel_sharding_strategy)
+        assert ShardingStrategy[ddp.data_parallel_sharding_strategy.upper()] == plan.zero_stage
     assert (ns.seq_length, ns.micro_batch_size, ns.global_batch_size) == (
         plan.seq_length, plan.micro_batch_size, plan.global_batch_size)
     # FP8 as planned: Transformer Engine's hybrid format with delayed scaling, over bf16
@@ -469,6 +494,9 @@ def test_cases_cover_the_flag_variants():
     assert sorted(recompute.values()) == ["full", "none", "selective"]
     assert "NPROC_PER_NODE=6" in megatron.launch_command(real_plan("failed-gpu"))
     assert "--fp8-format" in flags["fp8-h100"] and all("--fp8-format" not in f for n, f in flags.items() if n != "fp8-h100")
+    fsdp = {name for name, f in flags.items() if "--use-megatron-fsdp" in f}
+    assert fsdp == {"zero2-fsdp", "zero3-fsdp"}
+    assert {real_plan(name).zero_stage for name in fsdp} == {2, 3}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torchtitan.config import ConfigManager
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.distributed.fsdp import get_fsdp_reshard_after_forward_policy
 from torchtitan.distributed.pipeline_parallel import (
     _build_pipeline_schedule,
     _generate_llm_fqn_per_model_part,
@@ -59,11 +60,11 @@ from adapters.torchtitan import (
     schedule_csv,
     torchtitan_overrides,
 )
-from api.tasks.planning import plan_for
+from api.tasks.planning import estimate_for, plan_for
 from cost_models.model_spec import model_preset
 from tests.adapters.support import _MockStage
-from tests.api.support import small_request
-from wire.schemas import Plan, PlanRequest
+from tests.api.support import estimate_request, small_request
+from wire.schemas import EstimateRequest, Plan, PlanRequest
 
 A100_40 = {"num_nodes": 2, "gpus_per_node": 8, "gpu": "A100-40GB"}
 ONE_NODE_40 = {"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-40GB"}
@@ -107,16 +108,25 @@ REQUESTS = {
     "fp8-h100": _request("llama3-8b", 32, 8192, {"schedules": ["1f1b"]}, cluster=H100,
                          training={"precision": "fp8"}),
 }
+# ZeRO-3 as FSDP2 resharding after forward (pp 1, what torchtitan shards that way): a fixed layout, since the
+# planner may pipeline where torchtitan cannot run ZeRO-3
+ZERO3 = estimate_request({"tp": 1, "pp": 1, "dp": 32}, model="llama3-8b",
+                         training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 3})
 NON_UNIFORM = _request("llama3-8b", 32, 4096, {"schedules": ["1f1b"], "allow_non_uniform": True}, failures=FAILED)
 
 
 @functools.cache
 def real_plan(name: str) -> Plan:
+    if name == "zero3-no-pp":
+        return estimate_for(EstimateRequest.model_validate(ZERO3))
     body = NON_UNIFORM if name == "non-uniform" else REQUESTS[name]
     return plan_for(PlanRequest.model_validate(body))
 
 
-@pytest.fixture(params=sorted(REQUESTS))
+CASES = [*sorted(REQUESTS), "zero3-no-pp"]
+
+
+@pytest.fixture(params=CASES)
 def case(request) -> str:
     return request.param
 
@@ -265,10 +275,10 @@ def fake_world():
 
 def test_the_cases_cover_every_mapping():
     """Guards the coverage the cases were chosen for, should the planner answer them differently."""
-    layouts = {case: stock_layout(real_plan(case), "torchtitan") for case in REQUESTS}
-    renders = {case: render(real_plan(case)) for case in REQUESTS}
+    layouts = {case: stock_layout(real_plan(case), "torchtitan") for case in CASES}
+    renders = {case: render(real_plan(case)) for case in CASES}
     assert {layout.recompute for layout in layouts.values()} == {"none", "selective", "full"}
-    assert {layout.zero_stage for layout in layouts.values()} == {0, 1}
+    assert {layout.zero_stage for layout in layouts.values()} == {0, 1, 3}
     assert {layout.schedule for layout in layouts.values() if layout.pp > 1} >= {
         "1f1b", "gpipe", "interleaved", "looped-bfs", "zb-h1", "optimized"}
     assert any(layout.pp == 1 and layout.num_microbatches > 1 for layout in layouts.values())
@@ -296,9 +306,11 @@ def test_config_manager_parses_the_plans_values(case, plan):
     par, training = parsed.parallelism, parsed.training
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (layout.tp, layout.pp)
     assert par.context_parallel_degree == par.expert_parallel_degree == 1
-    if layout.zero_stage == 1:  # optimizer states sharded: FSDP over every dp rank, parameters whole within a step
+    if layout.zero_stage >= 1:  # FSDP over every dp rank: parameters whole within a step (ZeRO-1) or not (ZeRO-3)
         assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (layout.dp, 1)
-        assert par.fsdp_reshard_after_forward == "never"
+        # torchtitan's own reading of the policy: FSDP2 reshards after forward exactly for ZeRO-3
+        resharded = get_fsdp_reshard_after_forward_policy(par.fsdp_reshard_after_forward, layout.pp > 1)
+        assert resharded == (layout.zero_stage == 3)
     else:
         assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (1, layout.dp)
     assert par.pipeline_parallel_microbatch_size == layout.micro_batch_size
@@ -679,6 +691,14 @@ def test_torchtitan_refuses_a_csv_for_other_microbatches(in_tmp):
     (in_tmp / SCHEDULE_CSV).unlink()
     with pytest.raises(FileNotFoundError):
         build_schedule(parse(plan, override_argv(plan)), layout)
+
+
+def test_torchtitan_refuses_zero3_under_pipeline_parallelism():
+    body = estimate_request({"tp": 1, "pp": 2, "dp": 16}, model="llama3-8b",
+                            training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 3})
+    plan = estimate_for(EstimateRequest.model_validate(body))
+    with pytest.raises(ExportError, match="zero_stage 3 with pp 2: torchtitan's pipeline runtime keeps gradients whole"):
+        torchtitan_overrides(plan)
 
 
 def test_adapter_refuses_a_non_uniform_plan():

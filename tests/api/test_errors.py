@@ -188,7 +188,7 @@ def test_cluster_size_bounds(client, field, value):
     assert_validation(plan(client, small_request(cluster=cluster)), ("cluster", field))
 
 
-@pytest.mark.parametrize("field, value", [("zero_stage", 2), ("recompute", "sometimes"), ("precision", "fp4"),
+@pytest.mark.parametrize("field, value", [("zero_stage", 4), ("recompute", "sometimes"), ("precision", "fp4"),
                                           ("global_batch_size", 0), ("seq_length", 0)])
 def test_training_field_bounds(client, field, value):
     training = {"global_batch_size": 32, "seq_length": 2048, field: value}

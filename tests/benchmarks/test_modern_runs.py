@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from benchmarks.fidelity import modern_table
+from benchmarks.fidelity import modern_table, run_feature
 from benchmarks.modern_runs import (
     MODERN_RUNS_PATH,
     balanced_split,
@@ -70,6 +70,10 @@ def test_the_report_prices_every_run_and_says_the_mean_error():
     assert sum(line.startswith("| ") and "%" in line for line in lines) == len(load_modern_runs()) == len(ROWS)
     summary = "\n".join(lines[-2:])
     assert "all " in summary and f"({len(ROWS)} runs)" in summary
-    # FP8 runs reported apart from BF16 ones
-    by_precision = {row["precision"] for row in ROWS}
-    assert by_precision == {"bf16", "fp8"} and all(f"{p} " in lines[-1] for p in by_precision)
+    # FP8 and sharded (ZeRO-2/3) runs reported apart from the BF16 ZeRO-0/1 ones, each with its count
+    features = {"fp8" if row["precision"] == "fp8" else (f"zero-{row['zero_stage']}" if row["zero_stage"] >= 2 else "bf16")
+                for row in ROWS}
+    assert {"bf16", "fp8", "zero-3"} <= features
+    for feature in features:
+        count = sum(1 for run in load_modern_runs() if run_feature(run) == feature)
+        assert f"{feature} " in lines[-1] and f"({count} runs)" in lines[-1]

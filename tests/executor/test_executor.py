@@ -271,3 +271,12 @@ def test_command_line_under_torchrun(tmp_path, schedules):
     assert printed["model"]["num_layers"] == 4 and len(printed["losses"]) == 2
     _assert_trains_like_one_process(plan, str(tmp_path / "out"), steps=2)
     assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 2 * layout.world
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_plan_sharding_gradients_or_weights_is_refused_naming_the_exports(plans, stage):
+    """The executor shards Adam's moments only; running a ZeRO-2/3 plan as ZeRO-1 would not be that plan."""
+    plan = plans["telemetry"].model_copy(update={"zero_stage": stage})
+    with pytest.raises(ValueError, match=f"zero_stage {stage}.*optimizer state only.*megatron, deepspeed or torchtitan"):
+        executor_layout.build_layout(plan)
+    assert executor_layout.build_layout(plans["telemetry"])  # the same plan at its own stage builds

@@ -156,6 +156,23 @@ def test_tensor_parallel_two_to_one_takes_the_lost_partners_half_from_the_other_
     check_transfers(old, new, {"0:1"}, units)
 
 
+def test_under_zero_3_a_lost_gpus_weight_shard_comes_from_the_checkpoint():
+    # The same move as above with ZeRO-3: each replica's GPU holds only its quarter of the weights too,
+    # so 0:1's weight shard ([1/2, 3/4) of units 0-2) is gone with it, like its optimizer shard.
+    old = PlacedLayout(((PlacedStage(("0:0", "0:1"), (0, 2)), PlacedStage(("0:2", "0:3"), (2, 4))),
+                        (PlacedStage(("1:0", "1:1"), (0, 2)), PlacedStage(("1:2", "1:3"), (2, 4)))), 1, 3, 4)
+    new = PlacedLayout(((PlacedStage(("0:0",), (0, 2)), PlacedStage(("0:2", "0:3"), (2, 4))),
+                        (PlacedStage(("1:0", "1:1"), (0, 2)), PlacedStage(("1:2", "1:3"), (2, 4)))), 1, 3, 4)
+    units = UnitParams(4, 1000.0, 100.0, 700.0)
+    held, needed = device_holdings(old), device_holdings(new)
+    node_of = {d: _node(d) for d in held}
+    cost = migration_cost(held, needed, frozenset(held) - {"0:1"}, node_of, units, 100.0, 10.0)
+    # 0:0 (replica 0, now TP 1) holds [0, 1/4) and needs [1/2, 3/4) of units 0-2: 0:1's, gone.
+    assert cost.transfers == ()
+    assert cost.bytes_from_checkpoint == 1200 * (2 + 12) / 4
+    check_transfers(old, new, {"0:1"}, units)
+
+
 def test_receivers_prefer_their_node_and_share_the_senders():
     # One stage of all 2 layers on 0:0, 0:1 and 1:0 (three replicas, no ZeRO). The new layout adds
     # replicas on 0:2 and 0:3: each takes the whole model from a different device of node 0.

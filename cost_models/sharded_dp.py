@@ -1,0 +1,71 @@
+"""Sharded data parallelism beyond ZeRO-1: ZeRO-2 (gradients sharded too) and ZeRO-3 / FSDP (weights too).
+
+What each stage shards over the data-parallel group of d replicas, per parameter (bytes on one GPU;
+`cost_models.memory.state_bytes_per_param`):
+
+    stage   bf16 weights   fp32 gradients   fp32 master + Adam m, v   sync
+    0       2              4                12                        all-reduce under the last backward
+    1       2              4                12 / d                    reduce-scatter under the last backward,
+                                                                      weight all-gather after the step
+    2       2              4 / d            12 / d                    reduce-scatter under *every* microbatch's
+                                                                      backward, weight all-gather after the step
+    3       2 / d          4 / d            12 / d                    per layer, every microbatch: all-gather in
+                                                                      forward, again in backward, reduce-scatter
+
+Sources: Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
+(SC'20), Figure 1 and section 7 (Pos, Pos+g, Pos+g+p; 3x the traffic of stage 1 at stage 3); DeepSpeed's
+own estimators, `deepspeed/runtime/zero/stage_1_and_2.py estimate_zero2_model_states_mem_needs`
+(2 P + 18 P / d without offload) and `stage3.py estimate_zero3_model_states_mem_needs` (4 x the largest
+layer + 18 P / d; tests/cost_models/test_sharded_dp.py checks ours against both); Zhao et al., "PyTorch
+FSDP" (VLDB'23) section 3 (FULL_SHARD: all-gather before forward and again before backward, reduce-scatter
+after backward, one unit prefetched). DeepSpeed's stage 2 reduces every micro-step's gradients into
+the rank's partition (there is nowhere else to accumulate them), so with m microbatches per step it
+reduce-scatters m times; so does FSDP, which has no unsharded gradient either.
+
+Timing: the per-layer collectives run on their own stream, a layer ahead (DeepSpeed's prefetch,
+FSDP's `forward_prefetch`/`backward_prefetch`, Megatron-FSDP's bucketed all-gather), so a layer costs
+max(compute, collectives): the exposed excess max(0, collectives - compute) is added to the layer's
+forward and backward (`LayerTime.forward_shard_comm_ms`, `backward_shard_comm_ms`). It is priced at full
+speed: a slow GPU's longer compute hides more of it, which this leaves out (the price is then high, never
+low). The first layer's gather, which nothing precedes, is not charged separately.
+
+Memory of ZeRO-3's working set: the layer being computed and the one prefetched are whole, 2 x 2 bytes
+per parameter of the largest part a stage holds (DeepSpeed's `largest_layer_memory = 4 *
+largest_layer_params`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from cost_models.compute import LayerTime
+from cost_models.memory import WEIGHT_BYTES_PER_PARAM
+
+# ZeRO-3: the part being computed and the next one, prefetched, are gathered whole (bf16).
+GATHERED_PARTS = 2
+
+
+def gathered_bytes_per_param(zero_stage: int) -> float:
+    """Bytes per parameter of the largest part of a stage that ZeRO-3 holds gathered (0 below stage 3)."""
+    return GATHERED_PARTS * WEIGHT_BYTES_PER_PARAM if zero_stage >= 3 else 0.0
+
+
+def shards_every_microbatch(zero_stage: int) -> bool:
+    """Whether the gradient sync happens inside every microbatch's backward (stages 2 and 3) rather
+    than once, under the last one."""
+    return zero_stage >= 2
+
+
+def with_sharded_comm(time: LayerTime, zero_stage: int, gather_ms: float, reduce_scatter_ms: float) -> LayerTime:
+    """`time` with the exposed part of ZeRO-2/3's per-microbatch collectives of one part (a layer, the
+    embedding or the head): `gather_ms` is its weights' all-gather, `reduce_scatter_ms` its gradients'
+    reduce-scatter, both over the data-parallel group. Unchanged below stage 2."""
+    if not shards_every_microbatch(zero_stage):
+        return time
+    forward_comm = gather_ms if zero_stage >= 3 else 0.0
+    backward_comm = reduce_scatter_ms + (gather_ms if zero_stage >= 3 else 0.0)
+    return replace(
+        time,
+        forward_shard_comm_ms=max(0.0, forward_comm - time.forward_ms),
+        backward_shard_comm_ms=max(0.0, backward_comm - time.backward_ms),
+    )
