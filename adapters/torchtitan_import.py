@@ -38,11 +38,15 @@ _NO_EFFECT = ("--optimizer.", "--lr_scheduler.", "--dataloader.", "--checkpoint.
               "--training.dataset", "--debug.")
 _NOT_MODELLED = {
     "--compile.": "torch.compile's speed-up is not in the cost model",
-    "--quantize.": "float8 / MX training is not in the cost model (issue 19)",
-    "--model.converters": "model converters (float8) are not in the cost model (issue 19)",
+    "--quantize.": "quantization settings are not read: the request's precision decides (fp8 for float8 linears, "
+                   "as the notes say); MX formats are not in the cost model",
+    "--model.converters": "converters are not read: the request's precision decides (fp8 for float8 linears, as the "
+                          "notes say)",
     "--parallelism.enable_async_tensor_parallel": "asynchronous TP overlap is not in the cost model (issue 17)",
     "--training.mixed_precision_reduce": "the gradient reduce precision is not a request field",
-    "--parallelism.fsdp_reshard_after_forward": "FSDP resharding after forward (ZeRO-3-like) is estimated as ZeRO-1",
+    "--parallelism.fsdp_reshard_after_forward": "FSDP resharding after forward under pipeline parallelism (weights "
+                                                "gathered every microbatch, gradients whole until the last) is "
+                                                "estimated as ZeRO-1",
     "--training.disable_cuda_graphs": "CUDA graphs are not in the cost model",
     "--activation_checkpoint.selective_ac_option": "torchtitan's selective policy is timed as Megatron-style "
                                                    "selective recompute",
@@ -128,8 +132,8 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
         shard = rest
     dp = replicate * shard if shard else None
     if shard and shard > 1 and replicate > 1:
-        not_modelled.append(f"hybrid sharding (replicate {replicate} x shard {shard}): estimated as ZeRO-1 over all "
-                            f"{dp} replicas")
+        not_modelled.append(f"hybrid sharding (replicate {replicate} x shard {shard}): estimated as sharding over all "
+                            f"{dp} replicas, which holds less per GPU than sharding over {shard}")
     local = _int(options, "--training.local_batch_size", None)
     mbs = _int(options, "--parallelism.pipeline_parallel_microbatch_size", 1) if pp > 1 else (local or 1)
     seq = _int(options, "--training.seq_len", None)

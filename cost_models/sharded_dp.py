@@ -27,7 +27,9 @@ FSDP's `forward_prefetch`/`backward_prefetch`, Megatron-FSDP's bucketed all-gath
 max(compute, collectives): the exposed excess max(0, collectives - compute) is added to the layer's
 forward and backward (`LayerTime.forward_shard_comm_ms`, `backward_shard_comm_ms`). It is priced at full
 speed: a slow GPU's longer compute hides more of it, which this leaves out (the price is then high, never
-low). The first layer's gather, which nothing precedes, is not charged separately.
+low). The step's first gather and last reduce-scatter have nothing to hide under: they are the
+ZeRO-1-style step-end terms (`cost_models.stage_costs.sync_bytes_per_param`, `gather_bytes_per_param`),
+which leave at least a bucket of each exposed.
 
 Memory of ZeRO-3's working set: the layer being computed and the one prefetched are whole, 2 x 2 bytes
 per parameter of the largest part a stage holds (DeepSpeed's `largest_layer_memory = 4 *

@@ -150,12 +150,11 @@ def sync_bytes_per_param(zero_stage: int, grad_reduce_bytes: int) -> float:
     megatron/core/distributed/param_and_grad_buffer.py and docs/source/api-guide/dist_optimizer.md)
     each rank reduce-scatters the gradients in `grad_reduce_bytes`: half of a ring all-reduce's
     traffic ((n-1)/n of the buffer). The all-gather of the updated weights comes after the
-    optimizer step (`gather_bytes_per_param`).
-    ZeRO-2 and 3 reduce-scatter inside every microbatch's backward, priced there
-    (`cost_models.sharded_dp.with_sharded_comm`): nothing is left for after the last one.
+    optimizer step (`gather_bytes_per_param`). ZeRO-2 and 3 reduce-scatter inside every microbatch's
+    backward, layer by layer (`cost_models.sharded_dp.with_sharded_comm`); the last microbatch's is this
+    same reduce-scatter, priced here as ZeRO-1's against a backward that already waits for the
+    collectives it cannot hide: at least its last bucket is exposed.
     """
-    if shards_every_microbatch(zero_stage):
-        return 0.0
     if zero_stage >= 1:
         return grad_reduce_bytes / 2
     return float(grad_reduce_bytes)
@@ -167,9 +166,10 @@ def gather_bytes_per_param(zero_stage: int) -> float:
     the whole gradient. Megatron runs it after the step, or with --overlap-param-gather under the next
     iteration's forward, bucket by bucket (megatron/core/distributed/distributed_data_parallel.py
     `start_param_sync` from the forward pre-hook; `cost_models.iteration.exposed_param_gather_ms`).
-    ZeRO-2 gathers the same way; ZeRO-3 keeps its weights sharded and gathers each layer as it computes it
-    (`cost_models.sharded_dp`)."""
-    return PARAM_GATHER_BYTES / 2 if zero_stage in (1, 2) else 0.0
+    ZeRO-2 gathers the same way. ZeRO-3 gathers each layer as it computes it, every microbatch
+    (`cost_models.sharded_dp`); the first microbatch's gathers are this same traffic, priced here against a
+    forward that already waits for what it cannot hide: at least the first bucket is exposed."""
+    return PARAM_GATHER_BYTES / 2 if zero_stage >= 1 else 0.0
 
 
 def stage_cost_terms(

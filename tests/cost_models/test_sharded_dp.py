@@ -169,10 +169,16 @@ def test_zero1_reduces_once_whatever_the_microbatches():
     assert four == pytest.approx(one, rel=1e-9)
 
 
-def test_zero3_leaves_no_step_end_sync_and_zero2_only_the_weight_gather():
-    zero2, zero3 = terms(2, 8), terms(3, 8)
-    assert zero2.sync_bytes_per_param == 0 and zero2.gather_bytes_per_param == 1.0
-    assert zero3.sync_bytes_per_param == 0 and zero3.gather_bytes_per_param == 0
+def test_the_step_ends_leave_a_bucket_exposed_as_with_zero_1():
+    # The last microbatch's reduce-scatter and (ZeRO-3) the first one's gathers have nothing after or
+    # before them to hide under: priced as ZeRO-1's step-end sync, at least a bucket each.
+    zero1, zero2, zero3 = terms(1, 8), terms(2, 8), terms(3, 8)
+    for sharded in (zero2, zero3):
+        assert (sharded.sync_bytes_per_param, sharded.gather_bytes_per_param) == (
+            zero1.sync_bytes_per_param, zero1.gather_bytes_per_param)
+        exposed_ms = estimate_iteration(sharded, [MODEL.num_layers]).dp_exposed_ms
+        bucket = min(sharded.bucket_params, sharded.layer.params * MODEL.num_layers)
+        assert exposed_ms >= sharded.dp_sync_ms(bucket) + sharded.param_gather_ms(bucket) > 0
 
 
 @pytest.mark.parametrize("pp", [1, 2])
