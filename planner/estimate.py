@@ -119,7 +119,10 @@ def microbatch_counts(problem: PlanningProblem, layout: FixedLayout, dp: int, ma
     if sizes:
         choices.append(f"micro_batch_size {_nearest(sizes, mbs)} with dp {dp}")
     if total >= dp:
-        choices.append("unequal microbatch counts per replica (options.allow_non_uniform: true)")
+        # ZeRO-2/3 layouts are stock ones (planner.zero_choice.with_zero_stage), whatever the option says.
+        unequal = ("options.allow_non_uniform: true" if problem.workload.zero_stage <= 1
+                   else "zero_stage 0 or 1 with options.allow_non_uniform: true; ZeRO-2 and 3 run equal replicas")
+        choices.append(f"unequal microbatch counts per replica ({unequal})")
     raise PlanningError(f"{why}. Choices that work: {'; '.join(choices)}")
 
 

@@ -92,3 +92,16 @@ def test_an_estimate_refuses_auto(client):
     body = estimate_request({"tp": 1, "pp": 1}, training={"global_batch_size": 256, "seq_length": 4096,
                                                          "zero_stage": "auto"})
     assert_detail(client.post("/v1/estimate", json=body), "an estimate prices one stage: give 0, 1, 2 or 3")
+
+
+def test_an_uneven_zero_3_estimate_does_not_suggest_what_cannot_help(client):
+    # 15 microbatches over 4 replicas: unequal counts are how a ZeRO-1 estimate with allow_non_uniform runs it,
+    # but ZeRO-2/3 layouts are stock ones, so the advice must name the stage, not the option alone.
+    body = estimate_request({"tp": 2, "pp": 4, "dp": 4}, training={"global_batch_size": 15, "seq_length": 4096,
+                                                                  "zero_stage": 3})
+    detail = assert_detail(client.post("/v1/estimate", json=body), "do not split evenly over dp 4")
+    assert "zero_stage 0 or 1 with options.allow_non_uniform: true" in detail
+    at_zero_1 = estimate_request({"tp": 2, "pp": 4, "dp": 4}, training={"global_batch_size": 15, "seq_length": 4096},
+                                 options={"time_limit_s": 2, "allow_non_uniform": False})
+    assert "(options.allow_non_uniform: true)" in assert_detail(client.post("/v1/estimate", json=at_zero_1),
+                                                                  "do not split evenly over dp 4")
