@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from cost_models.choices import Recompute
 from cost_models.comm import NVLINK_STEP_LATENCY_S, ring_all_reduce_s
+from cost_models.context_parallel import BACKWARD_EXCHANGE_FACTOR, exchange_ms, exposed_exchange_ms, kv_exchange_bytes
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.fp8 import CAST_BYTES_PER_ELEMENT, cast_elements_per_token
 from cost_models.flops import BACKWARD_TO_FORWARD, layer_attention_forward_flops
@@ -66,23 +67,27 @@ class LayerTime:
     # (`cost_models.sharded_dp.with_sharded_comm`); like TP traffic, a slow GPU does not slow them.
     forward_shard_comm_ms: float = 0.0
     backward_shard_comm_ms: float = 0.0
+    # Context parallelism's key/value exchange around the CP ring, the part attention does not hide
+    # (`cost_models.context_parallel`).
+    forward_cp_comm_ms: float = 0.0
+    backward_cp_comm_ms: float = 0.0
 
     @property
     def forward_ms(self) -> float:
-        return self.forward_compute_ms + self.forward_tp_comm_ms + self.forward_shard_comm_ms
+        return self.forward_compute_ms + self.forward_comm_ms
 
     @property
     def backward_ms(self) -> float:
-        return self.backward_compute_ms + self.backward_tp_comm_ms + self.backward_shard_comm_ms
+        return self.backward_compute_ms + self.backward_comm_ms
 
     @property
     def forward_comm_ms(self) -> float:
-        """What a slow GPU does not slow down: TP and sharded data-parallel traffic."""
-        return self.forward_tp_comm_ms + self.forward_shard_comm_ms
+        """What a slow GPU does not slow down: TP, CP and sharded data-parallel traffic."""
+        return self.forward_tp_comm_ms + self.forward_shard_comm_ms + self.forward_cp_comm_ms
 
     @property
     def backward_comm_ms(self) -> float:
-        return self.backward_tp_comm_ms + self.backward_shard_comm_ms
+        return self.backward_tp_comm_ms + self.backward_shard_comm_ms + self.backward_cp_comm_ms
 
 
 def _projection_gemms_s(
@@ -109,11 +114,13 @@ def _attention_core_forward_s(
     gpu: GpuSpec,
     efficiency: EfficiencyParams,
     software: SoftwareConfig,
+    cp: int = 1,
 ) -> float:
-    flops = layer_attention_forward_flops(model, seq_length, micro_batch) / tp
+    """One GPU's share: 1 / (tp cp) of the layer's attention (CP's causal chunks are load balanced)."""
+    flops = layer_attention_forward_flops(model, seq_length, micro_batch) / (tp * cp)
     if software.flash_attention:
         return gemm_time_s(flops * CAUSAL_EXECUTED_FRACTION, model.head_dim, gpu, efficiency)
-    score_elements = model.num_attention_heads * seq_length * seq_length * micro_batch / tp
+    score_elements = model.num_attention_heads * seq_length * seq_length * micro_batch / (tp * cp)
     score_bytes = SCORE_BYTES_NO_DROPOUT + (SCORE_BYTES_DROPOUT if software.dropout else 0.0)
     return gemm_time_s(flops, model.head_dim, gpu, efficiency) + hbm_time_s(score_elements * score_bytes, gpu, efficiency)
 
@@ -163,16 +170,21 @@ def layer_time(
     intra_bandwidth_gb_s: float,
     efficiency: EfficiencyParams,
     software: SoftwareConfig,
+    cp: int = 1,
+    cp_link: tuple[float, float] = (0.0, 0.0),
 ) -> LayerTime:
     """Forward and backward time of one layer for one microbatch (Megatron-style TP).
 
     Forward and backward each run two TP all-reduces (attention and MLP
     outputs). Full recompute repeats the whole forward, collectives included,
     inside the backward; selective recompute repeats the attention core.
+    With context parallelism (`cp` > 1, its ring's `cp_link` (GB/s, step latency s) from
+    `cost_models.context_parallel.ring_link`) one GPU sees seq_length / cp tokens and 1 / cp of the
+    attention, and exchanges keys and values under it.
     """
-    tokens = seq_length * micro_batch
+    tokens = seq_length * micro_batch / cp
     gemm_s = _projection_gemms_s(model, tokens, tp, gpu, efficiency, gpu.peak_fp8_tflops if software.fp8 else None)
-    attention_s = _attention_core_forward_s(model, seq_length, micro_batch, tp, gpu, efficiency, software)
+    attention_s = _attention_core_forward_s(model, seq_length, micro_batch, tp, gpu, efficiency, software, cp)
     elementwise_s = _elementwise_forward_s(model, tokens, tp, gpu, efficiency, software)
     cast_forward_s = cast_backward_s = 0.0
     if software.fp8:
@@ -192,11 +204,17 @@ def layer_time(
     if software.tp_comm_overlap:
         # The backward's collectives overlap its dX GEMMs, of the forward's size.
         comm_ms = backward_comm_ms = exposed_tp_comm_ms(comm_ms, 1e3 * gemm_s, tp)
+    kv_bytes = kv_exchange_bytes(model, seq_length, micro_batch, tp, cp)
+    forward_cp_ms = exposed_exchange_ms(exchange_ms(kv_bytes, cp, *cp_link), 1e3 * attention_s, cp)
+    backward_cp_ms = exposed_exchange_ms(
+        exchange_ms(BACKWARD_EXCHANGE_FACTOR * kv_bytes, cp, *cp_link), 1e3 * attention_backward_ratio * attention_s, cp)
     if recompute == Recompute.FULL:
         backward_compute_s += forward_compute_s
         backward_comm_ms += comm_ms
+        backward_cp_ms += forward_cp_ms
     elif recompute == Recompute.SELECTIVE:
         backward_compute_s += attention_s
+        backward_cp_ms += forward_cp_ms  # the recomputed attention gathers the keys and values again
     return LayerTime(
         forward_compute_ms=1e3 * forward_compute_s,
         backward_compute_ms=1e3 * backward_compute_s,
@@ -204,6 +222,8 @@ def layer_time(
         backward_tp_comm_ms=backward_comm_ms,
         # Each projection's backward is two GEMMs of its forward's size: dX and dW.
         weight_grad_ms=1e3 * gemm_s,
+        forward_cp_comm_ms=forward_cp_ms,
+        backward_cp_comm_ms=backward_cp_ms,
     )
 
 

@@ -35,6 +35,7 @@ class StageTime:
     static_memory_bytes: float = 0.0
     activation_bytes_per_microbatch: float = 0.0
     shard_comm_ms: float = 0.0  # ZeRO-2/3's exposed per-microbatch data-parallel traffic (forward + backward)
+    cp_comm_ms: float = 0.0  # context parallelism's exposed key/value exchange (forward + backward)
 
     @property
     def total_ms(self) -> float:
@@ -67,6 +68,7 @@ class IterationEstimate:
             "pipeline_bubble_s": (self.pipeline_ms - steady_ms) / 1e3,
             "dp_comm_s": (self.dp_exposed_ms + m * slowest.shard_comm_ms) / 1e3,
             "optimizer_s": self.optimizer_ms / 1e3,
+            "cp_comm_s": m * slowest.cp_comm_ms / 1e3,
         }
 
 
@@ -119,6 +121,7 @@ def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.
     forward_comm = sum(part.time.forward_tp_comm_ms * count for part, count in parts)
     backward_comm = sum(part.time.backward_tp_comm_ms * count for part, count in parts)
     shard_comm = sum((part.time.forward_shard_comm_ms + part.time.backward_shard_comm_ms) * count for part, count in parts)
+    cp_comm = sum((part.time.forward_cp_comm_ms + part.time.backward_cp_comm_ms) * count for part, count in parts)
     params = sum(part.params * count for part, count in parts)
     weight_grad = sum(part.time.weight_grad_ms * count for part, count in parts) / speed
     memory = stage_memory(terms, stage, layers)
@@ -135,13 +138,14 @@ def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.
         static_memory_bytes=memory.static_bytes,
         activation_bytes_per_microbatch=memory.per_microbatch_bytes,
         shard_comm_ms=shard_comm,
+        cp_comm_ms=cp_comm,
     )
 
 
 def exposed_grad_reduce_ms(terms: StageCostTerms, stage: StageTime) -> float:
     """The gradient all-reduce (ZeRO-1: reduce-scatter) left after the stage's last backward; with the
     overlap, buckets go as they fill during that backward and at least the last one is exposed."""
-    if terms.shape.dp <= 1:
+    if terms.shape.grad_sync_ranks <= 1:
         return 0.0
     bucket_params = min(terms.bucket_params, stage.params)
     return exposed_sync_ms(terms.dp_sync_ms(stage.params), stage.backward_ms, terms.dp_sync_ms(bucket_params),
@@ -152,7 +156,7 @@ def exposed_param_gather_ms(terms: StageCostTerms, stage: StageTime) -> float:
     """ZeRO-1's all-gather of the updated weights: after the optimizer step, or (overlap_param_gather)
     bucket by bucket under the next iteration's first forward, each layer waiting for its bucket: at
     least the first bucket is exposed, and what the forward cannot cover."""
-    if terms.shape.dp <= 1 or terms.gather_bytes_per_param <= 0.0:
+    if terms.shape.grad_sync_ranks <= 1 or terms.gather_bytes_per_param <= 0.0:
         return 0.0
     bucket_params = min(terms.bucket_params, stage.params)
     return exposed_sync_ms(terms.param_gather_ms(stage.params), stage.forward_ms,

@@ -33,7 +33,8 @@ class ParallelShape:
     """The discrete choices of a uniform layout, everything but the layer split.
 
     schedule: "1f1b", or "interleaved" with virtual_stages > 1 model chunks
-    per pipeline rank. num_microbatches is per replica.
+    per pipeline rank. num_microbatches is per replica. cp: context-parallel ranks that split each
+    sequence (`cost_models.context_parallel`); a stage runs on tp x cp GPUs.
     """
 
     tp: int
@@ -43,10 +44,21 @@ class ParallelShape:
     recompute: str
     schedule: str = "1f1b"
     virtual_stages: int = 1
+    cp: int = 1
 
     def num_microbatches(self, global_batch_size: int) -> int:
         return global_batch_size // (self.dp * self.micro_batch_size)
 
     @property
+    def group_size(self) -> int:
+        """GPUs of one stage: its TP group times its CP group."""
+        return self.tp * self.cp
+
+    @property
+    def grad_sync_ranks(self) -> int:
+        """Ranks holding the same weights, whose gradients are reduced together: replicas times CP ranks."""
+        return self.dp * self.cp
+
+    @property
     def devices(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.group_size * self.pp * self.dp

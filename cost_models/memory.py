@@ -80,14 +80,16 @@ def layer_activation_bytes(
     tp: int,
     recompute: str,
     software: SoftwareConfig,
+    cp: int = 1,
 ) -> float:
     """Activation bytes one layer keeps per in-flight microbatch on one GPU of a TP group.
 
     For GPT-3 shapes this is sbh (10 + 24/t + 5 a s/(h t)) without sequence
     parallelism, sbh/t (34 + 5 a s/h) with it, 34 sbh/t with selective
-    recompute, and 2 sbh/t with full recompute.
+    recompute, and 2 sbh/t with full recompute. Context parallelism divides
+    all of it by cp: each rank stores its s/cp tokens (and s/cp rows of scores).
     """
-    sbh = float(seq_length * micro_batch * model.hidden_size)
+    sbh = float(seq_length * micro_batch * model.hidden_size) / cp
     sp_divisor = tp if software.sequence_parallel else 1
     if recompute == Recompute.FULL:
         return 2.0 * sbh / sp_divisor
@@ -96,7 +98,7 @@ def layer_activation_bytes(
     if recompute == Recompute.SELECTIVE:
         return linear
     heads = model.num_attention_heads
-    scores = score_per_s * heads * seq_length * seq_length * micro_batch / tp
+    scores = score_per_s * heads * seq_length * seq_length * micro_batch / (tp * cp)
     return linear + scores
 
 

@@ -16,6 +16,7 @@ from cost_models.comm import (
     hierarchical_all_reduce_s,
     point_to_point_s,
 )
+from cost_models.context_parallel import ring_link
 from cost_models.compute import LayerTime, embedding_time, head_time, layer_time
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.fp8 import WEIGHT_CACHE_BYTES_PER_PARAM as FP8_WEIGHT_CACHE_BYTES_PER_PARAM
@@ -89,7 +90,7 @@ class StageCostTerms:
         return self._all_reduce_equivalent_ms(params * self.gather_bytes_per_param, ranks)
 
     def _all_reduce_equivalent_ms(self, bytes_total: float, ranks: int | None) -> float:
-        ranks = self.shape.dp if ranks is None else ranks
+        ranks = self.shape.grad_sync_ranks if ranks is None else ranks
         return 1e3 * hierarchical_all_reduce_s(
             bytes_total,
             ranks,
@@ -116,24 +117,27 @@ def part_costs(
     software: SoftwareConfig,
 ) -> PartSet:
     model = workload.model
-    seq, mbs, tp = workload.seq_length, shape.micro_batch_size, shape.tp
+    seq, mbs, tp, cp = workload.seq_length, shape.micro_batch_size, shape.tp, shape.cp
+    local_seq = seq / cp  # what every token-linear term of one GPU sees (`cost_models.context_parallel`)
     gpu = hardware.gpu
     intra = hardware.intra_node_bandwidth_gb_s
+    ring = ring_link(tp, cp, hardware.gpus_per_node, intra * efficiency.nvlink_fraction,
+                     hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction)
     layer = PartCosts(
-        time=layer_time(model, seq, mbs, tp, shape.recompute, gpu, intra, efficiency, software),
+        time=layer_time(model, seq, mbs, tp, shape.recompute, gpu, intra, efficiency, software, cp, ring),
         params=model.params_per_layer / tp,
-        activation_bytes=layer_activation_bytes(model, seq, mbs, tp, shape.recompute, software),
+        activation_bytes=layer_activation_bytes(model, seq, mbs, tp, shape.recompute, software, cp),
         cache_bytes=FP8_WEIGHT_CACHE_BYTES_PER_PARAM * model.params_per_layer / tp if software.fp8 else 0.0,
     )
     embedding = PartCosts(
-        time=embedding_time(model, seq, mbs, tp, gpu, intra, efficiency),
+        time=embedding_time(model, local_seq, mbs, tp, gpu, intra, efficiency),
         params=model.embedding_params / tp,
-        activation_bytes=embedding_activation_bytes(model, seq, mbs, tp, software.sequence_parallel),
+        activation_bytes=embedding_activation_bytes(model, local_seq, mbs, tp, software.sequence_parallel),
     )
     head = PartCosts(
-        time=head_time(model, seq, mbs, tp, gpu, efficiency),
+        time=head_time(model, local_seq, mbs, tp, gpu, efficiency),
         params=model.head_params / tp + model.hidden_size,
-        activation_bytes=head_activation_bytes(model, seq, mbs, tp),
+        activation_bytes=head_activation_bytes(model, local_seq, mbs, tp),
     )
     return PartSet(layer, embedding, head)
 
@@ -198,12 +202,13 @@ def stage_cost_terms(
     dp_intra_gb_s = intra * efficiency.nvlink_fraction
     dp_inter_gb_s = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction
     if shards_every_microbatch(workload.zero_stage):
-        group = (shape.dp, min(shape.dp, groups_per_node), dp_intra_gb_s, dp_inter_gb_s)
+        ranks = shape.grad_sync_ranks
+        group = (ranks, min(ranks, groups_per_node), dp_intra_gb_s, dp_inter_gb_s)
         layer, embedding, head = (_sharded_part(part, workload.zero_stage, software.grad_reduce_bytes, *group)
                                   for part in (layer, embedding, head))
     p2p_ms = pipeline_p2p_ms(workload, hardware, shape, efficiency, software)
 
-    optimizer_params_share = 1.0 / shape.dp if workload.zero_stage >= 1 else 1.0
+    optimizer_params_share = 1.0 / shape.grad_sync_ranks if workload.zero_stage >= 1 else 1.0
     optimizer_ms_per_param = (
         1e3 * ADAM_STEP_BYTES_PER_PARAM * optimizer_params_share / (gpu.hbm_bandwidth_gb_s * 1e9 * efficiency.hbm_fraction)
     )
@@ -214,7 +219,7 @@ def stage_cost_terms(
         embedding=embedding,
         head=head,
         p2p_ms=p2p_ms,
-        state_bytes_per_param=state_bytes_per_param(workload.zero_stage, shape.dp),
+        state_bytes_per_param=state_bytes_per_param(workload.zero_stage, shape.grad_sync_ranks),
         sync_bytes_per_param=sync_bytes_per_param(workload.zero_stage, software.grad_reduce_bytes),
         gather_bytes_per_param=gather_bytes_per_param(workload.zero_stage),
         gathered_bytes_per_param=gathered_bytes_per_param(workload.zero_stage),
@@ -255,7 +260,9 @@ def pipeline_p2p_ms(
     # Megatron's rank order is tp, dp, pp (fastest first): pipeline neighbours cross nodes
     # unless the whole job fits in one.
     mbs, tp = shape.micro_batch_size, shape.tp
-    p2p_bytes = 2.0 * workload.seq_length * mbs * workload.model.hidden_size / (tp if software.scatter_gather_p2p else 1)
+    # Each CP rank sends its own share of the sequence.
+    local_tokens = workload.seq_length * mbs / shape.cp
+    p2p_bytes = 2.0 * local_tokens * workload.model.hidden_size / (tp if software.scatter_gather_p2p else 1)
     if in_node is None:
         in_node = shape.devices <= hardware.gpus_per_node
     if in_node:

@@ -64,7 +64,7 @@ def stage_grad_sync(terms: StageCostTerms, stage: int, layers: int) -> GradSync:
     """A uniform layout's stage's gradient sync: whole, its last bucket, and the 1F1B model's exposed part
     (at full speed, as `estimate_iteration` prices it: the sync waits for the full-speed peers too)."""
     healthy = stage_time(terms, stage, layers)
-    if terms.shape.dp <= 1:
+    if terms.shape.grad_sync_ranks <= 1:
         return GradSync(0.0, 0.0, 0.0)
     full_ms = terms.dp_sync_ms(healthy.params)
     bucket_ms = terms.dp_sync_ms(min(terms.bucket_params, healthy.params)) if terms.overlap_grad_reduce else full_ms
@@ -86,9 +86,9 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
     shape = terms.shape
     grid = None
     if found.placement is not None:  # stock search: a device order stock launchers can start
-        grid = placement_grid(problem, shape.tp, shape.pp, shape.dp, found.placement)
+        grid = placement_grid(problem, shape.group_size, shape.pp, shape.dp, found.placement)
     if grid is None:
-        grid = place_slots(problem, shape.tp, shape.pp, shape.dp, found.placement)
+        grid = place_slots(problem, shape.group_size, shape.pp, shape.dp, found.placement)
 
     bounds = []
     first = 0
@@ -109,12 +109,14 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
                 layers = found.layers_per_stage[stage_id]
                 figures[key] = {**stage_figures(stage_time(terms, stage_id, layers, slot.speed)),
                                 "grad_sync": stage_grad_sync(terms, stage_id, layers)}
-            used.update((slot.node, g) for g in slot.devices)
+            members = slot.members
+            used.update(members)
             stages.append(StageResult(
                 id=stage_id,
                 layers=bounds[stage_id],
-                devices=tuple(device_id(slot.node, g) for g in slot.devices),
+                devices=tuple(device_id(node, g) for node, g in members),
                 tp=shape.tp,
+                cp=shape.cp,
                 speed=slot.speed,
                 **figures[key],
             ))
@@ -137,9 +139,9 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
 
 
 def is_uniform(replicas: tuple[ReplicaResult, ...]) -> bool:
-    """API.md invariant 6: same stage count, TP per position, layer split and microbatches."""
+    """API.md invariant 6: same stage count, TP (and CP) per position, layer split and microbatches."""
     signatures = {
-        (tuple(s.tp for s in r.stages), tuple(s.layers for s in r.stages), r.num_microbatches) for r in replicas
+        (tuple((s.tp, s.cp) for s in r.stages), tuple(s.layers for s in r.stages), r.num_microbatches) for r in replicas
     }
     return len(signatures) == 1
 

@@ -1,8 +1,11 @@
-"""Device ids, failure expansion, and TP-group slots (using node symmetry).
+"""Device ids, failure expansion, and stage-group slots (using node symmetry).
 
-A slot is a TP group of `tp` healthy GPUs inside one node. Healthy nodes are
-interchangeable, so they are counted, not listed; only damaged nodes (with a
-failed or slow GPU) get individual slots.
+A slot is the group one pipeline stage runs on: `size` = tp x cp healthy GPUs (a TP group, or with
+context parallelism cp of them, tp fastest). A group of at most a node's GPUs lies inside one node.
+A larger one (context parallelism across nodes) is a multiple of whole nodes, taken from undamaged
+nodes only: a node with a failed or slow GPU never joins one, which the plan's declared space says.
+Healthy nodes are interchangeable, so they are counted, not listed; only damaged nodes (with a failed
+or slow GPU) get individual slots.
 """
 
 from __future__ import annotations
@@ -54,11 +57,35 @@ def build_cluster_state(
 
 @dataclass(frozen=True)
 class Slot:
-    """A TP group: `devices` on one node, as fast as its slowest member."""
+    """A stage's group: `devices` on one node, as fast as its slowest member; a group spanning whole
+    nodes lists them in `nodes` (its first is `node`) and `devices` are every node's GPUs."""
 
     node: int
     devices: tuple[int, ...]
     speed: float
+    nodes: tuple[int, ...] = ()
+
+    @property
+    def members(self) -> tuple[tuple[int, int], ...]:
+        """(node, gpu) of every GPU, node by node: tp consecutive ones per CP rank."""
+        return tuple((node, gpu) for node in (self.nodes or (self.node,)) for gpu in self.devices)
+
+
+def nodes_per_group(gpus_per_node: int, size: int) -> int:
+    """Whole nodes a group of `size` GPUs spans: 0 when it fits inside one node, None when it is
+    larger but not a multiple of a node."""
+    if size <= gpus_per_node:
+        return 0
+    return size // gpus_per_node if size % gpus_per_node == 0 else None
+
+
+def healthy_node_groups(cluster: ClusterState, size: int) -> list[tuple[int, ...]]:
+    """The undamaged nodes, in index order, cut into groups of `size` GPUs (whole nodes each)."""
+    span = nodes_per_group(cluster.gpus_per_node, size)
+    if not span:
+        return []
+    healthy = [node for node in range(cluster.num_nodes) if node not in cluster.damaged_nodes]
+    return [tuple(healthy[start:start + span]) for start in range(0, len(healthy) - span + 1, span)]
 
 
 def damaged_node_slots(cluster: ClusterState, node: int, tp: int) -> list[Slot]:
@@ -92,7 +119,7 @@ class SlotInventory:
 
 
 def slot_inventory(cluster: ClusterState, tp: int) -> SlotInventory:
-    """The cluster's slots for TP size `tp`; computed once per cluster state and size."""
+    """The cluster's slots for groups of `tp` GPUs (a stage's tp x cp); computed once per cluster state and size."""
     key = ("slot_inventory", tp)
     if key not in cluster.memo:
         cluster.memo[key] = _slot_inventory(cluster, tp)
@@ -100,6 +127,8 @@ def slot_inventory(cluster: ClusterState, tp: int) -> SlotInventory:
 
 
 def _slot_inventory(cluster: ClusterState, tp: int) -> SlotInventory:
+    if tp > cluster.gpus_per_node:
+        return SlotInventory(tp, len(healthy_node_groups(cluster, tp)), ())
     per_healthy_node = cluster.gpus_per_node // tp
     damaged = cluster.damaged_nodes
     full_speed = (cluster.num_nodes - len(damaged)) * per_healthy_node

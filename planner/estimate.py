@@ -11,7 +11,8 @@ from cost_models.layout import ParallelShape
 from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
 from planner.assemble import assemble_plan, place_slots
 from planner.budget import Budget
-from planner.devices import slot_inventory
+from cost_models.context_parallel import load_balanced_chunks
+from planner.devices import nodes_per_group, slot_inventory
 from planner.errors import InfeasibleError, PlanningError
 from planner.problem import PlanningProblem
 from planner.estimate_replicas import FixedReplica, FixedStage, ReplicaLayout, estimate_replicas
@@ -35,6 +36,12 @@ class FixedLayout:
     recompute: str = Recompute.SELECTIVE
     layers_per_stage: tuple[int, ...] | None = None
     dp: int | None = None
+    cp: int = 1
+
+    @property
+    def group_size(self) -> int:
+        """GPUs of one stage."""
+        return self.tp * self.cp
 
 
 def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, tuple[int, ...]]:
@@ -48,6 +55,7 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
         raise PlanningError(
             f"tp {layout.tp} must divide the {model.num_attention_heads} attention heads and {model.num_kv_heads} KV heads"
         )
+    _check_context_parallel(problem, layout)
     chunked = layout.schedule in CHUNKED_NAMES
     if not chunked and layout.virtual_stages != 1:
         raise PlanningError(f"schedule {layout.schedule} runs one model chunk per stage: set virtual_stages to 1 or "
@@ -74,22 +82,47 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
         raise PlanningError(
             f"{layers // layout.pp} layers per stage cannot be cut into virtual_stages={layout.virtual_stages} equal chunks"
         )
-    slots = slot_inventory(cluster, layout.tp).total
+    slots = slot_inventory(cluster, layout.group_size).total
     max_dp = slots // layout.pp
+    group = f"TP groups of {layout.tp}" if layout.cp == 1 else f"stage groups of tp {layout.tp} x cp {layout.cp}"
     if max_dp < 1:
         raise PlanningError(
-            f"tp {layout.tp} x pp {layout.pp} needs {layout.pp} TP groups of {layout.tp} healthy GPUs; the cluster has {slots}"
+            f"tp {layout.tp} x pp {layout.pp} needs {layout.pp} {group} healthy GPUs; the cluster has {slots}"
         )
     dp = layout.dp if layout.dp is not None else max_dp
     if dp > max_dp:
-        raise PlanningError(f"dp {dp} needs {dp * layout.pp} TP groups of {layout.tp} healthy GPUs; the cluster has {slots}")
+        raise PlanningError(f"dp {dp} needs {dp * layout.pp} {group} healthy GPUs; the cluster has {slots}")
     counts = microbatch_counts(problem, layout, dp, max_dp)
+    if layout.cp > 1 and len(set(counts)) > 1:
+        raise PlanningError(f"context parallelism (cp {layout.cp}) is estimated with equal microbatch counts per "
+                            f"replica; these replicas would take {_counts_text(counts)}: choose a dp that divides "
+                            f"the {sum(counts)} microbatches")
     if layout.schedule in CHUNKED_NAMES and any(count % layout.pp for count in counts):
         raise PlanningError(
             f"the {layout.schedule} schedule needs every replica's microbatches to be a multiple of pp {layout.pp}; "
             f"these replicas take {_counts_text(counts)}"
         )
     return dp, split, counts
+
+
+def _check_context_parallel(problem: PlanningProblem, layout: FixedLayout) -> None:
+    """PlanningError unless the layout's CP group can exist: flash attention, 2 cp equal sequence chunks,
+    and a group inside one node or on whole nodes."""
+    if layout.cp == 1:
+        return
+    seq = problem.workload.seq_length
+    if not problem.software.flash_attention:
+        raise PlanningError(f"cp {layout.cp} needs flash attention (Megatron-Core runs context parallelism through "
+                            "Transformer Engine's fused attention only); this request's software has it off")
+    if not load_balanced_chunks(seq, layout.cp):
+        raise PlanningError(f"cp {layout.cp} cuts each sequence into 2 x cp = {2 * layout.cp} equal chunks; "
+                            f"seq_length {seq} does not divide by {2 * layout.cp}")
+    gpus_per_node = problem.cluster.gpus_per_node
+    if nodes_per_group(gpus_per_node, layout.group_size) is None or (
+            layout.group_size > gpus_per_node and gpus_per_node % layout.tp):
+        raise PlanningError(f"tp {layout.tp} x cp {layout.cp} = {layout.group_size} GPUs per stage: a stage group "
+                            f"fits in one node or spans whole nodes (a multiple of gpus_per_node {gpus_per_node}, "
+                            "with tp dividing a node)")
 
 
 def microbatch_counts(problem: PlanningProblem, layout: FixedLayout, dp: int, max_dp: int) -> tuple[int, ...]:
@@ -179,7 +212,8 @@ def _priced(problem: PlanningProblem, layout: FixedLayout, dp: int, split: tuple
             started: float) -> SearchResult:
     """The layout (equal microbatch counts) priced by the bubble model, every stage checked to fit."""
     shape = ParallelShape(
-        layout.tp, layout.pp, dp, layout.micro_batch_size, layout.recompute, layout.schedule, layout.virtual_stages
+        layout.tp, layout.pp, dp, layout.micro_batch_size, layout.recompute, layout.schedule, layout.virtual_stages,
+        layout.cp,
     )
     terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
     capacity = problem.usable_memory_bytes
@@ -187,11 +221,11 @@ def _priced(problem: PlanningProblem, layout: FixedLayout, dp: int, split: tuple
         need = stage_memory_bytes(terms, stage, count)
         if need > capacity:
             raise InfeasibleError(
-                f"stage {stage} ({count} layers, tp={layout.tp}, micro_batch_size={layout.micro_batch_size}, "
+                f"stage {stage} ({count} layers, tp={layout.tp}{f', cp={layout.cp}' if layout.cp > 1 else ''}, micro_batch_size={layout.micro_batch_size}, "
                 f"recompute={layout.recompute}) needs {need / GIB:.1f} GiB per GPU; "
                 f"{problem.capacity_text()}"
             )
-    candidate = Candidate(terms=terms, inventory=slot_inventory(problem.cluster, layout.tp), lower_bound_ms=0.0)
+    candidate = Candidate(terms=terms, inventory=slot_inventory(problem.cluster, layout.group_size), lower_bound_ms=0.0)
     estimate = evaluate(candidate, split)
     return SearchResult(
         candidate=candidate,

@@ -24,6 +24,7 @@ class StageResult:
     weight_grad_ms: float = 0.0
     activation_gib: float = 0.0
     static_memory_gib: float = 0.0
+    cp: int = 1  # context-parallel ranks: devices holds tp x cp GPUs, tp fastest
     grad_sync: GradSync | None = None  # internal: what schedules that hide the sync differently need
 
 

@@ -50,12 +50,19 @@ def check_invariants(plan: Plan, request: PlanRequest, model: ModelSpec, gpu: Gp
             cursor = last
         assert cursor == model.num_layers, f"replica {replica.id} covers {cursor} of {model.num_layers} layers"
 
-    # 2. tp == len(devices), one node, tp divides the heads.
+    # 2. tp x cp == len(devices); one node, or (context parallelism) whole nodes, each TP group of tp consecutive
+    # devices inside one node; tp divides the heads; cp cuts the sequence into 2 cp equal chunks.
     for replica in plan.replicas:
         for stage in replica.stages:
-            assert stage.tp == len(stage.devices), f"stage tp {stage.tp} != {len(stage.devices)} devices"
-            nodes = {d.split(":")[0] for d in stage.devices}
-            assert len(nodes) == 1, f"stage spans nodes {nodes}"
+            assert stage.tp * stage.cp == len(stage.devices), f"stage tp {stage.tp} x cp {stage.cp} != {len(stage.devices)} devices"
+            nodes = [d.split(":")[0] for d in stage.devices]
+            if len(set(nodes)) > 1:
+                assert stage.cp > 1, f"stage without context parallelism spans nodes {set(nodes)}"
+                assert all(nodes.count(n) == cluster.gpus_per_node for n in set(nodes)), f"stage takes part of a node: {nodes}"
+            for rank in range(stage.cp):
+                group = nodes[rank * stage.tp:(rank + 1) * stage.tp]
+                assert len(set(group)) == 1, f"TP group of CP rank {rank} spans nodes {set(group)}"
+            assert request.training.seq_length % (2 * stage.cp) == 0, f"cp {stage.cp} does not cut the sequence evenly"
             assert model.num_attention_heads % stage.tp == 0, f"tp {stage.tp} does not divide {model.num_attention_heads} heads"
 
     # 3. Partition of the cluster: stages, unused, excluded; failed never used.
@@ -84,7 +91,7 @@ def check_invariants(plan: Plan, request: PlanRequest, model: ModelSpec, gpu: Gp
 
     # 6. uniform flag is exact.
     def signature(replica):
-        return (len(replica.stages), tuple(s.tp for s in replica.stages), tuple(tuple(s.layers) for s in replica.stages), replica.num_microbatches)
+        return (len(replica.stages), tuple((s.tp, s.cp) for s in replica.stages), tuple(tuple(s.layers) for s in replica.stages), replica.num_microbatches)
 
     is_uniform = len({signature(r) for r in plan.replicas}) == 1
     assert plan.uniform == is_uniform, f"uniform={plan.uniform} but replicas {'are' if is_uniform else 'are not'} identical"

@@ -220,6 +220,7 @@ def to_fixed_layout(layout: Layout) -> FixedLayout | ReplicaLayout:
         recompute=layout.recompute,
         layers_per_stage=tuple(layout.layers_per_stage) if layout.layers_per_stage is not None else None,
         dp=layout.dp,
+        cp=layout.cp,
     )
 
 

@@ -353,6 +353,9 @@ class Layout(_Strict):
         "they must agree.")
     layers_per_stage: list[int] | None = Field(default=None, max_length=1024)
     dp: int | None = Field(default=None, ge=1, description="Replicas; default as many as the healthy devices allow.")
+    cp: int = Field(default=1, ge=1, le=1024, description="Context-parallel ranks splitting each sequence: a stage "
+                    "runs on tp x cp GPUs, inside a node or on whole nodes. Needs flash attention and a seq_length "
+                    "that cuts into 2 cp equal chunks.")
     replicas: list[LayoutReplica] | None = Field(
         default=None, min_length=1, max_length=MAX_LIST_LENGTH,
         description="Every replica spelled out (a plan's `replicas` fit here as they are: extra stage fields are "
@@ -364,6 +367,8 @@ class Layout(_Strict):
     def _one_form(self) -> Layout:
         if self.replicas is not None:
             given = [name for name in ("tp", "pp", "dp", "layers_per_stage") if getattr(self, name) is not None]
+            if self.cp != 1:
+                given.append("cp")
             if given:
                 raise ValueError(f"give either replicas or {', '.join(given)}, not both: replicas fix every stage")
         elif self.tp is None or self.pp is None:
@@ -410,6 +415,8 @@ class Stage(BaseModel):
     static_memory_gib: float = Field(
         default=0.0, description="Weights, gradients, optimizer state and reserved memory: memory_gib minus activations."
     )
+    cp: int = Field(default=1, description="Context-parallel ranks splitting each sequence: devices holds tp x cp "
+                    "GPUs, tp consecutive ones per CP rank (Megatron's rank order).")
 
 
 class Replica(BaseModel):
@@ -425,6 +432,8 @@ class Breakdown(BaseModel):
     dp_comm_s: float
     pp_comm_s: float = 0.0
     optimizer_s: float = 0.0
+    cp_comm_s: float = Field(default=0.0, description="Context parallelism's key/value exchange that attention "
+                             "does not hide.")
 
 
 class Predicted(BaseModel):

@@ -23,7 +23,8 @@ from cost_models.stage_costs import (
     stage_cost_terms,
 )
 from planner.budget import Budget
-from planner.devices import SlotInventory, slot_inventory
+from cost_models.context_parallel import load_balanced_chunks
+from planner.devices import SlotInventory, nodes_per_group, slot_inventory
 from planner.numbers import divisors
 from planner.problem import PlanningProblem
 from planner.uniform.placements import degraded_speeds_used, packed
@@ -57,6 +58,23 @@ def tensor_parallel_sizes(problem: PlanningProblem) -> list[int]:
         tp
         for tp in range(1, problem.cluster.gpus_per_node + 1)
         if model.num_attention_heads % tp == 0 and model.num_kv_heads % tp == 0
+    ]
+
+
+def context_parallel_sizes(problem: PlanningProblem, tp: int) -> list[int]:
+    """CP sizes the search tries with `tp`: 1, and with flash attention every cp up to
+    `max_context_parallel` that cuts the sequence into 2 cp equal chunks and makes a stage group that fits
+    in one node or spans whole nodes the cluster has (`cost_models.context_parallel`), the latter only
+    when tp divides a node (every node then holds whole CP ranks)."""
+    if not problem.software.flash_attention:
+        return [1]
+    cluster = problem.cluster
+    seq = problem.workload.seq_length
+    return [
+        cp for cp in range(1, problem.config.max_context_parallel + 1)
+        if load_balanced_chunks(seq, cp) and tp * cp <= cluster.total_devices
+        and nodes_per_group(cluster.gpus_per_node, tp * cp) is not None
+        and (tp * cp <= cluster.gpus_per_node or cluster.gpus_per_node % tp == 0)
     ]
 
 
@@ -105,7 +123,7 @@ def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float |
         pipeline = m * slowest
     mean_params = (layers * terms.layer.params + terms.embedding.params + terms.head.params) / p
     dp_floor = 0.0
-    if terms.shape.dp > 1:
+    if terms.shape.grad_sync_ranks > 1:
         least_params = terms.layer.params if chunk_sync_overlap else mean_params
         synced = min(terms.bucket_params, least_params) if terms.overlap_grad_reduce else least_params
         gathered = min(terms.bucket_params, least_params) if terms.overlap_param_gather else least_params
@@ -163,21 +181,22 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
     layers = problem.workload.model.num_layers
     batch = problem.workload.global_batch_size
     for tp in reversed(tensor_parallel_sizes(problem)):
-        inventory = slot_inventory(problem.cluster, tp)
-        if inventory.total == 0:
-            continue
-        for mbs in problem.micro_batch_sizes:
-            if batch % mbs:
+        for cp in context_parallel_sizes(problem, tp):
+            inventory = slot_inventory(problem.cluster, tp * cp)
+            if inventory.total == 0:
                 continue
-            for dp in reversed([d for d in divisors(batch // mbs) if d <= inventory.total]):
-                microbatches = batch // (dp * mbs)
-                for pp in range(min(layers, inventory.total // dp), 0, -1):
-                    for schedule, v in _schedules(layers, pp, microbatches, problem.config.max_virtual_stages,
-                                                  problem.allowed_schedules):
-                        if not problem.allows_virtual_stages(v):
-                            continue
-                        for recompute in problem.recompute_modes:
-                            yield ParallelShape(tp, pp, dp, mbs, recompute, schedule, v), inventory
+            for mbs in problem.micro_batch_sizes:
+                if batch % mbs:
+                    continue
+                for dp in reversed([d for d in divisors(batch // mbs) if d <= inventory.total]):
+                    microbatches = batch // (dp * mbs)
+                    for pp in range(min(layers, inventory.total // dp), 0, -1):
+                        for schedule, v in _schedules(layers, pp, microbatches, problem.config.max_virtual_stages,
+                                                      problem.allowed_schedules):
+                            if not problem.allows_virtual_stages(v):
+                                continue
+                            for recompute in problem.recompute_modes:
+                                yield ParallelShape(tp, pp, dp, mbs, recompute, schedule, v, cp), inventory
 
 
 def uniform_shape_count(problem: PlanningProblem) -> int:
@@ -186,11 +205,15 @@ def uniform_shape_count(problem: PlanningProblem) -> int:
     layers = problem.workload.model.num_layers
     batch = problem.workload.global_batch_size
     count = 0
+    cluster = problem.cluster
     for tp in tensor_parallel_sizes(problem):
-        groups = problem.cluster.gpus_per_node // tp * problem.cluster.num_nodes
-        for mbs in problem.micro_batch_sizes:
-            if batch % mbs == 0:
-                count += sum(min(layers, groups // dp) for dp in divisors(batch // mbs) if dp <= groups)
+        for cp in context_parallel_sizes(problem, tp):
+            size = tp * cp
+            groups = (cluster.gpus_per_node // size * cluster.num_nodes if size <= cluster.gpus_per_node
+                      else cluster.total_devices // size)
+            for mbs in problem.micro_batch_sizes:
+                if batch % mbs == 0:
+                    count += sum(min(layers, groups // dp) for dp in divisors(batch // mbs) if dp <= groups)
     return count * len(problem.recompute_modes)
 
 
@@ -205,24 +228,24 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
     recompute), so they are computed once per triple for this search.
     """
     layers = problem.workload.model.num_layers
-    parts: dict[tuple[int, int, str], PartSet] = {}
+    parts: dict[tuple[int, int, int, str], PartSet] = {}
     out: list[Candidate] = []
     complete = True
     for count, (shape, inventory) in enumerate(enumerate_shapes(problem)):
         if budget is not None and count % problem.config.shapes_per_clock_check == 0 and count and budget.expired():
             complete = False
             break
-        key = (shape.tp, shape.micro_batch_size, shape.recompute)
+        key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute)
         if key not in parts:
             parts[key] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
         terms = stage_cost_terms(
             problem.workload, problem.hardware, shape, problem.efficiency, problem.software, parts[key]
         )
         out.append(Candidate(terms=terms, inventory=inventory, lower_bound_ms=_lower_bound_ms(terms, layers)))
-    # Equal bounds in the ascending order of tp, micro-batch size, dp, pp, chunks and recompute mode.
+    # Equal bounds in the ascending order of tp, cp, micro-batch size, dp, pp, chunks and recompute mode.
     modes = problem.recompute_modes
-    out.sort(key=lambda c: (c.lower_bound_ms, c.shape.tp, c.shape.micro_batch_size, c.shape.dp, c.shape.pp,
-                            c.shape.virtual_stages, modes.index(c.shape.recompute)))
+    out.sort(key=lambda c: (c.lower_bound_ms, c.shape.tp, c.shape.cp, c.shape.micro_batch_size, c.shape.dp,
+                            c.shape.pp, c.shape.virtual_stages, modes.index(c.shape.recompute)))
     return out, complete
 
 
@@ -231,7 +254,13 @@ def uniform_floor_ms(problem: PlanningProblem) -> float:
     recompute fixed, m = N / dp microbatches on p stages take at least m W / p, W one
     microbatch's forward and backward through every layer, the embedding and the head, and
     dp p is at most the TP groups the nodes can form (as `_lower_bound_ms`, minus what
-    depends on the rest of the shape)."""
+    depends on the rest of the shape).
+
+    Shapes with context parallelism need no term of their own: with cp ranks a microbatch's W on one GPU
+    is at least W(cp = 1) / cp (GEMMs, attention, elementwise traffic and the head split by cp; the
+    per-layer overhead and link latencies do not shrink; the key/value exchange only adds), while the
+    nodes form at most 1 / cp as many groups of tp x cp GPUs as of tp: m W / (dp p) with dp p at most
+    groups(tp) / cp is no less than the cp = 1 floor."""
     batch = problem.workload.global_batch_size
     layers = problem.workload.model.num_layers
     best = float("inf")

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from math import factorial, prod
 
-from planner.devices import Slot, damaged_node_slots
+from planner.devices import Slot, damaged_node_slots, healthy_node_groups
 from planner.problem import ClusterState, PlanningProblem
 from planner.uniform.placements import Placement
 
@@ -43,6 +43,12 @@ def node_slots(cluster: ClusterState, tp: int) -> dict[int, tuple[list[Slot], li
 
 
 def _make_node_slots(cluster: ClusterState, tp: int) -> dict[int, tuple[list[Slot], list[Slot]]]:
+    if tp > cluster.gpus_per_node:  # whole-node groups, listed under their first node
+        out = {node: ([], []) for node in range(cluster.num_nodes)}
+        every_gpu = tuple(range(cluster.gpus_per_node))
+        for nodes in healthy_node_groups(cluster, tp):
+            out[nodes[0]] = ([Slot(nodes[0], every_gpu, 1.0, nodes)], [])
+        return out
     out = {}
     for node in range(cluster.num_nodes):
         if node in cluster.damaged_nodes:

@@ -139,7 +139,7 @@ def solve_split(
     # (`cost_models.iteration.exposed_dp_sync_ms`). Each part is at least its
     # collective minus the compute it overlaps, and at least one bucket's,
     # min(collective, one bucket's); without the overlap, all of it.
-    if terms.shape.dp > 1:
+    if terms.shape.grad_sync_ranks > 1:
         overlaps = ((sync, backward, bucket_sync, terms.overlap_grad_reduce, "reduce"),
                     (gather, forward, bucket_gather, terms.overlap_param_gather, "gather"))
         for i in range(p):

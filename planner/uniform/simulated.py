@@ -203,9 +203,9 @@ class StockSearch:
         if not placement.slow_rows:  # full-speed groups only: nodes one after another always launch
             return True
         shape = self._candidates[index].shape
-        key = (shape.tp, shape.pp, shape.dp, placement)
+        key = (shape.group_size, shape.pp, shape.dp, placement)
         if key not in self._launch:
-            self._launch[key] = placement_grid(self._problem, shape.tp, shape.pp, shape.dp, placement) is not None
+            self._launch[key] = placement_grid(self._problem, shape.group_size, shape.pp, shape.dp, placement) is not None
         return self._launch[key]
 
     def _replica(self, candidate: Candidate, split: tuple[int, ...], speeds: tuple[float, ...]) -> _Replica:
