@@ -304,6 +304,10 @@ def _layout(plan: Plan) -> StockLayout:
     if layout.zero_stage >= 2 and layout.pp > 1:
         problems.append(f"zero_stage {layout.zero_stage} with pp {layout.pp} (DeepSpeed's PipelineEngine runs ZeRO "
                         "stage 0 or 1; ZeRO-2/3 run without pipeline parallelism)")
+    if layout.cp > 1:
+        problems.append(f"context parallelism cp {layout.cp} (DeepSpeed's config splits sequences only with "
+                        "Ulysses sequence parallelism, an all-to-all over attention heads the plan did not price; "
+                        'export to megatron or torchtitan, or plan with "options": {"max_context_parallel": 1})')
     if layout.precision == "fp8":
         problems.append("precision fp8 (DeepSpeed's config has no FP8 training: FP8 comes from Transformer Engine "
                         "layers in the model code; export to megatron or torchtitan, or plan with precision bf16)")

@@ -132,12 +132,13 @@ def _reorder(layout: StockLayout, order: str) -> tuple[str, ...]:
     """Global rank -> device in `order`; layout.rank_devices is in the default tp-dp-pp order."""
     if order == DEFAULT_ORDER:
         return layout.rank_devices
-    tp, pp, dp = layout.tp, layout.pp, layout.dp
+    # A stage's tp x cp ranks stay together in both orders (tp-cp-ep-dp-pp, tp-cp-ep-pp-dp).
+    group, pp, dp = layout.group_size, layout.pp, layout.dp
     return tuple(
-        layout.rank_devices[(stage * dp + replica) * tp + t]
+        layout.rank_devices[(stage * dp + replica) * group + t]
         for replica in range(dp)
         for stage in range(pp)
-        for t in range(tp)
+        for t in range(group)
     )
 
 
@@ -225,6 +226,8 @@ def _args(layout: StockLayout, order: str) -> list[str]:
         "--tensor-model-parallel-size", str(layout.tp),
         "--pipeline-model-parallel-size", str(layout.pp),
     ]
+    if layout.cp > 1:
+        args += ["--context-parallel-size", str(layout.cp)]
     args += _split_args(layout)
     group = _microbatch_group(layout)
     if group is not None:
@@ -287,13 +290,17 @@ def _ranges(blocks: list[tuple[int, list[int]]]) -> list[str]:
     return lines
 
 
+def _cp_text(layout: StockLayout) -> str:
+    return f" x cp {layout.cp}" if layout.cp > 1 else ""
+
+
 def _header(plan: Plan, layout: StockLayout, order: str, devices: tuple[str, ...]) -> list[str]:
     arch = layout.architecture
     blocks = node_blocks(devices) or []
     lines = [
         f"# {TARGET} {ENTRY_SCRIPT} arguments for resiplan plan {inert(plan.plan_id)} (model {inert(arch.name)})",
         (
-            f"# world size {layout.world_size} = tp {layout.tp} x pp {layout.pp} x dp {layout.dp} "
+            f"# world size {layout.world_size} = tp {layout.tp}{_cp_text(layout)} x pp {layout.pp} x dp {layout.dp} "
             f"(Megatron derives dp from the world size), on {len(layout.nodes)} node(s)"
         ),
         f"# pipeline: {layout.schedule}, layers per stage {list(layout.layers_per_stage)}"
@@ -361,7 +368,7 @@ def launch_command(plan: Plan) -> str:
     lines = [
         (
             f"# {TARGET} launch for resiplan plan {inert(plan.plan_id)}: {layout.world_size} ranks "
-            f"(tp {layout.tp} x pp {layout.pp} x dp {layout.dp}) on {len(blocks)} node(s)"
+            f"(tp {layout.tp}{_cp_text(layout)} x pp {layout.pp} x dp {layout.dp}) on {len(blocks)} node(s)"
         ),
         "# run it on every node with NODE_RANK set as listed and MASTER_ADDR the host of NODE_RANK 0;",
         "# a node's local rank i runs on the i-th GPU of its list (CUDA_VISIBLE_DEVICES keeps that order)",
@@ -386,8 +393,8 @@ def launch_command(plan: Plan) -> str:
                 f"  {node_rank}) {nproc}export CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))} ;;  # node {node}"
             )
         lines.append("esac")
-    if layout.tp > 1:
-        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM requires it with tensor parallelism")
+    if layout.tp > 1 or layout.cp > 1:
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM requires it with tensor or context parallelism")
     nproc = f'"${{NPROC_PER_NODE:?NODE_RANK must be 0..{last}}}"' if len(counts) > 1 else str(counts.pop())
     command = (
         f'torchrun --nnodes {len(blocks)} --nproc-per-node {nproc} --node-rank "${{NODE_RANK:?0..{last}}}" '

@@ -9,6 +9,7 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
 
     flags                                              request
     --tensor-model-parallel-size, --pipeline-...      layout.tp, layout.pp
+    --context-parallel-size                           layout.cp
     --num-virtual-stages-per-pipeline-rank v,          layout.virtual_stages, schedule interleaved
       --num-layers-per-virtual-pipeline-stage n
     --decoder-first/last-pipeline-num-layers,          layout.layers_per_stage
@@ -127,7 +128,6 @@ def _split_from_layout(text: str, pp: int) -> tuple[list[int], int]:
 # Flags that change time or memory in ways the cost model does not represent, and why; a flag at the value
 # that changes nothing (context parallelism 1) is not reported.
 _NOT_MODELLED = {
-    "--context-parallel-size": "context parallelism is not in the cost model (issue 19)",
     "--expert-model-parallel-size": "expert parallelism is not in the cost model (issue 19)",
     "--num-experts": "mixture-of-experts models are not in the cost model (issue 19)",
     "--fp8-param-gather": "FP8 primary weights (all-gathered in FP8, no bf16 copy) are not in the cost model: "
@@ -143,7 +143,7 @@ _NOT_MODELLED = {
     "--attention-backend": "the attention kernel is not a request field",
     "--calculate-per-token-loss": "the loss reduction's cost is not modelled",
 }
-_HARMLESS_VALUES = {"--context-parallel-size": "1", "--expert-model-parallel-size": "1",
+_HARMLESS_VALUES = {"--expert-model-parallel-size": "1",
                     "--empty-unused-memory-level": "0"}
 
 
@@ -199,6 +199,9 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     tp = _int(flags, "--tensor-model-parallel-size", 1)
     pp = _int(flags, "--pipeline-model-parallel-size", 1)
     layout: dict = {"tp": tp, "pp": pp, "micro_batch_size": _int(flags, "--micro-batch-size", 1)}
+    cp = _int(flags, "--context-parallel-size", 1)
+    if cp != 1:
+        layout["cp"] = cp
     v = _int(flags, "--num-virtual-stages-per-pipeline-rank", 1)
     per_virtual = _int(flags, "--num-layers-per-virtual-pipeline-stage")
     if per_virtual is not None:

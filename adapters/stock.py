@@ -41,13 +41,19 @@ class StockLayout:
     precision: str
     schedule: str
     architecture: ModelArchitecture
-    rank_devices: tuple[str, ...]  # global rank -> device, Megatron's order: tp fastest, then dp, then pp
+    rank_devices: tuple[str, ...]  # global rank -> device, Megatron's order: tp fastest, then cp, dp, pp
     gpus_per_node: int
     nodes: tuple[int, ...]
+    cp: int = 1  # context-parallel ranks per stage
+
+    @property
+    def group_size(self) -> int:
+        """Ranks of one stage: tp x cp."""
+        return self.tp * self.cp
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.group_size * self.pp * self.dp
 
     @property
     def sequence_parallel(self) -> bool:
@@ -66,6 +72,9 @@ def _differences(plan: Plan) -> list[str]:
     tps = sorted({s.tp for r in replicas for s in r.stages})
     if len(tps) > 1:
         problems.append(f"stages use different TP sizes ({', '.join(map(str, tps))})")
+    cps = sorted({s.cp for r in replicas for s in r.stages})
+    if len(cps) > 1:
+        problems.append(f"stages use different context-parallel sizes ({', '.join(map(str, cps))})")
     splits = {tuple(tuple(s.layers) for s in r.stages) for r in replicas}
     if len(splits) > 1:
         problems.append(f"replicas split the layers differently ({len(splits)} different splits)")
@@ -131,6 +140,7 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
     )
     return StockLayout(
         tp=first.stages[0].tp,
+        cp=first.stages[0].cp,
         pp=pp,
         dp=len(replicas),
         virtual_stages=plan.virtual_stages,

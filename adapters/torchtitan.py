@@ -50,7 +50,14 @@ plan's own order, action for action (tests/adapters/test_torchtitan.py
 checks it against the torch-csv export); the others run from that export.
 
 Ranks: torchtitan's device mesh is (pp, dp_replicate, dp_shard, cp, tp), tp
-fastest, which is the rank order `stock_layout` gives (tp, then dp, then pp).
+fastest, which is the rank order `stock_layout` gives (tp, then cp, dp, pp).
+
+Context parallelism: --parallelism.context_parallel_degree cp. torchtitan
+always runs FSDP over dp_shard x cp when cp > 1 (`ParallelDims.fsdp_enabled`),
+so a cp > 1 plan of ZeRO stage 0 or 1 gets reshard_after_forward never as
+ZeRO-1 does below: the weights are whole through every microbatch and the
+gradients reduce-scattered over the replicas' CP ranks, as the plan prices
+them (ZeRO-1 over dp x cp); at stage 0 its memory is then below the plan's.
 `launch_command` starts ranks so that rank r runs on `rank_devices[r]`.
 
 Where torchtitan is not what the plan assumed:
@@ -165,11 +172,11 @@ def torchtitan_overrides(plan: Plan, schedule_csv_path: str = SCHEDULE_CSV) -> l
         ("--parallelism.pipeline_parallel_degree", str(layout.pp)),
         ("--parallelism.data_parallel_replicate_degree", str(dp_replicate)),
         ("--parallelism.data_parallel_shard_degree", str(dp_shard)),
-        ("--parallelism.context_parallel_degree", "1"),
+        ("--parallelism.context_parallel_degree", str(layout.cp)),
         ("--parallelism.expert_parallel_degree", "1"),
         ("--parallelism.enable_sequence_parallel",),
     ]
-    if layout.zero_stage >= 1:
+    if layout.zero_stage >= 1 or layout.cp > 1:
         options.append(("--parallelism.fsdp_reshard_after_forward", "always" if layout.zero_stage == 3 else "never"))
     options.append(("--parallelism.pipeline_parallel_microbatch_size", str(microbatch)))
     if layout.pp > 1:
@@ -319,7 +326,10 @@ def _layout(plan: Plan) -> StockLayout:
     if layout.global_batch_size != expected:
         problems.append(f"global_batch_size {layout.global_batch_size} is not dp {layout.dp} x "
                         f"{layout.num_microbatches} microbatches x micro_batch_size {layout.micro_batch_size}")
-    if layout.sequence_parallel and layout.seq_length % layout.tp:
+    if layout.cp > 1 and layout.seq_length % (2 * layout.cp * layout.tp):
+        problems.append(f"seq_length {layout.seq_length} is not divisible by tp {layout.tp} x 2 x cp {layout.cp}, "
+                        "which torchtitan's context parallelism needs")
+    elif layout.sequence_parallel and layout.seq_length % layout.tp:
         problems.append(f"seq_length {layout.seq_length} is not divisible by tp {layout.tp}, which torchtitan's "
                         "sequence parallelism needs")
     if layout.pp > 1 and layout.architecture.tied_embeddings:

@@ -4,6 +4,8 @@ torchtitan's TOML job file, with every setting that changes time or memory mappe
 
     torchtitan                                           request
     --parallelism.tensor_parallel_degree / pipeline_...  layout.tp / layout.pp
+    --parallelism.context_parallel_degree                layout.cp (cp > 1: FSDP over dp_shard x cp, so at
+                                                         least zero_stage 1)
     data_parallel_replicate_degree x _shard_degree       layout.dp (shard -1: what torchrun's ranks leave)
     data_parallel_shard_degree > 1                       training.zero_stage 3 (FSDP2 resharding after forward:
                                                          fsdp_reshard_after_forward always, or default with pp 1),
@@ -120,15 +122,16 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
     request_model = _model(options, model, notes)
     tp = _int(options, "--parallelism.tensor_parallel_degree", 1)
     pp = _int(options, "--parallelism.pipeline_parallel_degree", 1)
+    cp = _int(options, "--parallelism.context_parallel_degree", 1)
     not_modelled = []
-    for key in ("--parallelism.context_parallel_degree", "--parallelism.expert_parallel_degree"):
-        if _int(options, key, 1) != 1:
-            not_modelled.append(f"{key} {options[key][0]}: not in the cost model (issue 19)")
+    if _int(options, "--parallelism.expert_parallel_degree", 1) != 1:
+        key = "--parallelism.expert_parallel_degree"
+        not_modelled.append(f"{key} {options[key][0]}: not in the cost model (issue 19)")
     replicate = _int(options, "--parallelism.data_parallel_replicate_degree", 1)
     shard = _int(options, "--parallelism.data_parallel_shard_degree", -1)
     world = world_size(launcher)
     if shard == -1:
-        rest = world // (tp * pp * replicate) if world else None
+        rest = world // (tp * cp * pp * replicate) if world else None
         shard = rest
     dp = replicate * shard if shard else None
     if shard and shard > 1 and replicate > 1:
@@ -148,13 +151,16 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
     layout: dict = {"tp": tp, "pp": pp, "micro_batch_size": mbs, **_pipeline(options, pp, request_model, not_modelled, notes)}
     if dp is not None:
         layout["dp"] = dp
+    if cp != 1:
+        layout["cp"] = cp
     layout["recompute"] = _recompute(mode, notes)
     precision = (options.get("--training.mixed_precision_param") or ["bfloat16"])[0]
     if precision not in _PRECISIONS:
         raise CommandLineError(f"--training.mixed_precision_param {precision}: resiplan models bf16 and fp16 training, "
                                "torchtitan 0.3 trains in bfloat16 or float32")
     # FSDP over the data-parallel ranks shards optimizer state (with one rank, the reshard setting says FSDP was asked).
-    sharded = bool(shard and shard > 1) or "--parallelism.fsdp_reshard_after_forward" in options
+    # With cp > 1 torchtitan runs FSDP over dp_shard x cp whatever dp_shard is (ParallelDims.fsdp_enabled).
+    sharded = bool(shard and shard > 1) or cp > 1 or "--parallelism.fsdp_reshard_after_forward" in options
     reshard = (options.get("--parallelism.fsdp_reshard_after_forward") or ["default"])[0]
     fully_sharded = bool(shard and shard > 1) and pp == 1 and reshard in ("always", "default")
     training = {"global_batch_size": batch, "seq_length": seq, "zero_stage": 3 if fully_sharded else (1 if sharded else 0),

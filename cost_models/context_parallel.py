@@ -31,9 +31,13 @@ KV_BYTES_PER_ELEMENT = 2.0  # bf16 keys and values (Transformer Engine keeps the
 BACKWARD_EXCHANGE_FACTOR = 2.0  # K, V and dK, dV travel in backward
 
 
-def load_balanced_chunks(seq_length: int, cp: int) -> bool:
-    """Whether a sequence of `seq_length` tokens cuts into the 2 cp equal chunks load balancing needs."""
-    return cp >= 1 and seq_length % (2 * cp) == 0
+def load_balanced_chunks(seq_length: int, cp: int, tp: int = 1) -> bool:
+    """Whether a sequence of `seq_length` tokens cuts into the 2 cp equal chunks load balancing needs,
+    each also split over tp by sequence parallelism (torchtitan's `ParallelDims.seq_len_divisor`,
+    tp x 2 cp; Megatron-LM asserts seq_length % 2 cp and splits each CP rank's tokens over tp)."""
+    if cp == 1:
+        return True
+    return cp > 1 and seq_length % (2 * cp * tp) == 0
 
 
 def kv_exchange_bytes(model: ModelSpec, seq_length: int, micro_batch: int, tp: int, cp: int) -> float:

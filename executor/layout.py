@@ -110,6 +110,11 @@ def build_layout(plan: Plan, num_layers: int | None = None, devices: list[str] |
         raise ValueError(f"plan {plan.plan_id} shards gradients{' and weights' if plan.zero_stage == 3 else ''} "
                          f"(zero_stage {plan.zero_stage}); the reference executor shards optimizer state only "
                          "(zero_stage 0 or 1): run it through the megatron, deepspeed or torchtitan export")
+    context_parallel = sorted({stage.cp for replica in plan.replicas for stage in replica.stages} - {1})
+    if context_parallel:
+        raise ValueError(f"plan {plan.plan_id} splits sequences over context-parallel ranks (cp "
+                         f"{', '.join(map(str, context_parallel))}); the reference executor runs whole sequences per "
+                         "stage group: run it through the megatron or torchtitan export")
     v = plan.virtual_stages
     plan_layers = plan.replicas[0].stages[-1].layers[1]
     num_layers = num_layers or plan_layers

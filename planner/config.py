@@ -26,10 +26,6 @@ class PlannerConfig:
     """Most model chunks per pipeline stage (interleaved schedules). Beyond 8 the extra pipeline sends
     outweigh the smaller bubble for every published configuration."""
 
-    max_context_parallel: int = 32
-    """Most context-parallel ranks per stage the search tries (Llama 3's 128k phase used 16). Part of the
-    declared space: a plan is optimal over CP sizes up to this."""
-
     max_slow_placements: int = 256
     """Most placements of a stock layout's degraded TP groups (which replica, which stage position) the stock
     search enumerates per layer split (`planner.uniform.placements`); beyond it, packed and spread ones are

@@ -114,9 +114,9 @@ def _check_context_parallel(problem: PlanningProblem, layout: FixedLayout) -> No
     if not problem.software.flash_attention:
         raise PlanningError(f"cp {layout.cp} needs flash attention (Megatron-Core runs context parallelism through "
                             "Transformer Engine's fused attention only); this request's software has it off")
-    if not load_balanced_chunks(seq, layout.cp):
-        raise PlanningError(f"cp {layout.cp} cuts each sequence into 2 x cp = {2 * layout.cp} equal chunks; "
-                            f"seq_length {seq} does not divide by {2 * layout.cp}")
+    if not load_balanced_chunks(seq, layout.cp, layout.tp):
+        raise PlanningError(f"cp {layout.cp} cuts each sequence into 2 x cp = {2 * layout.cp} equal chunks, each split "
+                            f"over tp {layout.tp}; seq_length {seq} does not divide by {2 * layout.cp * layout.tp}")
     gpus_per_node = problem.cluster.gpus_per_node
     if nodes_per_group(gpus_per_node, layout.group_size) is None or (
             layout.group_size > gpus_per_node and gpus_per_node % layout.tp):

@@ -13,6 +13,9 @@ from cost_models.memory import DEFAULT_MEMORY_RESERVE_GIB
 from planner.config import DEFAULT_CONFIG, PlannerConfig
 from planner.numbers import divisors
 
+# Most context-parallel ranks per stage a search tries unless the request says otherwise
+# (`options.max_context_parallel`): Llama 3's 128k phase used 16, NVIDIA's 1M-token recipes 32.
+DEFAULT_MAX_CONTEXT_PARALLEL = 32
 RECOMPUTE_CHOICES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 STOCK_SCHEDULES = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED})  # what Megatron-LM and DeepSpeed run unchanged
 CHUNKED_SCHEDULES = frozenset({ScheduleName.INTERLEAVED, ScheduleName.LOOPED_BFS, ScheduleName.OPTIMIZED})  # for v > 1 chunks per stage
@@ -90,6 +93,7 @@ class PlanningProblem:
     random_seed: int = 0
     schedules: frozenset[str] | None = None  # pipeline schedules allowed; None: all (stock ones if stock_layouts_only)
     memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB  # per GPU, left free for what the model does not count
+    max_context_parallel: int = DEFAULT_MAX_CONTEXT_PARALLEL  # most CP ranks per stage searched; 1: none
     calibration_id: str | None = None  # the stored calibration `efficiency` comes from; None: the built-in fit
     efficiency: EfficiencyParams = field(default_factory=EfficiencyParams)
     software: SoftwareConfig = field(default_factory=SoftwareConfig)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from adapters.registry import ExportError
 from cost_models.device import DeviceIdError, DeviceSpec
 from render.markup import xml_text
-from render.number_format import memory_text, px, speed_text
+from render.number_format import group_text, memory_text, px, speed_text
 from wire.schemas import MAX_GPUS_PER_NODE, MAX_NODES, Plan, Stage
 
 FONT = "system-ui, -apple-system, 'Segoe UI', 'DejaVu Sans', Arial, sans-serif"
@@ -322,7 +322,7 @@ def _cell(device: str, x_px: float, cell_px: float, placement: Placement | None,
         text_color = _text_color(placement.stage_index, placement.num_stages)
         stage = placement.stage
         notes = [f"replica {placement.replica_id}", f"stage {stage.id}",
-                 f"layers [{stage.layers[0]}, {stage.layers[1]})", f"TP {stage.tp}",
+                 f"layers [{stage.layers[0]}, {stage.layers[1]})", group_text(stage.tp, stage.cp),
                  f"{placement.num_microbatches} microbatches",
                  f"memory {memory_text(stage.memory_gib, placement.gpu_memory_gib)}"]
     else:

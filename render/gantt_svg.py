@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from adapters.registry import replica_schedule
 from planner.schedules.ops import ScheduleError, parse_op
 from render.markup import xml_text
-from render.number_format import memory_text, ms_text, px, speed_text
+from render.number_format import group_text, memory_text, ms_text, px, speed_text
 from wire.schemas import Plan, ReplicaSchedule, Stage, StageTimeline
 
 # Colour-blind-safe (Okabe-Ito) fills per op kind, and what the legend calls them.
@@ -190,7 +190,7 @@ def row_label(index: int, stage: Stage | None) -> tuple[str, str, str, str, str]
         return f"stage {index}", "", "", "", ""
     return (
         f"stage {stage.id}",
-        f"TP {stage.tp}",
+        group_text(stage.tp, stage.cp),
         f"layers [{stage.layers[0]}, {stage.layers[1]})",
         device_range(stage.devices),
         f"slow ×{speed_text(stage.speed)}" if _is_slow(stage) else "",
@@ -329,7 +329,7 @@ def _row_title(facts: RowFacts) -> str:
     if stage is None:
         return f"stage {timeline.stage}"
     notes = [
-        f"stage {stage.id}", f"TP {stage.tp}", f"layers [{stage.layers[0]}, {stage.layers[1]})",
+        f"stage {stage.id}", group_text(stage.tp, stage.cp), f"layers [{stage.layers[0]}, {stage.layers[1]})",
         f"devices {', '.join(stage.devices)}",
     ]
     if facts.num_microbatches is not None:

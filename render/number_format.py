@@ -37,3 +37,8 @@ def memory_share(used_gib: float, capacity_gib: float | None) -> float | None:
     if capacity_gib is None or not math.isfinite(capacity_gib) or capacity_gib <= 0 or not math.isfinite(used_gib):
         return None
     return min(max(used_gib / capacity_gib, 0.0), 1.0)
+
+
+def group_text(tp: int, cp: int) -> str:
+    """A stage's GPU group: "TP 4", or "TP 4 × CP 2" with context parallelism."""
+    return f"TP {int(tp)}" + (f" × CP {int(cp)}" if cp > 1 else "")

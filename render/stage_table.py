@@ -42,7 +42,7 @@ def replica_groups(plan: Plan) -> list[ReplicaGroup]:
 
 def _shape(replica: Replica) -> tuple:
     return replica.num_microbatches, tuple(
-        (s.tp, tuple(s.layers), s.memory_gib, s.forward_ms, s.backward_ms, s.speed) for s in replica.stages
+        (s.tp, s.cp, tuple(s.layers), s.memory_gib, s.forward_ms, s.backward_ms, s.speed) for s in replica.stages
     )
 
 
@@ -59,7 +59,7 @@ def stage_table_html(plan: Plan, shown_replica_ids: frozenset[int], timeline_hre
     """The table; `timeline_href(replica_id)` is the escaped link to that replica's Gantt chart, or None."""
     capacity_gib = plan.gpu_memory_gib
     head = ('<thead><tr><th>Replica</th><th class="num">Micro&shy;batches</th><th class="num">Stage</th>'
-            '<th>Devices</th><th class="num">TP</th><th>Layers</th><th>Memory used / capacity</th>'
+            '<th>Devices</th><th class="num" title="tensor-parallel size (× context-parallel size)">TP</th><th>Layers</th><th>Memory used / capacity</th>'
             '<th class="num">Forward ms</th><th class="num">Backward ms</th><th>Speed</th></tr></thead>')
     body, rows = [], 0
     groups = replica_groups(plan)
@@ -107,7 +107,7 @@ def _group_rows(group: ReplicaGroup, shown: bool, timeline_href: Callable[[int],
             f'<td class="num">{stage.id}</td>'
             f'<td class="devices" title="{html_text(", ".join(stage.devices))}">'
             f"{html_text(device_range(stage.devices))}</td>"
-            f'<td class="num">{stage.tp}</td>'
+            f'<td class="num">{stage.tp}{f" × {int(stage.cp)}" if stage.cp > 1 else ""}</td>'
             f'<td class="layers">[{stage.layers[0]}, {stage.layers[1]}) <span class="hint">'
             f"{_count(stage.layers[1] - stage.layers[0], 'layer')}</span></td>"
             f'<td class="memory-cell">{_memory_cell(stage.memory_gib, capacity_gib)}</td>'

@@ -62,7 +62,8 @@ def check_invariants(plan: Plan, request: PlanRequest, model: ModelSpec, gpu: Gp
             for rank in range(stage.cp):
                 group = nodes[rank * stage.tp:(rank + 1) * stage.tp]
                 assert len(set(group)) == 1, f"TP group of CP rank {rank} spans nodes {set(group)}"
-            assert request.training.seq_length % (2 * stage.cp) == 0, f"cp {stage.cp} does not cut the sequence evenly"
+            if stage.cp > 1:
+                assert request.training.seq_length % (2 * stage.cp * stage.tp) == 0, f"cp {stage.cp} does not cut the sequence evenly"
             assert model.num_attention_heads % stage.tp == 0, f"tp {stage.tp} does not divide {model.num_attention_heads} heads"
 
     # 3. Partition of the cluster: stages, unused, excluded; failed never used.

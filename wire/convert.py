@@ -182,6 +182,7 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
         random_seed=request.options.random_seed,
         schedules=frozenset(request.options.schedules) if request.options.schedules is not None else None,
         memory_reserve_gib=reserve_gib,
+        max_context_parallel=request.options.max_context_parallel,
         efficiency=calibration.parameters if calibration is not None else fitted_efficiency(),
         calibration_id=calibration.calibration_id if calibration is not None else None,
         software=software,

@@ -22,6 +22,7 @@ from cost_models.migration import Holding, ShardBlock
 class PlacedStage:
     devices: tuple[str, ...]
     layers: tuple[int, int]  # half-open, over the transformer layers
+    cp: int = 1  # context-parallel ranks: devices are cp TP groups, each holding the stage's weights
 
 
 class StageShape(Protocol):
@@ -67,7 +68,8 @@ class PlacedLayout:
 def placed_layout(result: PlanShape) -> PlacedLayout:
     """From a PlanResult or API.md's Plan."""
     replicas = tuple(
-        tuple(PlacedStage(tuple(stage.devices), (stage.layers[0], stage.layers[1])) for stage in replica.stages)
+        tuple(PlacedStage(tuple(stage.devices), (stage.layers[0], stage.layers[1]), getattr(stage, "cp", 1))
+              for stage in replica.stages)
         for replica in sorted(result.replicas, key=lambda r: r.id)
     )
     num_layers = replicas[0][-1].layers[1] if replicas else 0
@@ -99,10 +101,12 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
     T/t of those pieces holds its replica's share of each. With equal TP everywhere (T = t) that is
     the r-th R-th of the device's slice; with mixed TP it still covers every piece exactly once
     (splitting each device's slice alone into R would leave pieces nobody holds). ZeRO-3 shards the
-    weights the same way: the device holds only its share of them too."""
+    weights the same way: the device holds only its share of them too. Context parallelism's cp ranks
+    each hold the stage's weights whole (over TP) and shard ZeRO state with the replicas: the optimizer
+    is split over replicas x cp, as Megatron's data-parallel-with-CP group does."""
     holdings: dict[str, Holding] = {}
     replicas = len(layout.replicas)
-    finest = math.lcm(*(len(stage.devices) for stages in layout.replicas for stage in stages)) if replicas else 1
+    finest = math.lcm(*(len(stage.devices) // stage.cp for stages in layout.replicas for stage in stages)) if replicas else 1
     for index, stages in enumerate(layout.replicas):
         counts = [stage.layers[1] - stage.layers[0] for stage in stages]
         runs = chunk_layer_runs(counts, layout.virtual_stages)
@@ -112,16 +116,19 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
                 units.append((0, 1))
             if s == len(stages) - 1:
                 units.append((layout.num_layers + 1, layout.num_layers + 2))
-            tp = len(stage.devices)
+            tp = len(stage.devices) // stage.cp
             pieces = finest // tp if layout.zero_stage >= 1 else 1
-            for rank, device in enumerate(stage.devices):
+            sharers = replicas * stage.cp
+            for position, device in enumerate(stage.devices):
+                cp_rank, rank = divmod(position, tp)
+                member = index * stage.cp + cp_rank
                 blocks = []
                 for piece in range(pieces):
                     weight_lo = rank / tp + piece / (tp * pieces)
                     weight_hi = rank / tp + (piece + 1) / (tp * pieces)
                     if layout.zero_stage >= 1:
-                        share = (weight_hi - weight_lo) / replicas
-                        optimizer_lo, optimizer_hi = weight_lo + index * share, weight_lo + (index + 1) * share
+                        share = (weight_hi - weight_lo) / sharers
+                        optimizer_lo, optimizer_hi = weight_lo + member * share, weight_lo + (member + 1) * share
                     else:
                         optimizer_lo, optimizer_hi = weight_lo, weight_hi
                     if layout.zero_stage >= 3:

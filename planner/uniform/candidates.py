@@ -62,7 +62,7 @@ def tensor_parallel_sizes(problem: PlanningProblem) -> list[int]:
 
 
 def context_parallel_sizes(problem: PlanningProblem, tp: int) -> list[int]:
-    """CP sizes the search tries with `tp`: 1, and with flash attention every cp up to
+    """CP sizes the search tries with `tp`: 1, and with flash attention every cp up to the problem's
     `max_context_parallel` that cuts the sequence into 2 cp equal chunks and makes a stage group that fits
     in one node or spans whole nodes the cluster has (`cost_models.context_parallel`), the latter only
     when tp divides a node (every node then holds whole CP ranks)."""
@@ -71,8 +71,8 @@ def context_parallel_sizes(problem: PlanningProblem, tp: int) -> list[int]:
     cluster = problem.cluster
     seq = problem.workload.seq_length
     return [
-        cp for cp in range(1, problem.config.max_context_parallel + 1)
-        if load_balanced_chunks(seq, cp) and tp * cp <= cluster.total_devices
+        cp for cp in range(1, problem.max_context_parallel + 1)
+        if load_balanced_chunks(seq, cp, tp) and tp * cp <= cluster.total_devices
         and nodes_per_group(cluster.gpus_per_node, tp * cp) is not None
         and (tp * cp <= cluster.gpus_per_node or cluster.gpus_per_node % tp == 0)
     ]

@@ -87,7 +87,8 @@ def _estimate(layout: dict) -> Plan:
 
 def _replica_major(plan: Plan) -> Plan:
     """The same plan with each replica kept on one node (stages side by side): needs --use-tp-pp-dp-mapping."""
-    tp, pp = plan.replicas[0].stages[0].tp, len(plan.replicas[0].stages)
+    first = plan.replicas[0].stages[0]
+    tp, pp = first.tp * first.cp, len(plan.replicas[0].stages)  # a stage's GPUs
     per_node = 8 // (tp * pp)
     replicas = []
     for replica in plan.replicas:
@@ -128,6 +129,11 @@ PLANS = {
     "zero3-fsdp": lambda: plan_for(PlanRequest.model_validate(small_request(
         cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
         training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 3}, options=STOCK))),
+    # context parallelism: a fixed tp 2 x cp 2 layout, and a 64k-token plan the search gives CP (llama3-8b, 16 H100s)
+    "context-parallel-layout": lambda: _estimate({"tp": 2, "cp": 2, "pp": 2, "recompute": "selective"}),
+    "context-parallel-64k": lambda: plan_for(PlanRequest.model_validate(small_request(
+        cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
+        training={"global_batch_size": 8, "seq_length": 65536}, options=STOCK))),
     # llama2-13b interleaved, relabelled so each replica sits on one node
     "replica-major": lambda: _replica_major(plan_for(PlanRequest.model_validate(small_request(
         model="llama2-13b", training={"global_batch_size": 64, "seq_length": 8192},
@@ -149,6 +155,7 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--tensor-model-parallel-size", type=int, default=1)
     add("--pipeline-model-parallel-size", type=int, default=1)
+    add("--context-parallel-size", type=int, default=1)
     add("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
     add("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
     add("--microbatch-group-size-per-virtual-pipeline-stage", type=int, default=None,
@@ -245,6 +252,8 @@ def validate_like_megatron_lm(ns: argparse.Namespace) -> None:
             assert ns.pipeline_model_parallel_size > 2
     else:
         ns.overlap_p2p_comm = False  # not overlapped without the interleaved schedule
+    if ns.seq_length is not None and ns.context_parallel_size > 1:
+        assert ns.seq_length % (ns.context_parallel_size * 2) == 0, "seq-length should be a multiple of 2 * cp"
     if ns.use_megatron_fsdp:
         assert ns.ckpt_format == "fsdp_dtensor", "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format."
         ns.use_distributed_optimizer = True  # Megatron-FSDP v1 runs under the distributed optimizer
@@ -351,26 +360,35 @@ def megatron_order(num_microbatches: int, chunks: int, group: int, warmup: int) 
 def check_rank(plan: Plan, ns: argparse.Namespace, config: TransformerConfig, devices: list[str], rank: int) -> None:
     """One rank's view after initialize_model_parallel, against the plan."""
     replicas = sorted(plan.replicas, key=lambda r: r.id)
-    tp, pp, dp = replicas[0].stages[0].tp, len(replicas[0].stages), len(replicas)
+    tp, cp, pp, dp = replicas[0].stages[0].tp, replicas[0].stages[0].cp, len(replicas[0].stages), len(replicas)
     v = plan.virtual_stages
     assert parallel_state.get_tensor_model_parallel_world_size() == tp
+    assert parallel_state.get_context_parallel_world_size() == cp
     assert parallel_state.get_pipeline_model_parallel_world_size() == pp
     assert parallel_state.get_data_parallel_world_size() == dp
     assert parallel_state.get_virtual_pipeline_model_parallel_world_size() == (v if v > 1 else None)
 
+    # a stage's devices: tp consecutive ones per CP rank
     where = {d: (r, s, t) for r, replica in enumerate(replicas) for s, stage in enumerate(replica.stages)
              for t, d in enumerate(stage.devices)}
     r, s, t = where[devices[rank]]
-    assert parallel_state.get_tensor_model_parallel_rank() == t
+    c, t_rank = divmod(t, tp)
+    assert parallel_state.get_tensor_model_parallel_rank() == t_rank
+    assert parallel_state.get_context_parallel_rank() == c
     assert parallel_state.get_pipeline_model_parallel_rank() == s
     assert parallel_state.get_data_parallel_rank() == r
 
     def group_devices(group) -> list[str]:
         return [devices[g] for g in dist.get_process_group_ranks(group)]
 
-    assert group_devices(parallel_state.get_tensor_model_parallel_group()) == replicas[r].stages[s].devices
+    stage_devices = replicas[r].stages[s].devices
+    assert group_devices(parallel_state.get_tensor_model_parallel_group()) == stage_devices[c * tp:(c + 1) * tp]
+    assert group_devices(parallel_state.get_context_parallel_group()) == stage_devices[t_rank::tp]
     assert group_devices(parallel_state.get_pipeline_model_parallel_group()) == [st.devices[t] for st in replicas[r].stages]
     assert group_devices(parallel_state.get_data_parallel_group()) == [rep.stages[s].devices[t] for rep in replicas]
+    # gradients are reduced (and ZeRO shards) over the replicas' CP ranks together
+    assert sorted(group_devices(parallel_state.get_data_parallel_group(with_context_parallel=True))) == sorted(
+        rep.stages[s].devices[cc * tp + t_rank] for rep in replicas for cc in range(cp))
 
     # the layers this pipeline rank builds, chunk by chunk
     for chunk in range(v):
@@ -394,7 +412,7 @@ def ranks_to_check(plan: Plan, devices: list[str]) -> list[int]:
     picked = {len(devices) - 1}
     for s in range(len(replicas[0].stages)):
         stage = replicas[(3 * s + 1) % len(replicas)].stages[s]
-        picked.add(rank_of[stage.devices[s % stage.tp]])
+        picked.add(rank_of[stage.devices[(s * (stage.tp + 1)) % len(stage.devices)]])  # varied TP and CP ranks
     return sorted(picked)
 
 
@@ -409,6 +427,7 @@ def run_megatron_core(plan: Plan, ns: argparse.Namespace, devices: list[str], ra
             parallel_state.initialize_model_parallel(
                 tensor_model_parallel_size=ns.tensor_model_parallel_size,
                 pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
+                context_parallel_size=ns.context_parallel_size,
                 virtual_pipeline_model_parallel_size=ns.virtual_pipeline_model_parallel_size,
                 order=order,
                 create_gloo_process_groups=False,

@@ -112,6 +112,14 @@ REQUESTS = {
 # planner may pipeline where torchtitan cannot run ZeRO-3
 ZERO3 = estimate_request({"tp": 1, "pp": 1, "dp": 32}, model="llama3-8b",
                          training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 3})
+# Context parallelism: a fixed tp 2 x cp 2 x pp 2 layout (ZeRO-1), and one with no ZeRO and no pipeline, which
+# torchtitan still runs FSDP over the CP ranks for
+CONTEXT_PARALLEL = {
+    "cp-pp": estimate_request({"tp": 2, "cp": 2, "pp": 2}, model="llama3-8b", cluster=H100,
+                              training={"global_batch_size": 32, "seq_length": 8192}),
+    "cp-zero0": estimate_request({"tp": 1, "cp": 4, "pp": 1}, model="llama3-8b", cluster=H100,
+                                 training={"global_batch_size": 16, "seq_length": 16384, "zero_stage": 0}),
+}
 NON_UNIFORM = _request("llama3-8b", 32, 4096, {"schedules": ["1f1b"], "allow_non_uniform": True}, failures=FAILED)
 
 
@@ -119,11 +127,13 @@ NON_UNIFORM = _request("llama3-8b", 32, 4096, {"schedules": ["1f1b"], "allow_non
 def real_plan(name: str) -> Plan:
     if name == "zero3-no-pp":
         return estimate_for(EstimateRequest.model_validate(ZERO3))
+    if name in CONTEXT_PARALLEL:
+        return estimate_for(EstimateRequest.model_validate(CONTEXT_PARALLEL[name]))
     body = NON_UNIFORM if name == "non-uniform" else REQUESTS[name]
     return plan_for(PlanRequest.model_validate(body))
 
 
-CASES = [*sorted(REQUESTS), "zero3-no-pp"]
+CASES = [*sorted(REQUESTS), "zero3-no-pp", *CONTEXT_PARALLEL]
 
 
 @pytest.fixture(params=CASES)
@@ -279,6 +289,8 @@ def test_the_cases_cover_every_mapping():
     renders = {case: render(real_plan(case)) for case in CASES}
     assert {layout.recompute for layout in layouts.values()} == {"none", "selective", "full"}
     assert {layout.zero_stage for layout in layouts.values()} == {0, 1, 3}
+    assert {(layout.cp > 1, layout.zero_stage, layout.pp > 1) for layout in layouts.values() if layout.cp > 1} >= {
+        (True, 1, True), (True, 0, False)}
     assert {layout.schedule for layout in layouts.values() if layout.pp > 1} >= {
         "1f1b", "gpipe", "interleaved", "looped-bfs", "zb-h1", "optimized"}
     assert any(layout.pp == 1 and layout.num_microbatches > 1 for layout in layouts.values())
@@ -305,14 +317,15 @@ def test_config_manager_parses_the_plans_values(case, plan):
     parsed = parsed_config(case)
     par, training = parsed.parallelism, parsed.training
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (layout.tp, layout.pp)
-    assert par.context_parallel_degree == par.expert_parallel_degree == 1
+    assert (par.context_parallel_degree, par.expert_parallel_degree) == (layout.cp, 1)
     if layout.zero_stage >= 1:  # FSDP over every dp rank: parameters whole within a step (ZeRO-1) or not (ZeRO-3)
         assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (layout.dp, 1)
+    else:
+        assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (1, layout.dp)
+    if layout.zero_stage >= 1 or layout.cp > 1:  # torchtitan runs FSDP (over dp_shard x cp) whenever cp > 1
         # torchtitan's own reading of the policy: FSDP2 reshards after forward exactly for ZeRO-3
         resharded = get_fsdp_reshard_after_forward_policy(par.fsdp_reshard_after_forward, layout.pp > 1)
         assert resharded == (layout.zero_stage == 3)
-    else:
-        assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (1, layout.dp)
     assert par.pipeline_parallel_microbatch_size == layout.micro_batch_size
     assert training.seq_len == layout.seq_length
     assert training.global_batch_size == layout.global_batch_size
@@ -341,23 +354,25 @@ def test_parallel_dims_and_mesh_place_every_rank_where_the_plan_did(case, plan, 
     layout = stock_layout(plan, "torchtitan")
     parsed = parsed_config(case)
     dims = ParallelDims.from_config(parsed.parallelism, world_size=layout.world_size)  # validates in __post_init__
-    assert (dims.tp, dims.pp, dims.dp_replicate * dims.dp_shard, dims.cp) == (layout.tp, layout.pp, layout.dp, 1)
+    assert (dims.tp, dims.pp, dims.dp_replicate * dims.dp_shard, dims.cp) == (layout.tp, layout.pp, layout.dp, layout.cp)
     assert dims.world_size == layout.world_size == sum(len(s.devices) for r in plan.replicas for s in r.stages)
 
     fake_world(layout.world_size)
     dims.build_mesh()
     # rank 0's groups along each axis give the axis strides of torchtitan's (pp, dp, cp, tp) mesh
     strides = {}
-    for axis, name, size in (("tp", "tp", layout.tp), ("dp", "batch", layout.dp), ("pp", "pp", layout.pp)):
+    for axis, name, size in (("tp", "tp", layout.tp), ("cp", "cp", layout.cp), ("dp", "batch", layout.dp),
+                             ("pp", "pp", layout.pp)):
         strides[axis] = dims.get_mesh(name).mesh.tolist()[1] if size > 1 else 0
         if size > 1:
             assert dims.get_mesh(name).mesh.tolist() == [i * strides[axis] for i in range(size)]
     replicas = sorted(plan.replicas, key=lambda r: r.id)
     for rank, device in enumerate(layout.rank_devices):
         tp_i = rank // strides["tp"] % layout.tp if layout.tp > 1 else 0
+        cp_i = rank // strides["cp"] % layout.cp if layout.cp > 1 else 0
         dp_i = rank // strides["dp"] % layout.dp if layout.dp > 1 else 0
         pp_i = rank // strides["pp"] % layout.pp if layout.pp > 1 else 0
-        assert replicas[dp_i].stages[pp_i].devices[tp_i] == device, f"rank {rank}"
+        assert replicas[dp_i].stages[pp_i].devices[cp_i * layout.tp + tp_i] == device, f"rank {rank}"
 
 
 def test_model_config_accepts_tp_and_seq_len(plan):

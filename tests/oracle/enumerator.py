@@ -2,7 +2,8 @@
 
 It builds requests and asks `/v1/estimate` (the cost model applied to one fully specified layout, no
 search) for every uniform layout `allow_non_uniform: false` declares: every tp dividing the heads (at
-most a node), pp, dp, micro-batch size dividing the batch, recompute mode the planner may pick, allowed
+most a node), every context-parallel size up to `options.max_context_parallel` (the estimate refuses
+the ones the contract rules out), pp, dp, micro-batch size dividing the batch, recompute mode the planner may pick, allowed
 handcrafted schedule (1F1B, GPipe, ZB-H1, ZB-H2, interleaved with every v) and stock layer split (first
 and last stage free, middle stages equal). It imports no planner search code: only the wire schemas, the
 service's estimate and plan entry points, and the planner's error type (what an impossible layout raises).
@@ -73,20 +74,25 @@ def allowed_schedules(body: dict) -> list[str]:
     return body["options"].get("schedules") or ["gpipe", "1f1b", "interleaved"]
 
 
+# API.md / the Options schema: the search may use up to this many context-parallel ranks unless told otherwise.
+DEFAULT_MAX_CONTEXT_PARALLEL = 32
+
+
 def _layouts(body: dict):
     model, cluster = body["model"], body["cluster"]
     layers, batch = model["num_layers"], body["training"]["global_batch_size"]
     gpus = cluster["num_nodes"] * cluster["gpus_per_node"]
     allowed = allowed_schedules(body)
-    for tp in range(1, cluster["gpus_per_node"] + 1):
-        if model["num_attention_heads"] % tp or model["num_kv_heads"] % tp:
+    max_cp = body["options"].get("max_context_parallel", DEFAULT_MAX_CONTEXT_PARALLEL)
+    for tp, cp in itertools.product(range(1, cluster["gpus_per_node"] + 1), range(1, max_cp + 1)):
+        if model["num_attention_heads"] % tp or model["num_kv_heads"] % tp or tp * cp > gpus:
             continue
         for pp in range(1, layers + 1):
-            for dp in range(1, gpus // (tp * pp) + 1):
+            for dp in range(1, gpus // (tp * cp * pp) + 1):
                 for mbs in (m for m in range(1, batch + 1) if batch % (m * dp) == 0):
                     microbatches = batch // (mbs * dp)
                     for recompute in RECOMPUTE:
-                        base = {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": mbs, "recompute": recompute}
+                        base = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "micro_batch_size": mbs, "recompute": recompute}
                         for split in _stock_splits(layers, pp):
                             for schedule in SINGLE_CHUNK if pp > 1 else ("1f1b",):
                                 if schedule in allowed or pp == 1:

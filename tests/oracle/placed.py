@@ -38,8 +38,11 @@ def damaged_instance(rng: random.Random) -> dict:
     picked = rng.sample(devices, rng.choice([1, 2, 2]))
     failed = picked[1:] if len(picked) == 2 and rng.random() < 0.2 else []
     slow = [{"device": device, "speed": round(rng.uniform(0.3, 0.9), 2)} for device in picked if device not in failed]
+    # A replica-by-replica layout names one TP group per stage (API.md): context parallelism is left out of
+    # these instances (max_context_parallel 1), and checked on healthy clusters by `enumerator.py`.
     return {**body, "cluster": cluster, "model": {**body["model"], "num_layers": rng.randint(4, 9)},
-            "failures": {"failed": failed, "slow": slow}}
+            "failures": {"failed": failed, "slow": slow},
+            "options": {**body["options"], "max_context_parallel": 1}}
 
 
 def _healthy_devices(body: dict) -> dict[int, list[tuple[int, float]]]:

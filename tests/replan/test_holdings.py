@@ -36,6 +36,7 @@ def layouts(draw):
     num_layers = draw(st.integers(2, 12))
     v = draw(st.integers(1, 3))
     zero = draw(st.sampled_from([0, 1, 2, 3]))
+    cp = draw(st.sampled_from([1, 2, 3]))  # context-parallel ranks, the same on every stage (they sync together)
     replicas = []
     next_gpu = 0
     for _ in range(draw(st.integers(1, 4))):
@@ -45,20 +46,21 @@ def layouts(draw):
         stages = []
         for first, end in zip(bounds, bounds[1:]):
             tp = draw(st.sampled_from([1, 2, 4]))
-            stages.append(PlacedStage(tuple(f"0:{next_gpu + k}" for k in range(tp)), (first, end)))
-            next_gpu += tp
+            stages.append(PlacedStage(tuple(f"0:{next_gpu + k}" for k in range(tp * cp)), (first, end), cp))
+            next_gpu += tp * cp
         replicas.append(tuple(stages))
     return PlacedLayout(tuple(replicas), v, zero, num_layers)
 
 
 @given(layouts())
 def test_every_unit_is_held_once_per_replica_and_its_optimizer_state_as_zero_says(layout):
-    # Exact cover on a grid of atoms: weights once per replica (once in all with ZeRO-3), optimizer state
-    # once in all (ZeRO-1 to 3, mixed TP sizes included) or once per replica (no ZeRO); measuring widths
-    # alone misses overlaps.
+    # Exact cover on a grid of atoms: weights once per replica and CP rank (once in all with ZeRO-3), optimizer
+    # state once in all (ZeRO-1 to 3, mixed TP sizes included) or once per replica and CP rank (no ZeRO);
+    # measuring widths alone misses overlaps.
     holdings = device_holdings(layout)
-    sizes = [len(stage.devices) for replica in layout.replicas for stage in replica]
-    grid = math.lcm(*sizes) * len(layout.replicas)
+    cp = layout.replicas[0][0].cp
+    sizes = [len(stage.devices) // stage.cp for replica in layout.replicas for stage in replica]
+    grid = math.lcm(*sizes) * len(layout.replicas) * cp
     weight, optimizer = Counter(), Counter()
     for blocks in holdings.values():
         for b in blocks:
@@ -66,6 +68,6 @@ def test_every_unit_is_held_once_per_replica_and_its_optimizer_state_as_zero_say
                 weight.update((unit, a) for a in range(round(b.weight_lo * grid), round(b.weight_hi * grid)))
                 optimizer.update((unit, a) for a in range(round(b.optimizer_lo * grid), round(b.optimizer_hi * grid)))
     every = {(unit, a) for unit in range(layout.num_layers + 2) for a in range(grid)}
-    replicas = len(layout.replicas)
-    assert set(weight) == every and set(weight.values()) == {1 if layout.zero_stage == 3 else replicas}
-    assert set(optimizer) == every and set(optimizer.values()) == {1 if layout.zero_stage else replicas}
+    copies = len(layout.replicas) * cp
+    assert set(weight) == every and set(weight.values()) == {1 if layout.zero_stage == 3 else copies}
+    assert set(optimizer) == every and set(optimizer.values()) == {1 if layout.zero_stage else copies}
