@@ -78,6 +78,20 @@ def context_parallel_sizes(problem: PlanningProblem, tp: int) -> list[int]:
     ]
 
 
+def _split_sequences_win(problem: PlanningProblem, cp: int, mbs: int) -> bool:
+    """Whether every shape with `cp` ranks and micro-batch size `mbs` is matched or beaten by a shape in the
+    space without CP: when cp divides mbs and mbs / cp is a size the search tries, (tp, cp, mbs, dp) loses to
+    (tp, 1, mbs / cp, dp cp) on the same GPUs in the same rank order (tp, then cp, then dp is tp, then dp cp).
+    Each of its replicas is one CP rank of the other's: every GPU keeps its tokens (mbs / cp whole sequences
+    instead of 1 / cp of mbs of them), its attention FLOPs (a sequence's causal attention over cp load-balanced
+    ranks is 1 / cp of it), its weights and state (ZeRO over dp cp either way), its pipeline sends and its
+    gradient sync (dp cp ranks, the same bytes), and drops the key/value exchange; a stage's speed is the
+    slowest of tp GPUs instead of tp cp, never slower, and a schedule's makespan never rises as its ops
+    shorten. So leaving these shapes out loses nothing (tests/planner/test_context_parallel_search.py
+    checks one such pair)."""
+    return cp > 1 and mbs % cp == 0 and mbs // cp in problem.micro_batch_sizes
+
+
 def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int) -> tuple[tuple[float, ...], ...]:
     """Per-position speeds of the distinct replicas when the degraded groups among the fastest dp * pp
     slots are packed into as few replicas as possible (`placements.packed`): the bubble-model searches'
@@ -186,7 +200,7 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
             if inventory.total == 0:
                 continue
             for mbs in problem.micro_batch_sizes:
-                if batch % mbs:
+                if batch % mbs or _split_sequences_win(problem, cp, mbs):
                     continue
                 for dp in reversed([d for d in divisors(batch // mbs) if d <= inventory.total]):
                     microbatches = batch // (dp * mbs)
@@ -212,7 +226,7 @@ def uniform_shape_count(problem: PlanningProblem) -> int:
             groups = (cluster.gpus_per_node // size * cluster.num_nodes if size <= cluster.gpus_per_node
                       else cluster.total_devices // size)
             for mbs in problem.micro_batch_sizes:
-                if batch % mbs == 0:
+                if batch % mbs == 0 and not _split_sequences_win(problem, cp, mbs):
                     count += sum(min(layers, groups // dp) for dp in divisors(batch // mbs) if dp <= groups)
     return count * len(problem.recompute_modes)
 

@@ -94,3 +94,21 @@ def test_an_impossible_cp_layout_is_refused_in_the_users_terms(layout, message):
         body["training"]["seq_length"] = 3 * 16384
     with pytest.raises(PlanningError, match=message):
         estimate_for(EstimateRequest.model_validate({**body, "layout": layout}))
+
+
+@pytest.mark.parametrize("failures", [{}, {"slow": [{"device": "0:1", "speed": 0.6}]}])
+def test_cp_over_whole_microbatches_loses_to_splitting_them_over_replicas(failures):
+    """The search leaves out cp dividing the micro-batch size (`_split_sequences_win`): the same GPUs as cp x
+    more replicas of mbs / cp sequences do at least as well, slow GPUs included."""
+    body = small_request(cluster={"num_nodes": 2, **H100_NODES}, model="llama3-8b", failures=failures,
+                         training={"global_batch_size": 16, "seq_length": 16384})
+    with_cp = {"tp": 2, "cp": 2, "pp": 2, "dp": 2, "micro_batch_size": 2, "recompute": "full"}
+    split = {"tp": 2, "cp": 1, "pp": 2, "dp": 4, "micro_batch_size": 1, "recompute": "full"}
+    cp_plan, split_plan = (estimate_for(EstimateRequest.model_validate({**body, "layout": layout}))
+                           for layout in (with_cp, split))
+    assert split_plan.predicted.iteration_time_s <= cp_plan.predicted.iteration_time_s
+    if failures:
+        return
+    # healthy: the same devices, in the same rank order (with slow GPUs the estimate places each its own way)
+    assert [d for s in range(2) for r in cp_plan.replicas for d in r.stages[s].devices] == [
+        d for s in range(2) for r in split_plan.replicas for d in r.stages[s].devices]
