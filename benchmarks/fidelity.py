@@ -216,12 +216,14 @@ def modern_table(efficiency: EfficiencyParams) -> list[str]:
         + f"; all {100 * sum(every) / len(every):.1f}% ({len(every)} runs)."]
     lines += ["Per feature: " + "; ".join(
         f"{feature} {100 * sum(e) / len(e):.1f}% ({len(e)} runs)" for feature, e in sorted(by_feature.items()))
-        + "; context parallelism and mixture-of-experts: no runs (not modelled yet)."]
+        + "; mixture-of-experts: no runs (not modelled yet)."]
     return lines
 
 
 def run_feature(run) -> str:
     """What a modern run exercises beyond the BF16 ZeRO-0/1 baseline, for the per-feature errors."""
+    if run.shape.cp > 1:
+        return "cp"
     if run.precision == "fp8":
         return "fp8"
     if run.workload.zero_stage >= 2:

@@ -195,6 +195,10 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
 def to_fixed_layout(layout: Layout) -> FixedLayout | ReplicaLayout:
     """An estimate request's layout as the planner's fixed layout: by shape, or replica by replica."""
     if layout.replicas is not None:
+        split = sorted({stage.cp for replica in layout.replicas for stage in replica.stages} - {1})
+        if split:
+            raise PlanningError(f"layout.replicas: stages with context parallelism (cp {', '.join(map(str, split))}) "
+                                "are estimated by shape only: give tp, cp, pp and dp instead of replicas")
         return ReplicaLayout(
             replicas=tuple(
                 FixedReplica(

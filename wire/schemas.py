@@ -333,6 +333,9 @@ class LayoutStage(_Strict):
         min_length=1, max_length=MAX_GPUS_PER_NODE, description="The stage's TP group, one node's GPUs; tp is their count."
     )
     layers: tuple[int, int] = Field(description="Half-open [first, last) transformer layers, as in a plan's stages.")
+    cp: int = Field(default=1, ge=1, le=1024, description="A plan's stage cp, accepted so that its replicas fit here "
+                    "as they are; replica-by-replica estimates price cp 1 only (give a CP layout by shape: tp, cp, "
+                    "pp, dp).")
 
     @field_validator("devices")
     @classmethod

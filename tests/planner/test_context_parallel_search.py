@@ -112,3 +112,16 @@ def test_cp_over_whole_microbatches_loses_to_splitting_them_over_replicas(failur
     # healthy: the same devices, in the same rank order (with slow GPUs the estimate places each its own way)
     assert [d for s in range(2) for r in cp_plan.replicas for d in r.stages[s].devices] == [
         d for s in range(2) for r in split_plan.replicas for d in r.stages[s].devices]
+
+
+def test_a_cp_plans_replicas_sent_back_to_estimate_are_refused_not_mispriced():
+    """A CP stage's devices are tp x cp GPUs; read replica by replica they would pass for one TP group of that
+    size, a different layout. The estimate says to give it by shape."""
+    plan = plan_for(_request(2, "llama3-8b", 8, 65536))
+    assert max(stage.cp for stage in plan.replicas[0].stages) > 1
+    replicas = [{"num_microbatches": r.num_microbatches,
+                 "stages": [{"devices": s.devices, "layers": list(s.layers), "cp": s.cp} for s in r.stages]}
+                for r in plan.replicas]
+    body = {**_request(2, "llama3-8b", 8, 65536).model_dump(), "layout": {"replicas": replicas}}
+    with pytest.raises(PlanningError, match="context parallelism .* by shape only"):
+        estimate_for(EstimateRequest.model_validate(body))
