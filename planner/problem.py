@@ -14,8 +14,18 @@ from planner.config import DEFAULT_CONFIG, PlannerConfig
 from planner.numbers import divisors
 
 # Most context-parallel ranks per stage a search tries unless the request says otherwise
-# (`options.max_context_parallel`): Llama 3's 128k phase used 16, NVIDIA's 1M-token recipes 32.
+# (`options.max_context_parallel`): Llama 3's 128k phase used 16, NVIDIA's 1M-token recipes 32. By default
+# only sequences of at least DEFAULT_CP_MIN_SEQ_LENGTH tokens are split: below it the published runs train
+# without CP (Llama 3 at 8k; NeMo's best Llama2-7B/Llama3-8B layouts up to 16k), the gains the model
+# predicts there are within its error, and a CP plan is one DeepSpeed cannot run. A request that sets
+# the option gets CP at any length.
 DEFAULT_MAX_CONTEXT_PARALLEL = 32
+DEFAULT_CP_MIN_SEQ_LENGTH = 16384
+
+
+def default_max_context_parallel(seq_length: int) -> int:
+    """`options.max_context_parallel` when the request leaves it out."""
+    return DEFAULT_MAX_CONTEXT_PARALLEL if seq_length >= DEFAULT_CP_MIN_SEQ_LENGTH else 1
 RECOMPUTE_CHOICES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 STOCK_SCHEDULES = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED})  # what Megatron-LM and DeepSpeed run unchanged
 CHUNKED_SCHEDULES = frozenset({ScheduleName.INTERLEAVED, ScheduleName.LOOPED_BFS, ScheduleName.OPTIMIZED})  # for v > 1 chunks per stage

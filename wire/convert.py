@@ -24,7 +24,7 @@ from planner.errors import PlanningError
 from planner.estimate import FixedLayout
 from planner.estimate_replicas import FixedReplica, FixedStage, ReplicaLayout
 from planner.gc_pause import gc_paused
-from planner.problem import PlanningProblem
+from planner.problem import PlanningProblem, default_max_context_parallel
 from planner.result import PlanResult, ReplicaResult
 from planner.schedules.result import ScheduleChoice
 from planner.zero_choice import with_zero_stage
@@ -182,7 +182,8 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
         random_seed=request.options.random_seed,
         schedules=frozenset(request.options.schedules) if request.options.schedules is not None else None,
         memory_reserve_gib=reserve_gib,
-        max_context_parallel=request.options.max_context_parallel,
+        max_context_parallel=(request.options.max_context_parallel if request.options.max_context_parallel is not None
+                              else default_max_context_parallel(training.seq_length)),
         efficiency=calibration.parameters if calibration is not None else fitted_efficiency(),
         calibration_id=calibration.calibration_id if calibration is not None else None,
         software=software,

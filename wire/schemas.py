@@ -283,11 +283,11 @@ class Options(_Strict):
         description="GiB per GPU a plan leaves free for what the cost model does not count: CUDA context, NCCL "
         "buffers, allocator fragmentation. Default 3 (README, \"Memory reserve\"); raise it to ~5 with NVLink SHARP on.")
     random_seed: int = Field(default=0, ge=0, le=2**31 - 1, description="CP-SAT seed; fixed for reproducible plans.")
-    max_context_parallel: int = Field(
-        default=32, ge=1, le=1024,
+    max_context_parallel: int | None = Field(
+        default=None, ge=1, le=1024,
         description="Most context-parallel ranks per stage the search may use (1: none, for trainers without "
-        "context parallelism). CP is searched only with flash attention, for sizes that cut seq_length into 2 cp "
-        "equal chunks.")
+        "context parallelism). Default: 32 for sequences of 16,384 tokens or more, else 1. CP is searched only "
+        "with flash attention, for sizes that cut seq_length into 2 cp chunks each split over tp.")
     amortize_iterations: int = Field(
         default=500, ge=1, le=10_000_000,
         description="Replanning only: iterations a new layout is expected to run; its migration time is divided "

@@ -117,7 +117,7 @@ ZERO3 = estimate_request({"tp": 1, "pp": 1, "dp": 32}, model="llama3-8b",
 CONTEXT_PARALLEL = {
     "cp-pp": estimate_request({"tp": 2, "cp": 2, "pp": 2}, model="llama3-8b", cluster=H100,
                               training={"global_batch_size": 32, "seq_length": 8192}),
-    "cp-zero0": estimate_request({"tp": 1, "cp": 4, "pp": 1}, model="llama3-8b", cluster=H100,
+    "cp-zero0": estimate_request({"tp": 4, "cp": 2, "pp": 1}, model="llama3-8b", cluster=H100,
                                  training={"global_batch_size": 16, "seq_length": 16384, "zero_stage": 0}),
 }
 NON_UNIFORM = _request("llama3-8b", 32, 4096, {"schedules": ["1f1b"], "allow_non_uniform": True}, failures=FAILED)

@@ -74,8 +74,14 @@ def allowed_schedules(body: dict) -> list[str]:
     return body["options"].get("schedules") or ["gpipe", "1f1b", "interleaved"]
 
 
-# API.md / the Options schema: the search may use up to this many context-parallel ranks unless told otherwise.
-DEFAULT_MAX_CONTEXT_PARALLEL = 32
+# The Options schema: unless told otherwise the search may use up to 32 context-parallel ranks on sequences of
+# 16,384 tokens or more, none on shorter ones.
+def max_context_parallel(body: dict) -> int:
+    given = body["options"].get("max_context_parallel")
+    if given is not None:
+        return given
+    return 32 if body["training"]["seq_length"] >= 16384 else 1
+
 
 
 def _layouts(body: dict):
@@ -83,7 +89,7 @@ def _layouts(body: dict):
     layers, batch = model["num_layers"], body["training"]["global_batch_size"]
     gpus = cluster["num_nodes"] * cluster["gpus_per_node"]
     allowed = allowed_schedules(body)
-    max_cp = body["options"].get("max_context_parallel", DEFAULT_MAX_CONTEXT_PARALLEL)
+    max_cp = max_context_parallel(body)
     for tp, cp in itertools.product(range(1, cluster["gpus_per_node"] + 1), range(1, max_cp + 1)):
         if model["num_attention_heads"] % tp or model["num_kv_heads"] % tp or tp * cp > gpus:
             continue
