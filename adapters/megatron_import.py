@@ -226,9 +226,10 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     layout["recompute"] = _recompute(flags, not_modelled)
     world = world_size(launcher)
     if world is not None:
-        if world % (tp * pp):
-            raise CommandLineError(f"torchrun starts {world} ranks, not a multiple of tp {tp} x pp {pp}")
-        layout["dp"] = world // (tp * pp)
+        cp_text = f" x cp {cp}" if cp != 1 else ""
+        if world % (tp * cp * pp):
+            raise CommandLineError(f"torchrun starts {world} ranks, not a multiple of tp {tp}{cp_text} x pp {pp}")
+        layout["dp"] = world // (tp * cp * pp)
     training = {"global_batch_size": _required(flags, "--global-batch-size"), "seq_length": seq_length,
                 "zero_stage": _zero_stage(flags),
                 "precision": _precision(flags)}
@@ -238,7 +239,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--num-query-groups", "--kv-channels", "--swiglu", "--untie-embeddings-and-output-weights", "--normalization",
         "--norm-epsilon", "--position-embedding-type", "--rotary-base", "--rotary-percent", "--use-rope-scaling",
         "--rope-scaling-factor", "--max-position-embeddings", "--disable-bias-linear", "--add-qkv-bias",
-        "--vocab-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+        "--vocab-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
         "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
         "--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--seq-length",

@@ -97,6 +97,7 @@ def test_export_then_import_gives_the_same_layout_and_model(name):
     split = [stage.layers[1] - stage.layers[0] for stage in first.stages]
     assert (layout["tp"], layout["pp"], layout["virtual_stages"]) == (first.stages[0].tp, len(first.stages),
                                                                       plan.virtual_stages)
+    assert layout.get("cp", 1) == first.stages[0].cp
     assert layout.get("layers_per_stage", [arch.num_layers // len(split)] * len(split)) == split
     assert (layout["micro_batch_size"], layout["recompute"]) == (plan.micro_batch_size, plan.recompute)
     assert layout["schedule"] == ("interleaved" if plan.virtual_stages > 1 else "1f1b")
@@ -122,6 +123,18 @@ def test_the_imported_launch_command_estimates_to_the_plans_prediction(name):
                "gpus_per_node": 8, "gpu": "A100-80GB"}  # these three plans' GPUs
     body = {**imported.request, "cluster": cluster}
     estimate = estimate_for(EstimateRequest.model_validate(body))
+    assert estimate.predicted.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=2e-3)
+
+
+def test_a_context_parallel_launch_command_estimates_to_the_plans_prediction():
+    """--context-parallel-size travels back as layout.cp: the imported layout on the plan's H100s predicts what
+    the plan (llama3-8b at 64k tokens, which the search gives CP) predicted."""
+    plan, _ = _stock_plan("context-parallel-64k")
+    assert plan.replicas[0].stages[0].cp > 1
+    imported = import_megatron(launch_command(plan), vocab_size=plan.architecture.vocab_size)
+    assert imported.request["layout"]["cp"] == plan.replicas[0].stages[0].cp
+    cluster = {"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}
+    estimate = estimate_for(EstimateRequest.model_validate({**imported.request, "cluster": cluster}))
     assert estimate.predicted.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=2e-3)
 
 
