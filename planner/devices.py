@@ -71,7 +71,7 @@ class Slot:
         return tuple((node, gpu) for node in (self.nodes or (self.node,)) for gpu in self.devices)
 
 
-def nodes_per_group(gpus_per_node: int, size: int) -> int:
+def nodes_per_group(gpus_per_node: int, size: int) -> int | None:
     """Whole nodes a group of `size` GPUs spans: 0 when it fits inside one node, None when it is
     larger but not a multiple of a node."""
     if size <= gpus_per_node:
