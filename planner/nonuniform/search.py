@@ -230,7 +230,15 @@ def _link_replicas(outer: OuterChoice, inventory: _Inventory, config: PlannerCon
 
 def recost(problem: PlanningProblem, layout: NonUniformLayout) -> NonUniformLayout:
     """The chosen layout costed with its actual replica count (sync, ZeRO memory, optimizer),
-    which is never more than the search's conservative figures."""
+    which is never more than the search's conservative figures.
+
+    A layout whose every replica is a single stage has no pipeline to interleave: the v chunks its outer
+    choice names would run back to back on one GPU, as fast as one chunk and holding more activations,
+    and no trainer runs chunks without pipeline stages (Megatron-LM and torchtitan refuse them). It is
+    costed and reported as what runs: one chunk."""
+    used = [t for t, count in zip(layout.templates, layout.allocation.replicas_per_template) if count]
+    if layout.outer.virtual_stages > 1 and all(len(t.stage_types) == 1 for t in used):
+        layout = replace(layout, outer=replace(layout.outer, virtual_stages=1))
     replicas = sum(layout.allocation.replicas_per_template)
     devices = sum(count * sum(st.tp for st in t.stage_types)
                   for t, count in zip(layout.templates, layout.allocation.replicas_per_template))
