@@ -235,9 +235,10 @@ def recost(problem: PlanningProblem, layout: NonUniformLayout) -> NonUniformLayo
     A layout whose every replica is a single stage has no pipeline to interleave: the v chunks its outer
     choice names would run back to back on one GPU, as fast as one chunk and holding more activations,
     and no trainer runs chunks without pipeline stages (Megatron-LM and torchtitan refuse them). It is
-    costed and reported as what runs: one chunk."""
+    costed and reported as what runs, one chunk, unless the request allows chunked schedules only."""
     used = [t for t, count in zip(layout.templates, layout.allocation.replicas_per_template) if count]
-    if layout.outer.virtual_stages > 1 and all(len(t.stage_types) == 1 for t in used):
+    if (layout.outer.virtual_stages > 1 and problem.allows_virtual_stages(1)
+            and all(len(t.stage_types) == 1 for t in used)):
         layout = replace(layout, outer=replace(layout.outer, virtual_stages=1))
     replicas = sum(layout.allocation.replicas_per_template)
     devices = sum(count * sum(st.tp for st in t.stage_types)

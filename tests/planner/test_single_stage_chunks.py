@@ -26,3 +26,10 @@ def test_single_stage_replicas_run_one_chunk_and_every_trainer_takes_them():
     # as fast as the stock plan of the same request, which never chunks a single stage
     stock = plan_for(PlanRequest.model_validate({**REQUEST, "options": {"allow_non_uniform": False}}))
     assert plan.predicted.iteration_time_s <= stock.predicted.iteration_time_s * (1 + 1e-6)
+
+
+def test_a_request_allowing_chunked_schedules_only_keeps_its_chunks():
+    """With only `interleaved` allowed there is no one-chunk schedule to report: the layout keeps its chunks
+    (the request asked for them) rather than failing to schedule."""
+    plan = plan_for(PlanRequest.model_validate({**REQUEST, "options": {"schedules": ["interleaved"]}}))
+    assert plan.schedule == "interleaved" and plan.virtual_stages > 1
