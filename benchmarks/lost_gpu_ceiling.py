@@ -1,0 +1,99 @@
+"""How much of one lost GPU any replica shape can win back when every GPU holds two whole sequences.
+
+    python -m benchmarks.lost_gpu_ceiling            # print the table
+    python -m benchmarks.lost_gpu_ceiling --write    # also update BENCHMARKS.md
+
+The case is `benchmarks/failures.py`'s worst: llama2-7b on 256 A100-80GB at 512 x 4k, one GPU failed, where
+resiplan retains 0.70 of the surviving-compute limit. Healthy, resiplan's plan has every GPU train its two
+sequences alone (tp 1, one microbatch of 2). After the loss, 255 GPUs hold 512 sequences, more than two each,
+so by pigeonhole some replica of g GPUs takes at least 2g + 1 sequences, and the iteration lasts at least that
+replica's time. Each row prices one replica shape taking that many sequences (rounded up as below), by
+`/v1/estimate` on a uniform layout of such replicas over the same 256 GPUs (so ZeRO sharding and the gradient
+sync are about the job's), and gives the retention no plan whose busiest replica has that shape can exceed:
+healthy plan's iteration / that iteration x 256 / 255 (both simulated schedules, as plans report them).
+Shapes: tp x cp within a node, pp 1, 2 or 4 stages under 1F1B and ZB-H2, selective recompute, and every micro-
+batch size b that divides the batch of 512, up to 2g + 1: a plan has one micro-batch size, so every replica
+takes a multiple of b sequences and the busiest one at least b x ceil((2g + 1) / b); each row keeps the best
+b. Not covered: longer pipelines, interleaved schedules, resiplan's CP-SAT schedules (an estimate names a
+fixed schedule; the plan's own beats ZB-H2 by about 3% on this case), CP groups spanning nodes, other
+recompute. Predicted times, not timings: the figures depend on the cost model only.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from api.tasks.planning import estimate_for, plan_for
+from benchmarks.report import write_section
+from planner.errors import PlanningError
+from wire.schemas import EstimateRequest, PlanRequest
+
+NODES, GPUS_PER_NODE, GPU, MODEL, SEQ_LENGTH = 32, 8, "A100-80GB", "llama2-7b", 4096
+GLOBAL_BATCH = 512
+SEQUENCES_PER_GPU = 2  # 512 sequences on 256 GPUs
+SHAPES = [(tp, cp) for tp in (1, 2, 4, 8) for cp in (1, 2, 4, 8) if tp * cp <= GPUS_PER_NODE]
+PIPELINES = [(1, "1f1b"), (2, "1f1b"), (2, "zb-h2"), (4, "1f1b"), (4, "zb-h2")]
+
+
+def _request(batch: int) -> dict:
+    return {"cluster": {"num_nodes": NODES, "gpus_per_node": GPUS_PER_NODE, "gpu": GPU}, "model": MODEL,
+            "training": {"global_batch_size": batch, "seq_length": SEQ_LENGTH}}
+
+
+def iteration_s(tp: int, cp: int, pp: int, schedule: str, micro_batch: int, sequences: int) -> float | None:
+    """Predicted iteration of 256 GPUs cut into replicas of tp x cp x pp GPUs, each taking `sequences`; None
+    where the layout does not fit."""
+    dp = NODES * GPUS_PER_NODE // (tp * cp * pp)
+    body = {**_request(sequences * dp), "layout": {"tp": tp, "cp": cp, "pp": pp, "dp": dp,
+                                                   "micro_batch_size": micro_batch, "schedule": schedule}}
+    try:
+        return estimate_for(EstimateRequest.model_validate(body)).predicted.iteration_time_s
+    except PlanningError:
+        return None
+
+
+def busiest_replica(tp: int, cp: int, pp: int, schedule: str, least_sequences: int) -> tuple[float, int, int] | None:
+    """The fastest (iteration s, micro-batch size, sequences) of a replica taking at least `least_sequences`:
+    one micro-batch size runs the whole plan, so the count is the next multiple of it."""
+    found = []
+    for micro_batch in range(1, least_sequences + 1):
+        if GLOBAL_BATCH % micro_batch:
+            continue
+        sequences = micro_batch * -(-least_sequences // micro_batch)
+        seconds = iteration_s(tp, cp, pp, schedule, micro_batch, sequences)
+        if seconds is not None:
+            found.append((seconds, micro_batch, sequences))
+    return min(found, default=None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    args = parser.parse_args()
+    gpus = NODES * GPUS_PER_NODE
+    healthy_s = plan_for(PlanRequest.model_validate(_request(GLOBAL_BATCH))).predicted.iteration_time_s
+    rows, best = [], (0.0, "")
+    for pp, schedule in PIPELINES:
+        for tp, cp in SHAPES:
+            group = tp * cp * pp
+            loaded = busiest_replica(tp, cp, pp, schedule, SEQUENCES_PER_GPU * group + 1)
+            if loaded is None:
+                rows.append(f"| tp {tp} cp {cp} pp {pp} {schedule} | {group} | | | no layout fits | |")
+                continue
+            loaded_s, micro_batch, sequences = loaded
+            ceiling = healthy_s / loaded_s * gpus / (gpus - 1)
+            best = max(best, (ceiling, f"tp {tp} cp {cp} pp {pp} {schedule}"))
+            rows.append(f"| tp {tp} cp {cp} pp {pp} {schedule} | {group} | {sequences} | "
+                        f"{micro_batch} | {loaded_s:.3f} | {ceiling:.3f} |")
+            print(rows[-1], flush=True)
+    body = (__doc__.split("\n\n", 2)[2].strip() + f"\n\nHealthy iteration {healthy_s:.3f} s. Highest ceiling: "
+            f"{best[0]:.3f} ({best[1]}).\n\n"
+            "| busiest replica | GPUs g | sequences | micro-batch | iteration s | retention ceiling |\n"
+            "|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows))
+    print(body.rsplit("\n\n", 1)[0].rsplit("\n\n", 1)[1])
+    if args.write:
+        write_section("One lost GPU at two sequences per GPU", "python -m benchmarks.lost_gpu_ceiling --write", body)
+
+
+if __name__ == "__main__":
+    main()
