@@ -1,4 +1,4 @@
-"""The stock planner on damaged clusters against the exhaustive placement oracle, on 40 small instances.
+"""The stock planner on damaged clusters against the exhaustive placement oracle, on 60 small instances.
 
 `tests/oracle/placed.py` estimates, through `/v1/estimate` with every replica spelled out, every stock
 layout with its slow GPUs in every place (unused, or any replica and stage, two of one node together or
@@ -23,7 +23,7 @@ from tests.oracle.checks import check_plans_against
 from tests.oracle.placed import damaged_instance, placed_oracle_best
 
 _RNG = random.Random(3)
-BODIES = [damaged_instance(_RNG) for _ in range(40)]
+BODIES = [damaged_instance(_RNG) for _ in range(60)]
 
 
 @pytest.mark.parametrize("body", BODIES, ids=[f"damaged-{i}" for i in range(len(BODIES))])
