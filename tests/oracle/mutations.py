@@ -25,6 +25,7 @@ ORACLE = "tests/oracle/test_uniform_oracle.py"
 FAILURE_AWARE = "tests/planner/test_failure_aware_reported.py"
 FLOORS = "tests/planner/test_floor_pieces.py"
 PLACED = "tests/oracle/test_placed_oracle.py"
+WITNESS = "tests/planner/test_failure_aware_witness.py"
 
 # (name, file, text, replacement[, tests]); tests default to the uniform oracle.
 MUTATIONS = [
@@ -49,7 +50,7 @@ MUTATIONS = [
      (FAILURE_AWARE, ORACLE)),
     ("failure-aware: the floor search priced by the bubble model", "planner/nonuniform/search.py",
      "        if self._value_of is None:\n            return None\n        out = []",
-     "        if True:\n            return None\n        out = []", (FAILURE_AWARE, ORACLE)),
+     "        if True:\n            return None\n        out = []", (FAILURE_AWARE, WITNESS, ORACLE)),
     ("floors count the backward chain under zero-bubble schedules", "planner/nonuniform/templates.py",
      "before = sum(forwards[:s]) + (sum(backwards[:s]) if full_backward else 0.0)",
      "before = sum(forwards[:s]) + sum(backwards[:s])", (FLOORS, FAILURE_AWARE, ORACLE)),
@@ -72,7 +73,7 @@ def main() -> None:
         tree = Path(scratch) / "tree"
         subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True)
         try:
-            rows.append(f"| none (HEAD) | {_run(tree, (ORACLE, PLACED, FAILURE_AWARE, FLOORS))} |")
+            rows.append(f"| none (HEAD) | {_run(tree, (ORACLE, PLACED, FAILURE_AWARE, FLOORS, WITNESS))} |")
             print(rows[-1], flush=True)
             for name, file, text, replacement, *tests in MUTATIONS:
                 path = tree / file
