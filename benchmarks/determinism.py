@@ -34,8 +34,8 @@ REQUESTS = [
     # A short limit: the search is cut by a budget, so only a deterministic budget gives equal plans.
     ("api/examples/healthy-256xa100-llama2-70b.json", 1.0),
 ]
-# A search the work budget itself cuts (4,096 GPUs in 1 s): the cut falls at the same point of CPU
-# time, which repeats to a few percent, not exactly.
+# A search the work budget itself cuts (4,096 GPUs in 1 s): the cut falls at the same point of the
+# counted work (`planner.work`) however loaded the machine.
 CUT_REQUEST = {
     "cluster": {"num_nodes": 512, "gpus_per_node": 8, "gpu": "H100-SXM"},
     "failures": {"failed": ["9:0", "300:*"], "slow": [{"device": "100:4", "speed": 0.7}]},

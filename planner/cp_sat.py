@@ -9,12 +9,10 @@ from __future__ import annotations
 from ortools.sat.python import cp_model
 
 from planner.budget import WALL_SAFETY
+from planner.work import DETERMINISTIC_UNITS_PER_S
 
 # CP-SAT rejects a zero or negative limit; this is the least a probe is given.
 MIN_SOLVE_S = 0.01
-# CP-SAT's deterministic time per second of one idle core of the benchmark machine (measured: 2.1 units
-# in a 1 s solve of a scheduling model), so a limit of s seconds does about s seconds of work.
-DETERMINISTIC_UNITS_PER_S = 2.0
 
 
 def limit_solver(solver: cp_model.CpSolver, time_limit_s: float, wall_limit_s: float | None = None) -> None:

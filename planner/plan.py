@@ -24,22 +24,22 @@ from planner.deadline import finish_reserve_s, ops_cost_s, setup_s
 from planner.errors import InfeasibleError
 from planner.gc_pause import gc_paused
 from planner.infeasibility import explain_infeasible, obvious_infeasibility
-from planner.nonuniform.assemble import assemble_replicas, breakdown_s
+from planner.nonuniform.assemble import assemble_replicas, breakdown_s, recost
 from planner.nonuniform.search import (
     NonUniformLayout,
     NonUniformResult,
     NonUniformSearch,
-    recost,
     search_nonuniform,
 )
 from planner.problem import PlanningProblem
 from planner.result import PlanResult, SolverResult
-from planner.schedules.for_plan import handcrafted_cost_s, handcrafted_reported_ms, with_schedules
+from planner.schedules.for_plan import handcrafted_cost_s, handcrafted_ops, handcrafted_reported_ms, with_schedules
 from planner.uniform.search import SearchResult, UniformSearch, search
 from planner.uniform.candidates import Candidate, ranked_candidates
 from planner.uniform.simulated import StockSearch
 from planner.reported import SEARCH_FINISHED, WALL_CLOCK_STOP, WORK_BUDGET_STOP, as_reported
 from planner.zero_choice import plan_each_zero_stage
+from planner.work import Work
 
 
 
@@ -81,8 +81,8 @@ def _stock_layout(problem: PlanningProblem, budget: Budget) -> PlanResult:
 @gc_paused()
 def plan(problem: PlanningProblem, budget: Budget | None = None) -> PlanResult:
     """The best layout for the cluster as it is now (uniform only when `stock_layouts_only`), by the
-    deadline of `budget` (default: `time_limit_s` from now)."""
-    budget = budget or Budget.starting_now(problem.time_limit_s)
+    deadline of `budget` (default: `time_limit_s` from now), counted in work (`Budget.as_work`)."""
+    budget = (budget or Budget.starting_now(problem.time_limit_s)).as_work()
     if problem.zero_stage_auto:
         return plan_each_zero_stage(problem, budget, plan)
     obvious = obvious_infeasibility(problem)
@@ -109,8 +109,8 @@ def _plan_failure_aware(problem: PlanningProblem, budget: Budget) -> PlanResult:
     Layouts of pass 1 outside the two spaces (uniform ones with splits of other forms) are answers, not
     part of the proof."""
     started = time.monotonic()
-    total_s = budget.remaining_s()
-    work = Budget.of_work(total_s)
+    work = budget.as_work()
+    total_s = work.remaining_s()
     layout_budget = work.less(schedule_budget_s(total_s, problem.config) + finish_reserve_s(problem))
     # What the checking passes may plan on, estimated without looking at a clock: the layout time less the
     # setup (`planner.deadline`), beyond pass 1's share.
@@ -140,7 +140,7 @@ def _plan_failure_aware(problem: PlanningProblem, budget: Budget) -> PlanResult:
     # the answer is given list and CP-SAT schedules.
     candidates: list[tuple[float, PlanResult]] = []
     if layout is not None:
-        candidates.append((0.0 if hurried else handcrafted_reported_ms(problem, layout), layout))
+        candidates.append((0.0 if hurried else _valued(problem, layout, layout_budget), layout))
     stock = StockSearch(problem, layout_budget, ranked)
     # Stock layouts bounded above pass 1's layout cannot win: their bound is the stock space's.
     pass_one_ms = candidates[0][0] if candidates and not hurried else float("inf")
@@ -153,7 +153,7 @@ def _plan_failure_aware(problem: PlanningProblem, budget: Budget) -> PlanResult:
         raise InfeasibleError(explain_infeasible(problem))
     incumbent_ms = min(value for value, _ in candidates)
     simulated = search_nonuniform(problem, incumbent_ms, layout_budget, max_steps=0 if hurried else floor_steps,
-                                  value_of=lambda found: handcrafted_reported_ms(problem, nonuniform_plan(problem, found)),
+                                  value_of=lambda found: _valued(problem, nonuniform_plan(problem, found), layout_budget),
                                   caches=caches)
     if simulated.layout is not None and simulated.layout_value_ms < incumbent_ms:
         candidates.append((simulated.layout_value_ms, nonuniform_plan(problem, simulated.layout)))
@@ -173,14 +173,20 @@ def _plan_failure_aware(problem: PlanningProblem, budget: Budget) -> PlanResult:
                        exact_search=False)
 
 
+def _valued(problem: PlanningProblem, layout: PlanResult, budget: Budget) -> float:
+    """`handcrafted_reported_ms` of the layout, its simulations charged to `budget`."""
+    budget.charge(Work.TIMELINE_OP, handcrafted_ops(problem, layout))
+    return handcrafted_reported_ms(problem, layout)
+
+
 def _within_time_limit(problem: PlanningProblem, budget: Budget,
                        layout_search: Callable[[Budget], PlanResult]) -> PlanResult:
     """The layout search, then schedules, both by the budget's deadline: the search gets the budget
     less the schedule step's share (of the time left now) and the finishing reserve. The time left is
-    counted in work (`Budget.of_work`), so a loaded machine gives the same plan; the solver report says
+    counted in work (`Budget.as_work`), so a loaded machine gives the same plan; the solver report says
     which limit, if any, ended the search (`stopped_by`)."""
-    total_s = budget.remaining_s()
-    work = Budget.of_work(total_s)
+    work = budget.as_work()
+    total_s = work.remaining_s()
     layout = layout_search(work.less(schedule_budget_s(total_s, problem.config) + finish_reserve_s(problem)))
     result = with_schedules(problem, layout, work, optional_s=schedule_time_s(total_s, work.remaining_s(), problem.config))
     return replace(result, solver=replace(result.solver, stopped_by=stopped_by(result.solver.status, work)))
@@ -205,7 +211,7 @@ def _plan_layout(problem: PlanningProblem, budget: Budget, ranked: tuple[list[Ca
     steps = [] if steps is None else steps
     started = time.monotonic()
     uniform = UniformSearch(problem, budget, ranked)
-    nonuniform = NonUniformSearch(problem, caches=caches)
+    nonuniform = NonUniformSearch(problem, caches=caches, budget=budget)
     finishing = _FinishingCost(uniform, nonuniform)
     while True:
         incumbent = min(uniform.best_ms, nonuniform.best_ms)

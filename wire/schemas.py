@@ -473,7 +473,7 @@ class SolverReport(BaseModel):
     stopped_by: Literal["search finished", "work budget", "wall clock"] | None = Field(
         default=None, description="What ended the search. `search finished`: it ran to its end (the answer is "
         "proven where bound_ms meets objective_ms; a remaining gap is what the bounds could not close). `work budget`: "
-        "the time limit, counted in the planner's own work (CPU time, CP-SAT deterministic time), ran out first; "
+        "the time limit, counted in the planner's own work (units of search priced in seconds, CP-SAT deterministic time), ran out first; "
         "the same request gives the same plan on a loaded machine. `wall clock`: the machine was so loaded that "
         "the wall-clock safety net took over, and the plan may differ from an idle machine's. Null: no search "
         "(an estimate).")

@@ -62,7 +62,12 @@ def answer_deadline(problem: PlanningProblem, max_time_limit_s: float | None = N
     if deadline_s - started_s < least_from_now_s:
         notes += (late_start_note(deadline_s - started_s, least_from_now_s),)
         deadline_s = started_s + least_from_now_s
-    return AnswerDeadline(Budget(deadline_s).less(wire_reserve_s(problem)), round(deadline_s - arrived_s, 3), notes)
+    # The search's work is what the limit leaves on time, fixed in advance, so that the same request gets the
+    # same work however long it waited or however loaded the machine is; time lost counts on the wall-clock
+    # safety net (`Budget.as_work`).
+    planned_s = max(limit_s, least_s) - read_s - transfer_s(problem)
+    budget = Budget(deadline_s, work_s=planned_s).less(wire_reserve_s(problem))
+    return AnswerDeadline(budget, round(deadline_s - arrived_s, 3), notes)
 
 
 def with_deadline_report(result: PlanResult, deadline: AnswerDeadline) -> PlanResult:

@@ -10,16 +10,40 @@ uniform cost model assumes.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cost_models.device import device_id
 from cost_models.hardware import GIB
 from cost_models.pipeline import pipeline_time_ms
 from planner.nonuniform.partitions import StageType
-from planner.nonuniform.search import NonUniformLayout
-from planner.nonuniform.templates import Template, TermsCache, stage_timings
+from planner.nonuniform.search import NonUniformLayout, evaluate_layout
+from planner.nonuniform.templates import Template, TermsCache, stage_timings, template_costs
 from planner.problem import PlanningProblem
 from planner.result import ReplicaResult, StageResult, stage_schedule_fields
 
 Group = tuple[int, tuple[int, ...]]  # node, GPUs
+
+
+def recost(problem: PlanningProblem, layout: NonUniformLayout) -> NonUniformLayout:
+    """The chosen layout costed with its actual replica count (sync, ZeRO memory, optimizer),
+    which is never more than the search's conservative figures.
+
+    A layout whose every replica is a single stage has no pipeline to interleave: the v chunks its outer
+    choice names would run back to back on one GPU, as fast as one chunk and holding more activations,
+    and no trainer runs chunks without pipeline stages (Megatron-LM and torchtitan refuse them). It is
+    costed and reported as what runs, one chunk, unless the request allows chunked schedules only."""
+    used = [t for t, count in zip(layout.templates, layout.allocation.replicas_per_template) if count]
+    if (layout.outer.virtual_stages > 1 and problem.allows_virtual_stages(1)
+            and all(len(t.stage_types) == 1 for t in used)):
+        layout = replace(layout, outer=replace(layout.outer, virtual_stages=1))
+    replicas = sum(layout.allocation.replicas_per_template)
+    devices = sum(count * sum(st.tp for st in t.stage_types)
+                  for t, count in zip(layout.templates, layout.allocation.replicas_per_template))
+    cache = TermsCache(problem, layout.outer, replicas, layout.link_replicas, job_devices=devices)
+    base = StageType(layout.outer.tp, 1.0)
+    templates = tuple(template_costs(problem, cache, t.stage_types, t.layers_per_stage, base, replicas) for t in layout.templates)
+    value = evaluate_layout(templates, layout.allocation, layout.outer.virtual_stages)
+    return replace(layout, templates=templates, iteration_ms=value, memory_replicas=replicas, job_devices=devices)
 
 
 def _group_pools(problem: PlanningProblem, layout: NonUniformLayout) -> dict[StageType, list[Group]]:

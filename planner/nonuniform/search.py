@@ -18,8 +18,7 @@ from dataclasses import dataclass, replace
 
 from cost_models.resharding import nonuniform_iteration_ms
 from planner.budget import Budget
-from planner.config import PlannerConfig
-from planner.config import TIME_QUANTUM_MS
+from planner.config import TIME_QUANTUM_MS, PlannerConfig
 from planner.nonuniform.allocation.input import need
 from planner.nonuniform.allocation.search import (
     Allocation,
@@ -41,11 +40,11 @@ from planner.nonuniform.templates import (
     enumerate_templates,
     floor_pieces,
     pipeline_lengths,
-    template_costs,
 )
 from planner.problem import PlanningProblem
 from planner.schedules.bounds import full_backward_only
 from planner.uniform.candidates import tensor_parallel_sizes
+from planner.work import Work
 
 
 @dataclass(frozen=True)
@@ -228,28 +227,6 @@ def _link_replicas(outer: OuterChoice, inventory: _Inventory, config: PlannerCon
     return max(1, inventory.group_count_bound() // pipeline_lengths(outer.pp, config)[0])
 
 
-def recost(problem: PlanningProblem, layout: NonUniformLayout) -> NonUniformLayout:
-    """The chosen layout costed with its actual replica count (sync, ZeRO memory, optimizer),
-    which is never more than the search's conservative figures.
-
-    A layout whose every replica is a single stage has no pipeline to interleave: the v chunks its outer
-    choice names would run back to back on one GPU, as fast as one chunk and holding more activations,
-    and no trainer runs chunks without pipeline stages (Megatron-LM and torchtitan refuse them). It is
-    costed and reported as what runs, one chunk, unless the request allows chunked schedules only."""
-    used = [t for t, count in zip(layout.templates, layout.allocation.replicas_per_template) if count]
-    if (layout.outer.virtual_stages > 1 and problem.allows_virtual_stages(1)
-            and all(len(t.stage_types) == 1 for t in used)):
-        layout = replace(layout, outer=replace(layout.outer, virtual_stages=1))
-    replicas = sum(layout.allocation.replicas_per_template)
-    devices = sum(count * sum(st.tp for st in t.stage_types)
-                  for t, count in zip(layout.templates, layout.allocation.replicas_per_template))
-    cache = TermsCache(problem, layout.outer, replicas, layout.link_replicas, job_devices=devices)
-    base = StageType(layout.outer.tp, 1.0)
-    templates = tuple(template_costs(problem, cache, t.stage_types, t.layers_per_stage, base, replicas) for t in layout.templates)
-    value = evaluate_layout(templates, layout.allocation, layout.outer.virtual_stages)
-    return replace(layout, templates=templates, iteration_ms=value, memory_replicas=replicas, job_devices=devices)
-
-
 def outer_choices(problem: PlanningProblem) -> list[OuterChoice]:
     layers = problem.workload.model.num_layers
     batch = problem.workload.global_batch_size
@@ -372,11 +349,11 @@ class NonUniformSearch:
     """
 
     def __init__(self, problem: PlanningProblem, value_of: Callable[[NonUniformLayout], float] | None = None,
-                 caches: dict | None = None) -> None:
+                 caches: dict | None = None, budget: Budget | None = None) -> None:
         """Priced by the bubble model; with `value_of` (a layout's reported iteration time, ms), priced by
         simulation floors instead (`floor_pieces`): every bound then holds for the reported time, each
         allocation found is valued by `value_of`, and `best_ms` is that value. `caches`, a dict another
-        search of the same problem filled, saves building its templates and stage costs again."""
+        search of the same problem filled, saves building its templates and stage costs again (`budget`: charged)."""
         self._problem = problem
         self._value_of = value_of
         self._full_backward = full_backward_only(problem.allowed_schedules)
@@ -398,16 +375,17 @@ class NonUniformSearch:
         self._template_memo: dict[tuple, Template | None] = caches.setdefault("templates", {})
         self._built: dict[int, list[Template]] = {}
         self._searches: dict[int, AllocationSearch] = {}
-        self._queue = self._initial_queue()
+        self._queue = self._initial_queue(budget or Budget.unlimited())
         self._considered = len(self._queue)
         self._best: NonUniformLayout | None = None
         self._solved = 0
         self._unsettled_ms = float("inf")  # least bound of allocations whose probes ran out of time
 
-    def _initial_queue(self) -> list[tuple[float, int, int, OuterChoice]]:
+    def _initial_queue(self, budget: Budget) -> list[tuple[float, int, int, OuterChoice]]:
         problem = self._problem
         queue = []
         for index, outer in enumerate(outer_choices(problem)):
+            budget.charge(Work.OUTER_CHOICE)
             inventory = self._inventories[outer.tp]
             if pipeline_lengths(outer.pp, problem.config)[0] > inventory.group_count_bound():
                 continue  # not even the shortest allowed pipeline finds enough TP groups
@@ -455,7 +433,8 @@ class NonUniformSearch:
                                 self._best_value)
 
     def step(self, budget: Budget, incumbent_ms: float = float("inf")) -> None:
-        """Refine the front of the queue once; `incumbent_ms` is the best layout known anywhere."""
+        """Refine the front of the queue once, charged to `budget` when made; `incumbent_ms` is the best layout
+        known anywhere."""
         problem = self._problem
         best_ms = min(incumbent_ms, self.best_ms)
         lower, index, stage, outer = heapq.heappop(self._queue)
@@ -474,6 +453,7 @@ class NonUniformSearch:
             capacity = self._capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
             tighter = max(lower, _strong_lower_bound_ms(problem, outer, inventory, cache, capacity, self._bottlenecks,
                                                         simulated=self._value_of is not None))
+            budget.charge(Work.STRONG_BOUND)
             if tighter < float("inf"):
                 heapq.heappush(self._queue, (tighter, index, _STRONG, outer))
             return
@@ -482,6 +462,7 @@ class NonUniformSearch:
                 problem, outer, cache, inventory.degraded_types(), sync_replicas, self._template_memo,
                 dict(inventory.most_of_type),
             )
+            budget.charge(Work.TEMPLATE, max(1, len(templates)))
             if self._value_of is not None:
                 templates = self._floor_templates(templates, memory_replicas, link_replicas)
             if templates:
@@ -516,6 +497,7 @@ class NonUniformSearch:
                 self._offer(outer, inventory, allocation_search, memory_replicas, link_replicas, best_ms)
                 best_ms = min(best_ms, self.best_ms)
         front = allocation_search.front_ms(best_ms)
+        budget.charge(Work.ALLOCATION_STEP, len(allocation_search.data.templates))
         if front < float("inf"):
             self._searches[index] = allocation_search
             heapq.heappush(self._queue, (max(lower, front), index, _BOUNDED, outer))
@@ -585,7 +567,7 @@ def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, budget: Bud
     """Best non-uniform layout better than `incumbent_ms`, or none; bound over what was not excluded
     (see `NonUniformSearch`; `value_of` prices by simulation floors and values layouts by it), after at
     most `max_steps` refinements."""
-    search = NonUniformSearch(problem, value_of, caches)
+    search = NonUniformSearch(problem, value_of, caches, budget)
     steps = 0
     while search.next_bound_ms() < min(incumbent_ms, search.best_ms) * (1 - problem.config.prune_tolerance):
         if budget.expired() or (max_steps is not None and steps >= max_steps):

@@ -27,6 +27,7 @@ class ChosenSchedule:
     schedule: Schedule
     simulation: SimulationResult
     candidates_ms: tuple[tuple[str, float], ...]
+    solver_deterministic_time: float = 0.0  # CP-SAT's, when it ran: the work a budget is charged for it
 
 
 TIE_PREFERENCE = (ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED, ScheduleName.ZB_H1, ScheduleName.ZB_H2, ScheduleName.GPIPE,
@@ -109,6 +110,7 @@ def choose_schedule(
         schedule=best[0],
         simulation=best[1],
         candidates_ms=tuple((schedule.name, simulation.makespan_ms) for schedule, simulation in tried),
+        solver_deterministic_time=optimized.deterministic_time if worth_optimizing and optimized is not None else 0.0,
     )
 
 

@@ -48,6 +48,7 @@ from planner.schedules.ops import PipelineSpec, Schedule
 from planner.schedules.optimal import OPTIMIZED
 from planner.schedules.result import ReplicaTimeline, ScheduleChoice
 from planner.schedules.simulator import SimulationResult, simulate, validate
+from planner.work import Work
 
 # CP-SAT limits are whole multiples of this (`_quantized_limit_s`).
 CP_SAT_LIMIT_STEP_S = 0.25
@@ -98,6 +99,7 @@ def with_schedules(
             specs[slowest], allowed=allowed, optimize_time_limit_s=problem.config.min_optimize_s, min_gain_ms=min_gain_ms,
             seed=problem.random_seed, simulated=handcrafted[slowest], use_solver=False, config=problem.config,
         )
+        budget.charge(Work.SCHEDULE_OP, timeline_ops(specs[slowest]))
     bounds = {key: lower_bound_ms(spec) for key, spec in specs.items()}
 
     # CP-SAT only pays where it lowers the iteration: on the slowest replica, again and again, while
@@ -114,6 +116,8 @@ def with_schedules(
             min_gain_ms=min_gain_ms, seed=problem.random_seed, simulated=handcrafted[slowest],
             start=current if current.name == OPTIMIZED else None, config=problem.config,
         )
+        budget.charge(Work.CP_SAT, chosen[slowest].solver_deterministic_time)
+        budget.charge(Work.SCHEDULE_OP, timeline_ops(specs[slowest]))
     scheduled = _apply(problem, result, groups, chosen)
     # The solver's wall time covers the whole answer: layout search and schedules.
     solver = replace(scheduled.solver, wall_time_s=round(result.solver.wall_time_s + time.monotonic() - started, 3))
@@ -157,14 +161,19 @@ def handcrafted_reported_ms(problem: PlanningProblem, result: PlanResult) -> flo
     return result.predicted.iteration_time_s * 1e3 + slowest_ms - _bubble_model_ms(result)
 
 
-def handcrafted_cost_s(problem: PlanningProblem, result: PlanResult) -> float:
-    """About what `handcrafted_reported_ms` takes: every allowed handcrafted schedule of each distinct replica."""
+def handcrafted_ops(problem: PlanningProblem, result: PlanResult) -> int:
+    """About the ops `handcrafted_reported_ms` simulates: every allowed handcrafted schedule of each distinct
+    replica."""
     allowed = problem.allowed_schedules
     names = handcrafted_names(result.virtual_stages)
     runs = max(1, sum(1 for name in names if allowed is None or name in allowed))
-    ops = sum(2 * len(members[0].stages) * result.virtual_stages * members[0].num_microbatches
-              for members in _exact_groups(result.replicas).values())
-    return ops_cost_s(runs * ops)
+    return runs * sum(2 * len(members[0].stages) * result.virtual_stages * members[0].num_microbatches
+                      for members in _exact_groups(result.replicas).values())
+
+
+def handcrafted_cost_s(problem: PlanningProblem, result: PlanResult) -> float:
+    """About what `handcrafted_reported_ms` takes."""
+    return ops_cost_s(handcrafted_ops(problem, result))
 
 
 def _bubble_model_ms(result: PlanResult) -> float:
@@ -242,6 +251,7 @@ def _handcrafted_within(
         if shape not in orders:
             orders[shape] = handcrafted_schedule(name, *shape[1:])
             validate(orders[shape], spec)
+        budget.charge(Work.TIMELINE_OP, sum(len(stage_ops) for stage_ops in orders[shape].orders))
         return orders[shape], simulate(orders[shape], spec, validated=True)
 
     names = {key: handcrafted_names(spec.virtual_stages) for key, spec in specs.items()}

@@ -41,6 +41,7 @@ from planner.schedules.ops import (
     op_kinds,
 )
 from planner.schedules.simulator import SimulationResult, simulate
+from planner.work import PRICE_S, Work
 
 OPTIMIZED = ScheduleName.OPTIMIZED
 _MAX_HORIZON_TICKS = 10_000_000
@@ -70,6 +71,7 @@ class OptimizedSchedule:
     ticks_per_ms: float
     exact: bool
     source: str
+    deterministic_time: float = 0.0  # CP-SAT's, when it ran: the work a budget is charged for it
 
     @property
     def optimal(self) -> bool:
@@ -395,10 +397,10 @@ def optimize_schedule(
     scale, exact = _choose_ticks_per_ms(spec, first.makespan_ms if first else sequential_ms(spec))
 
     def result(schedule: Schedule, makespan: float, objective: float, best_bound: float, status: str,
-               source: str) -> OptimizedSchedule:
+               source: str, deterministic_time: float = 0.0) -> OptimizedSchedule:
         return OptimizedSchedule(
             Schedule(OPTIMIZED, schedule.orders), makespan, objective / scale, best_bound / scale, bound, status,
-            time.perf_counter() - started, scale, exact, source,
+            time.perf_counter() - started, scale, exact, source, deterministic_time,
         )
 
     if first is not None and (not use_solver or bound < first.makespan_ms <= good_enough):
@@ -417,9 +419,12 @@ def optimize_schedule(
         return result(first.schedule, first.makespan_ms, scaled.first_ticks, scaled.floor, "FEASIBLE", first_name)
 
     built = _hinted_model(scaled, split_backward)
-    # What is left of the budget, less a margin for reading the solution back and simulating it.
-    solver, status = _solve(built.model, 0.97 * time_limit_s - 0.02 - (time.perf_counter() - started), seed,
-                            workers, relative_gap_limit)
+    # The limit less a margin for reading the solution back and simulating it, and less the starting points
+    # and the model as priced in work, not as timed: the same spec and limit get the same search on any load.
+    ops = spec.num_stages * spec.virtual_stages * spec.num_microbatches * (3 if split_backward else 2)
+    setup_s = PRICE_S[Work.SCHEDULE_OP] * ops
+    solver, status = _solve(built.model, 0.97 * time_limit_s - 0.02 - setup_s, seed, workers, relative_gap_limit)
+    solved_time = solver.deterministic_time
     best_bound = scaled.floor
     if status != cp_model.INFEASIBLE:
         best_bound = max(scaled.floor, math.ceil(solver.best_objective_bound - 1e-6))
@@ -430,11 +435,12 @@ def optimize_schedule(
         makespan = simulate(schedule, spec).makespan_ms
         if first is None or makespan <= first.makespan_ms:
             return result(schedule, makespan, round(solver.objective_value), best_bound,
-                          solver.status_name(status), "cp-sat")
+                          solver.status_name(status), "cp-sat", solved_time)
     if first is None:
         return None
     objective = scaled.first_ticks if scaled.first_ticks is not None else round(scaled.guide_run.makespan_ms)
-    return result(first.schedule, first.makespan_ms, objective, best_bound, solver.status_name(status), first_name)
+    return result(first.schedule, first.makespan_ms, objective, best_bound, solver.status_name(status), first_name,
+                  solved_time)
 
 
 def _starting_point(spec: PipelineSpec, split_backward: bool, hint: Schedule | None, warm_start: bool,

@@ -22,12 +22,13 @@ from cost_models.stage_costs import (
     part_costs,
     stage_cost_terms,
 )
-from planner.budget import Budget
 from cost_models.context_parallel import load_balanced_chunks
+from planner.budget import Budget
 from planner.devices import SlotInventory, nodes_per_group, slot_inventory
 from planner.numbers import divisors
 from planner.problem import PlanningProblem
 from planner.uniform.placements import degraded_speeds_used, packed
+from planner.work import Work
 
 
 @dataclass(frozen=True)
@@ -245,10 +246,13 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
     parts: dict[tuple[int, int, int, str], PartSet] = {}
     out: list[Candidate] = []
     complete = True
+    per_check = problem.config.shapes_per_clock_check
     for count, (shape, inventory) in enumerate(enumerate_shapes(problem)):
-        if budget is not None and count % problem.config.shapes_per_clock_check == 0 and count and budget.expired():
-            complete = False
-            break
+        if budget is not None and count % per_check == 0 and count:
+            budget.charge(Work.SHAPE, per_check)
+            if budget.expired():
+                complete = False
+                break
         key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute)
         if key not in parts:
             parts[key] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
@@ -260,6 +264,8 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
     modes = problem.recompute_modes
     out.sort(key=lambda c: (c.lower_bound_ms, c.shape.tp, c.shape.cp, c.shape.micro_batch_size, c.shape.dp,
                             c.shape.pp, c.shape.virtual_stages, modes.index(c.shape.recompute)))
+    if budget is not None and complete:  # the shapes since the last look at the clock, and the sort
+        budget.charge(Work.SHAPE, len(out) - per_check * ((len(out) - 1) // per_check) if out else 0)
     return out, complete
 
 

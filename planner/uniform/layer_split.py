@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from cost_models.iteration import stage_time
+from planner.budget import Budget
 from planner.config import TIME_QUANTUM_MS
 from planner.cp_sat import new_solver
 from planner.uniform.candidates import Candidate
+from planner.work import Work
 
 # Probe size for reading the slope of the affine gradient-sync time.
 _SYNC_PROBE_PARAMS = 1e9
@@ -77,10 +79,11 @@ def solve_split(
     max_layers: tuple[int, ...],
     num_layers: int,
     stock_layouts_only: bool,
-    time_limit_s: float,
+    budget: Budget,
     random_seed: int,
 ) -> SplitResult | None:
-    """Optimal split for `candidate`, or None if no split fits (or none is found in time)."""
+    """Optimal split for `candidate`, or None if no split fits (or none is found by the budget's end, which
+    is charged the model and CP-SAT's deterministic time)."""
     terms = candidate.terms
     p, m, v = terms.shape.pp, terms.num_microbatches, terms.shape.virtual_stages
     model = cp_model.CpModel()
@@ -169,8 +172,10 @@ def solve_split(
 
     # Presolve can spend tens of seconds on these few-variable models with large tick-valued
     # coefficients (seen: 25 s vs 0.01 s without it, same optimum).
-    solver = new_solver(time_limit_s, random_seed, presolve=False)
+    solver = new_solver(budget.remaining_s(), random_seed, presolve=False)
     status = solver.solve(model)
+    budget.charge(Work.CP_SAT, solver.deterministic_time)
+    budget.charge(Work.SPLIT_MODEL)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     scale = TIME_QUANTUM_MS / v

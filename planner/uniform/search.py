@@ -27,6 +27,7 @@ from planner.uniform.candidates import (
 )
 from planner.uniform.layer_split import solve_split
 from planner.uniform.placements import Placement
+from planner.work import Work
 
 # "This bound cannot beat the incumbent", relatively: CP-SAT's objective is
 # exact only to its 1 us time quantum per coefficient.
@@ -140,9 +141,9 @@ class UniformSearch:
                 return
             limits = self._memory_caps(index)
             split = even_split(self._candidates[index].shape.pp, num_layers)
-            if limits is None or not _fits(split, limits, self._problem.stock_layouts_only):
-                continue
-            self._offer(index, split)
+            if limits is not None and _fits(split, limits, self._problem.stock_layouts_only):
+                self._offer(index, split)
+            budget.charge(Work.SEED)
 
     def _offer(self, index: int, split: tuple[int, ...]) -> None:
         value = evaluate(self._candidates[index], split).iteration_ms
@@ -159,7 +160,7 @@ class UniformSearch:
         problem = self._problem
         candidate = self._candidates[index]
         result = solve_split(candidate, limits, problem.workload.model.num_layers, problem.stock_layouts_only,
-                             budget.remaining_s(), problem.random_seed)
+                             budget, problem.random_seed)
         self._solved += 1
         if result is None:
             return

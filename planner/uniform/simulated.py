@@ -55,6 +55,7 @@ from planner.uniform.placements import (
     slowest_anywhere,
 )
 from planner.uniform.search import SearchResult, evaluate
+from planner.work import Work
 
 _FLOOR, _SPLITS, _PLACEMENTS, _RESIDUAL = 0, 1, 2, 3
 
@@ -110,11 +111,13 @@ class StockSearch:
                                             chunk_sync_overlap=self._overlaps_chunks(c)), next(self._tie), _FLOOR, i, None)
                        for i, c in enumerate(self._candidates)]
         heapq.heapify(self._queue)
+        budget.charge(Work.STOCK_FLOOR, len(self._queue))
         self._cut_bound = float("inf") if complete else 0.0  # shapes left uncosted are not bounded here
         self._residual_bound = float("inf")  # placements of splits too many to enumerate
         self._best: tuple[float, int, tuple[int, ...], Placement] | None = None
         self._solved = 0
         self._units = 0  # splits and placements bounded and simulated: the work `run(max_units=...)` counts
+        self._ops = 0  # timeline ops simulated
 
     @property
     def best_ms(self) -> float:
@@ -136,6 +139,7 @@ class StockSearch:
             if max_units is not None and self._units >= max_units and (self._best is not None or not until_a_layout):
                 return
             bound, _, stage, index, payload = heapq.heappop(self._queue)
+            units, ops = self._units, self._ops
             if stage == _FLOOR:
                 self._refine(index)
             elif stage == _SPLITS:
@@ -144,6 +148,8 @@ class StockSearch:
                 self._simulate_next(bound, index, payload)
             else:  # placements never enumerated: their bound stands
                 self._residual_bound = min(self._residual_bound, bound)
+            budget.charge(Work.TIMELINE_OP, self._ops - ops)
+            budget.charge(Work.STOCK_UNIT, self._units - units)
 
     def _placements(self, index: int) -> tuple[list[Placement], bool, tuple[float, ...]]:
         """The shape's placements of degraded groups, whether that is all of them, and their speeds."""
@@ -289,7 +295,9 @@ class StockSearch:
         for vector, replica in zip(placement.distinct, replicas):
             key = (index, split, vector)
             if key not in self._makespans:
-                runs = [(order, simulate(order, replica.spec, validated=True)) for order in self._orders_for(replica.spec)]
+                orders = self._orders_for(replica.spec)
+                runs = [(order, simulate(order, replica.spec, validated=True)) for order in orders]
+                self._ops += sum(len(stage_ops) for order in orders for stage_ops in order.orders)
                 best = best_run(runs, replica.spec)[1]
                 # No allowed schedule fits (memory caps assume 1F1B's in-flight count; GPipe and looped BFS
                 # hold every microbatch): the split does not run.

@@ -73,6 +73,7 @@ class FeasibilityModel:
         # Small models solved many times: presolve and probing cost more than they save.
         self._solver = new_solver(None, random_seed, presolve=False)
         self._solver.parameters.cp_model_probing_level = 0
+        self.deterministic_time = 0.0  # CP-SAT's, of the last `solve`
 
     def solve(self, capacities: Sequence[int], members: Collection[int], time_limit_s: float) -> Found | str | None:
         """An allocation of the members within the budget whose capacities are given; None if
@@ -85,9 +86,11 @@ class FeasibilityModel:
         solver = self._solver
         limit_solver(solver, time_limit_s)
         status = solver.solve(self._model)
+        self.deterministic_time = solver.deterministic_time  # the work a budget is charged for the probe
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return Found(
                 replicas=tuple(solver.value(r) for r in self._replicas),
                 partition_counts=tuple(tuple(solver.value(x) for x in row) for row in self._chosen),
             )
         return None if status == cp_model.INFEASIBLE else UNKNOWN
+

@@ -43,6 +43,7 @@ from planner.nonuniform.allocation.input import (
 )
 from planner.nonuniform.allocation.model import UNKNOWN, FeasibilityModel, Found
 from planner.nonuniform.allocation.relaxation import CapacityRelaxation
+from planner.work import Work
 
 __all__ = ["TIME_QUANTUM_MS", "Allocation", "AllocationInput", "AllocationSearch", "solve_allocation"]
 
@@ -306,7 +307,10 @@ class AllocationSearch:
             return Found(tuple(replicas if j == k else 0 for j in range(len(self._data.templates))), counts)
         if self._model is None:
             self._model = FeasibilityModel(self._data, self._seed)
-        return self._model.solve(capacities, tail_set.members, time_budget.remaining_s())
+        found = self._model.solve(capacities, tail_set.members, time_budget.remaining_s())
+        time_budget.charge(Work.CP_SAT, self._model.deterministic_time)
+        time_budget.charge(Work.SMALL_SOLVE)
+        return found
 
     def _tail(self, found: Found) -> int:
         """The tail an allocation actually pays: resharded sync only if its replicas differ in sharding."""
