@@ -384,8 +384,8 @@ class NonUniformSearch:
     def _initial_queue(self, budget: Budget) -> list[tuple[float, int, int, OuterChoice]]:
         problem = self._problem
         queue = []
-        for index, outer in enumerate(outer_choices(problem)):
-            budget.charge(Work.OUTER_CHOICE)
+        choices = outer_choices(problem)
+        for index, outer in enumerate(choices):
             inventory = self._inventories[outer.tp]
             if pipeline_lengths(outer.pp, problem.config)[0] > inventory.group_count_bound():
                 continue  # not even the shortest allowed pipeline finds enough TP groups
@@ -401,6 +401,7 @@ class NonUniformSearch:
                 bound = _lower_bound_ms(problem, outer, inventory, self._capacities[key], shortest)
             queue.append((bound, index, _CHEAP, outer))
         heapq.heapify(queue)
+        budget.charge(Work.OUTER_CHOICE, len(choices))  # nothing above looks at the clock: charged at once
         return queue
 
     @property
