@@ -32,6 +32,10 @@ MAX_OVERRUN_S = 5.0
 # Wall seconds the safety net lets pass before it may lead at all: work is charged in batches (512 shapes,
 # a simulated schedule), so the count trails the work done by that much at times, on an idle machine too.
 WALL_GRACE_S = 0.1
+# Share of its planned work a search may have lost before it starts (waiting for a solver process, reading a
+# large request on a busy machine) and still get all of it: beyond, the deadline is kept instead, on what is
+# left, and the answer may depend on the wait (`wall_led`).
+LATE_GRACE_SHARE = 0.1
 
 
 class WallClock:
@@ -97,14 +101,20 @@ class Budget:
 
     def as_work(self) -> Budget:
         """This budget counted in work: itself when it is; else its `work_s` (or what is left of it now) on a
-        fresh `WorkClock`, whose wall-clock safety net counts the wall time already past the planned start."""
+        fresh `WorkClock`, whose wall-clock safety net counts the wall time already past the planned start.
+        A start later than `LATE_GRACE_SHARE` of the work (and `WALL_GRACE_S`) gets what is left instead."""
         if isinstance(self.clock, WorkClock):
             return self
         left_s = self.remaining_s()
         if math.isinf(left_s):
             return Budget.of_work(left_s)
         seconds = left_s if self.work_s is None else self.work_s
-        return Budget.of_work(seconds, late_s=seconds - left_s)
+        late_s = seconds - left_s
+        if late_s > LATE_GRACE_SHARE * seconds + WALL_GRACE_S:
+            late = Budget.of_work(left_s)
+            late.clock.wall_led = True
+            return late
+        return Budget.of_work(seconds, late_s=late_s)
 
     @property
     def wall_led(self) -> bool:
