@@ -112,7 +112,7 @@ class PlannerConfig:
     the class size); larger classes keep roles on their nodes and match GPUs only."""
 
     shapes_per_clock_check: int = 512
-    """Uniform shapes costed between looks at the clock (a look costs as much as costing a few shapes)."""
+    """Uniform shapes costed, and charged to the work clock, between looks at it."""
 
 
 DEFAULT_CONFIG = PlannerConfig()

@@ -232,9 +232,6 @@ def uniform_shape_count(problem: PlanningProblem) -> int:
     return count * len(problem.recompute_modes)
 
 
-# Shapes costed between two looks at the clock (~10 us each).
-
-
 def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) -> tuple[list[Candidate], bool]:
     """Shapes of the search space with their lower bounds, best bound first, and whether that is
     every shape: costing them stops at the budget's deadline (`uniform_floor_ms` bounds the rest).
