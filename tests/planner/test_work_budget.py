@@ -119,3 +119,8 @@ def test_a_search_cut_by_its_work_budget_gives_the_same_plan_on_a_loaded_machine
     idle = _cut_plan()
     _loaded(monkeypatch, 2.5)  # within the safety net's factor of 4: the work clock leads
     assert _cut_plan() == idle
+
+
+def test_every_kind_of_work_has_a_price():
+    assert set(PRICE_S) == set(Work)
+    assert all(price > 0 for price in PRICE_S.values())  # unpriced work would let a loop spin on a stopped clock
