@@ -251,7 +251,7 @@ def _handcrafted_within(
         if shape not in orders:
             orders[shape] = handcrafted_schedule(name, *shape[1:])
             validate(orders[shape], spec)
-        budget.charge(Work.TIMELINE_OP, sum(len(stage_ops) for stage_ops in orders[shape].orders))
+        budget.charge(Work.TIMELINE_OP, orders[shape].op_count)
         return orders[shape], simulate(orders[shape], spec, validated=True)
 
     names = {key: handcrafted_names(spec.virtual_stages) for key, spec in specs.items()}

@@ -162,6 +162,11 @@ class Schedule:
     def splits_backward(self) -> bool:
         return any(op.kind == INPUT_GRAD for order in self.orders for op in order)
 
+    @property
+    def op_count(self) -> int:
+        """Ops over every stage: what simulating the order costs, in units of work."""
+        return sum(map(len, self.orders))
+
 
 @dataclass(frozen=True)
 class TimedOp:

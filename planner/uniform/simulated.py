@@ -297,7 +297,7 @@ class StockSearch:
             if key not in self._makespans:
                 orders = self._orders_for(replica.spec)
                 runs = [(order, simulate(order, replica.spec, validated=True)) for order in orders]
-                self._ops += sum(len(stage_ops) for order in orders for stage_ops in order.orders)
+                self._ops += sum(order.op_count for order in orders)
                 best = best_run(runs, replica.spec)[1]
                 # No allowed schedule fits (memory caps assume 1F1B's in-flight count; GPipe and looped BFS
                 # hold every microbatch): the split does not run.
