@@ -342,6 +342,18 @@ def max_layers_fitting_all(terms: StageCostTerms, memory_bytes: float) -> tuple[
     )
 
 
+def layer_caps_outline(terms: StageCostTerms, memory_bytes: float) -> tuple[int, int, int | None]:
+    """The first and last stages' `max_layers_fitting` and the most any middle stage holds (None without
+    middle stages): enough to rule a shape out without its whole row (middle stages share their memory
+    without layers and differ only in microbatches in flight, the fewest of which gives the most layers)."""
+    last = terms.shape.pp - 1
+    row = terms.in_flight_row()
+    first_cap = _max_layers(terms, stage_memory(terms, 0, 0), memory_bytes, row[0])
+    last_cap = _max_layers(terms, stage_memory(terms, last, 0), memory_bytes, row[last])
+    middle_cap = _max_layers(terms, stage_memory(terms, 1, 0), memory_bytes, min(row[1:last])) if last > 1 else None
+    return first_cap, last_cap, middle_cap
+
+
 def _max_layers(terms: StageCostTerms, empty: StageMemory, memory_bytes: float, in_flight: float) -> int:
     """Most layers within `memory_bytes`, `empty` being the stage's memory without layers."""
     fixed = empty.peak_bytes(in_flight)

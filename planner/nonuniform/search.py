@@ -261,6 +261,9 @@ def _base_bottleneck_ms(
 
 
 def _base_bottleneck_uncached(problem: PlanningProblem, outer: OuterChoice, cache: TermsCache, stages: int) -> float | None:
+    layers = problem.workload.model.num_layers
+    if not cache.caps_could_split(outer.tp, stages, problem.usable_memory_bytes, layers, outer.virtual_stages):
+        return None  # most outer choices' pipelines do not fit memory: ruled out without a row of caps
     base = StageType(outer.tp, 1.0)
     affines = cache.stage_affines(base, stages)
     per_layer, fixed = [], []
@@ -269,7 +272,7 @@ def _base_bottleneck_uncached(problem: PlanningProblem, outer: OuterChoice, cach
         per_layer.append(per_layer_ms)
         fixed.append(fixed_ms)
     caps = list(cache.layer_caps(outer.tp, stages, problem.usable_memory_bytes))
-    split = best_split(per_layer, fixed, caps, problem.workload.model.num_layers, outer.virtual_stages)
+    split = best_split(per_layer, fixed, caps, layers, outer.virtual_stages)
     if split is None:
         return None
     return max(n * a + b for n, a, b in zip(split, per_layer, fixed))

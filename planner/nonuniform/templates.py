@@ -38,6 +38,7 @@ from cost_models.resharding import exposed_sync_ms, resharded_sync_ms
 from cost_models.stage_costs import (
     PartSet,
     StageCostTerms,
+    layer_caps_outline,
     max_layers_fitting_all,
     part_costs,
     pipeline_p2p_ms,
@@ -184,6 +185,17 @@ class TermsCache:
         if key not in self._cap_rows:
             self._cap_rows[key] = max_layers_fitting_all(self.terms(tp, stages), memory_bytes)
         return self._cap_rows[key]
+
+    def caps_could_split(self, tp: int, stages: int, memory_bytes: float, layers: int, unit: int) -> bool:
+        """Whether `layer_caps` could allow a split into `stages` stages of multiples of `unit` layers, told
+        from the first, last and roomiest middle stage alone: False exactly where `best_split` would find
+        nothing even with every middle stage as roomy as the roomiest."""
+        first, last, middle = layer_caps_outline(self.terms(tp, stages), memory_bytes)
+        units = layers // unit
+        if layers % unit or units < stages or min(first, last) < unit:
+            return False
+        ends = min(first // unit, units) + (min(last // unit, units) if stages > 1 else 0)
+        return ends + (stages - 2) * min((middle or 0) // unit, units) >= units
 
     def backward_affine(self, tp: int, stages: int, position: int) -> tuple[float, float]:
         """(per-layer ms, fixed ms) of a stage's backward pass at full speed."""

@@ -83,3 +83,31 @@ def test_terms_cache_shortcuts_equal_the_full_terms():
                     expected = replace(expected, num_microbatches=2 * stages - 1)
                 assert terms == expected
                 assert cache.layer_time(tp) == direct.layer.time
+
+
+def test_caps_outline_rules_out_only_pipelines_no_split_fits():
+    """`caps_could_split` reads the first, last and roomiest middle stage instead of the whole row of
+    memory caps: wherever the row admits a split (`best_split` on `max_layers_fitting_all`), it must say
+    so, and it must rule out something, or it saves nothing."""
+    from cost_models.stage_costs import max_layers_fitting_all
+    from planner.nonuniform.templates import OuterChoice, TermsCache
+    from tests.planner.helpers import small_problem
+
+    problem = small_problem(num_nodes=4, gpus_per_node=4, global_batch=16, seq_length=2048)
+    layers = problem.workload.model.num_layers
+    verdicts = []
+    for v in (1, 2):
+        for mbs in (1, 4):
+            for recompute in ("none", "full"):
+                cache = TermsCache(problem, OuterChoice(2, 2, mbs, recompute, v), 1, 1)
+                for tp in (1, 2, 4):
+                    for stages in range(1, layers + 1):
+                        for memory_gib in (0.25, 0.5, 1, 2, 4, 8, 16):
+                            memory = memory_gib * 2**30
+                            row = max_layers_fitting_all(cache.terms(tp, stages), memory)
+                            fits = best_split([1.0] * stages, [0.0] * stages, list(row), layers, v) is not None
+                            could = cache.caps_could_split(tp, stages, memory, layers, v)
+                            assert could or not fits, (v, mbs, recompute, tp, stages, memory_gib, row)
+                            verdicts.append((fits, could))
+    assert any(fits for fits, _ in verdicts)
+    assert any(not could for _, could in verdicts)
