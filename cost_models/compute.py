@@ -15,7 +15,7 @@ from cost_models.comm import NVLINK_STEP_LATENCY_S, ring_all_reduce_s
 from cost_models.context_parallel import BACKWARD_EXCHANGE_FACTOR, exchange_ms, exposed_exchange_ms, kv_exchange_bytes
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.fp8 import CAST_BYTES_PER_ELEMENT, cast_elements_per_token
-from cost_models.flops import BACKWARD_TO_FORWARD, layer_attention_forward_flops
+from cost_models.flops import BACKWARD_TO_FORWARD, layer_attention_forward_flops, layer_projection_gemms
 from cost_models.hardware import GpuSpec
 from cost_models.model_spec import ModelSpec
 
@@ -33,6 +33,9 @@ SCORE_BYTES_DROPOUT = 5.0
 # write of the fused kernel's mask.
 NORM_RESIDUAL_ELEMENTS = 4.0 + 6.0
 DROPOUT_ELEMENTS = 1.0
+# Mixture of experts: each routed copy of a token is permuted to its expert and back, each a read and a write
+# of h elements (Megatron's token dispatcher, `permute`/`unpermute`).
+MOE_COPY_ELEMENTS = 4.0
 BYTES_PER_ELEMENT = 2.0  # bf16 / fp16 activations
 
 
@@ -93,17 +96,9 @@ class LayerTime:
 def _projection_gemms_s(
     model: ModelSpec, tokens: int, tp: int, gpu: GpuSpec, efficiency: EfficiencyParams, peak_tflops: float | None = None
 ) -> float:
-    """QKV, output projection and MLP GEMMs, each with its own shard width."""
-    h = model.hidden_size
-    qkv_out = (h + 2 * model.kv_width) / tp
-    fc1_out = (2 if model.swiglu else 1) * model.ffn_hidden_size / tp
-    gemms = (
-        (2 * tokens * h * qkv_out, min(h, qkv_out)),
-        (2 * tokens * (h / tp) * h, min(h, h / tp)),
-        (2 * tokens * h * fc1_out, min(h, fc1_out)),
-        (2 * tokens * (model.ffn_hidden_size / tp) * h, min(h, model.ffn_hidden_size / tp)),
-    )
-    return sum(gemm_time_s(flops, width, gpu, efficiency, peak_tflops) for flops, width in gemms)
+    """QKV, output projection, MLP (and router) GEMMs, each with its own shard width (`layer_projection_gemms`)."""
+    return sum(gemm_time_s(flops, width, gpu, efficiency, peak_tflops)
+               for flops, width in layer_projection_gemms(model, tokens, tp))
 
 
 def _attention_core_forward_s(
@@ -130,7 +125,9 @@ def _elementwise_forward_s(
 ) -> float:
     h = model.hidden_size
     replicated = NORM_RESIDUAL_ELEMENTS + (DROPOUT_ELEMENTS if software.dropout else 0.0)
-    activation_fn = (3.0 if model.swiglu else 2.0) * model.ffn_hidden_size / h
+    activation_fn = (3.0 if model.swiglu else 2.0) * model.mlp_width_per_token / h
+    # A mixture of experts copies each token to its experts and back (permute, unpermute).
+    replicated += MOE_COPY_ELEMENTS * model.experts_per_token
     sp_divisor = tp if software.sequence_parallel else 1
     elements = tokens * h * (replicated / sp_divisor + activation_fn / tp)
     return hbm_time_s(elements * BYTES_PER_ELEMENT, gpu, efficiency)

@@ -12,14 +12,31 @@ from cost_models.model_spec import ModelSpec
 
 
 def layer_matmul_forward_flops(model: ModelSpec, seq_length: int, micro_batch: int) -> float:
-    """Dense projections of one layer, forward: QKV, output, MLP."""
-    tokens = seq_length * micro_batch
+    """Projections of one layer, forward: QKV, output, MLP (a mixture of experts': the router, the
+    experts each token is routed to and the shared experts)."""
+    return float(sum(flops for flops, _ in layer_projection_gemms(model, seq_length * micro_batch, 1)))
+
+
+def layer_projection_gemms(model: ModelSpec, tokens: float, tp: int) -> tuple[tuple[float, float], ...]:
+    """(FLOPs, narrow width) of each projection GEMM of one layer's forward on one GPU of a TP group:
+    QKV, output projection, the MLP's first (gate and up with SwiGLU) and second matrices, and a
+    mixture of experts' router. A routed expert's GEMMs are as wide as one expert (`ffn_hidden_size`)
+    while their FLOPs count every expert a token runs (`mlp_width_per_token`): experts are sharded
+    over TP like a dense MLP (Megatron's expert-TP = TP)."""
     h = model.hidden_size
-    qkv = 2 * tokens * h * (h + 2 * model.kv_width)
-    out_proj = 2 * tokens * h * h
-    mlp_matrices = 3 if model.swiglu else 2
-    mlp = mlp_matrices * 2 * tokens * h * model.ffn_hidden_size
-    return float(qkv + out_proj + mlp)
+    qkv_out = (h + 2 * model.kv_width) / tp
+    gate_up = 2 if model.swiglu else 1
+    per_token = model.mlp_width_per_token / tp
+    one_gemm = model.ffn_hidden_size / tp
+    gemms = (
+        (2 * tokens * h * qkv_out, min(h, qkv_out)),
+        (2 * tokens * (h / tp) * h, min(h, h / tp)),
+        (2 * tokens * h * gate_up * per_token, min(h, gate_up * one_gemm)),
+        (2 * tokens * per_token * h, min(h, one_gemm)),
+    )
+    if model.is_moe:  # replicated on every TP rank, as Megatron's router is
+        gemms += ((2 * tokens * h * model.num_experts, min(h, model.num_experts)),)
+    return gemms
 
 
 def layer_attention_forward_flops(model: ModelSpec, seq_length: int, micro_batch: int) -> float:

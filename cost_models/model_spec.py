@@ -20,6 +20,7 @@ ARCHITECTURE_LIMITS: dict[str, int] = {
     "num_kv_heads": 4096,
     "vocab_size": 4_194_304,
     "max_position_embeddings": 1_048_576,
+    "num_experts": 4096,
 }
 MAX_MODEL_NAME_CHARS = 128
 MAX_ROPE_THETA = 1e9
@@ -56,6 +57,11 @@ class ModelSpec:
     qkv_bias: biases on the Q, K and V projections only (Qwen2).
     linear_bias: biases on every linear layer of a transformer layer (GPT-2/3): QKV, attention output,
         MLP. Implies the QKV biases.
+    num_experts: routed experts of every layer's MLP (0: a dense MLP). A mixture-of-experts layer holds a
+        router (hidden x num_experts), num_experts experts of width ffn_hidden_size (each an MLP of the
+        model's kind, gated with swiglu) and, with shared_expert_ffn_hidden_size, shared experts every
+        token runs, of that total width (Qwen2-MoE's shared expert, DeepSeek's n_shared x expert width).
+    experts_per_token: routed experts each token runs (top-k), 1 to num_experts.
     """
 
     name: str
@@ -76,6 +82,31 @@ class ModelSpec:
     max_position_embeddings: int | None = None
     qkv_bias: bool = False
     linear_bias: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    shared_expert_ffn_hidden_size: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP (or one expert): gate, up and down with SwiGLU, else up and down."""
+        return 3 if self.swiglu else 2
+
+    @property
+    def mlp_width_per_token(self) -> int:
+        """The MLP width one token runs through: the dense MLP's, or its routed experts' and the shared
+        experts' together (what a token's MLP FLOPs and stored activations scale with)."""
+        if not self.is_moe:
+            return self.ffn_hidden_size
+        return self.experts_per_token * self.ffn_hidden_size + self.shared_expert_ffn_hidden_size
+
+    @property
+    def routed_expert_params_per_layer(self) -> int:
+        """Weights of one layer's routed experts (0 for a dense model): what expert parallelism shards."""
+        return self.num_experts * self.mlp_matrices * self.hidden_size * self.ffn_hidden_size if self.is_moe else 0
 
     @property
     def head_dim(self) -> int:
@@ -97,8 +128,11 @@ class ModelSpec:
         h, f = self.hidden_size, self.ffn_hidden_size
         qkv_width = h + 2 * self.kv_width
         attention = h * qkv_width + h * h
-        mlp_matrices = 3 if self.swiglu else 2
+        mlp_matrices = self.mlp_matrices
         mlp = mlp_matrices * h * f
+        if self.is_moe:  # the router, every routed expert and the shared experts
+            mlp = h * self.num_experts + self.routed_expert_params_per_layer
+            mlp += mlp_matrices * h * self.shared_expert_ffn_hidden_size
         biases = 0
         if self.qkv_bias or self.linear_bias:
             biases += qkv_width
@@ -122,6 +156,14 @@ class ModelSpec:
     def total_params(self) -> int:
         head = 0 if self.tied_embeddings else self.head_params
         return self.num_layers * self.params_per_layer + self.embedding_params + head + self.norm_params
+
+    @property
+    def active_params(self) -> int:
+        """Weights one token runs through: `total_params` less the routed experts it skips (the figure
+        mixture-of-experts models publish as "active")."""
+        skipped = self.num_experts - self.experts_per_token if self.is_moe else 0
+        per_expert = self.mlp_matrices * self.hidden_size * self.ffn_hidden_size
+        return self.total_params - self.num_layers * skipped * per_expert
 
 
 def model_preset_names() -> list[str]:

@@ -32,6 +32,7 @@ from cost_models.flops import (
     BACKWARD_TO_FORWARD,
     head_forward_flops,
     layer_attention_forward_flops,
+    layer_projection_gemms,
 )
 from cost_models.model_spec import ModelSpec
 from detector.telemetry import Microbatch
@@ -59,17 +60,10 @@ class WorkModel:
 
 
 def _projection_work_per_token(model: ModelSpec, tp: int, efficiency: EfficiencyParams | None) -> float:
-    """QKV, output projection and the MLP GEMMs of one layer, forward, per token on one TP shard."""
-    h = model.hidden_size
-    qkv_out = (h + 2 * model.kv_width) / tp
-    fc1_out = (2 if model.swiglu else 1) * model.ffn_hidden_size / tp
-    gemms = (  # (FLOPs per token, the GEMM's narrow width), as cost_models.compute times them
-        (2 * h * qkv_out, min(h, qkv_out)),
-        (2 * (h / tp) * h, min(h, h / tp)),
-        (2 * h * fc1_out, min(h, fc1_out)),
-        (2 * (model.ffn_hidden_size / tp) * h, min(h, model.ffn_hidden_size / tp)),
-    )
-    return sum(flops / (gemm_efficiency(width, efficiency) if efficiency else 1.0) for flops, width in gemms)
+    """QKV, output projection and the MLP GEMMs of one layer, forward, per token on one TP shard, as
+    cost_models.compute times them (`layer_projection_gemms`)."""
+    return sum(flops / (gemm_efficiency(width, efficiency) if efficiency else 1.0)
+               for flops, width in layer_projection_gemms(model, 1, tp))
 
 
 def layer_work_model(

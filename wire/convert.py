@@ -108,6 +108,9 @@ def resolve_model(model: str | ModelArchitecture | HfConfigModel) -> ModelSpec:
         max_position_embeddings=model.max_position_embeddings,
         qkv_bias=model.qkv_bias,
         linear_bias=model.linear_bias,
+        num_experts=model.num_experts,
+        experts_per_token=model.experts_per_token,
+        shared_expert_ffn_hidden_size=model.shared_expert_ffn_hidden_size,
     )
     _check_shape(spec)
     return spec

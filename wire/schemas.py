@@ -201,6 +201,31 @@ class ModelArchitecture(_Strict):
     )
     qkv_bias: bool = Field(default=False, description="Biases on Q, K and V only (Qwen2).")
     linear_bias: bool = Field(default=False, description="Biases on every linear layer of a transformer layer (GPT-3).")
+    num_experts: int = Field(
+        default=0, ge=0, le=ARCHITECTURE_LIMITS["num_experts"],
+        description="Routed experts per layer (mixture of experts; 0: a dense MLP). Each expert is an MLP of "
+                    "width ffn_hidden_size.")
+    experts_per_token: int = Field(
+        default=0, ge=0, le=ARCHITECTURE_LIMITS["num_experts"],
+        description="Routed experts each token runs (top-k); required with num_experts.")
+    shared_expert_ffn_hidden_size: int = Field(
+        default=0, ge=0, le=ARCHITECTURE_LIMITS["ffn_hidden_size"],
+        description="Total width of the shared experts every token runs (0: none); mixture of experts only.")
+
+    @model_validator(mode="after")
+    def _experts(self) -> ModelArchitecture:
+        if self.num_experts == 0:
+            if self.experts_per_token or self.shared_expert_ffn_hidden_size:
+                raise ValueError("experts_per_token and shared_expert_ffn_hidden_size describe a mixture of "
+                                 "experts: give num_experts too (0 means a dense MLP)")
+            return self
+        if not 1 <= self.experts_per_token <= self.num_experts:
+            raise ValueError(f"experts_per_token must be from 1 to num_experts ({self.num_experts}), "
+                             f"got {self.experts_per_token}")
+        if self.linear_bias:
+            raise ValueError("linear_bias with num_experts is not supported: resiplan prices mixture-of-experts "
+                             "layers without MLP biases, as Mixtral and Qwen-MoE are built")
+        return self
 
     @model_validator(mode="after")
     def _shape(self) -> ModelArchitecture:
