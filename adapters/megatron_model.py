@@ -111,6 +111,18 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
         args.append("--disable-bias-linear")
         if arch.qkv_bias:
             args.append("--add-qkv-bias")
+    return args + _expert_args(arch)
+
+
+def _expert_args(arch: ModelArchitecture) -> list[str]:
+    """A mixture of experts in every layer, experts sharded over TP as the plan prices them: expert
+    parallelism 1, expert-TP = TP (megatron-core's default when --expert-tensor-parallel-size is unset)."""
+    if not arch.num_experts:
+        return []
+    args = ["--num-experts", str(arch.num_experts), "--moe-router-topk", str(arch.experts_per_token),
+            "--moe-ffn-hidden-size", str(arch.ffn_hidden_size), "--expert-model-parallel-size", "1"]
+    if arch.shared_expert_ffn_hidden_size:
+        args += ["--moe-shared-expert-intermediate-size", str(arch.shared_expert_ffn_hidden_size)]
     return args
 
 
@@ -123,6 +135,9 @@ def megatron_deepspeed_model_args(arch: ModelArchitecture, seq_length: int) -> l
         problems.append("it has no Q, K, V-only biases (only --disable-bias-linear for all or none)")
     if arch.rope_scaling is not None:
         problems.append("it has no Llama 3.1 RoPE scaling")
+    if arch.num_experts:
+        problems.append("its mixture-of-experts layers (DeepSpeed-MoE) are not exported by resiplan yet; "
+                        "export to Megatron-LM instead")
     if problems:
         raise ExportError(f"{target} cannot build this model: {'; '.join(problems)}")
     args = _shape_args(arch)

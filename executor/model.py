@@ -46,6 +46,9 @@ def model_config(plan: Plan, *, layers: int | None = None, hidden: int | None = 
     arch = plan.architecture
     if arch is None:
         raise ValueError("the plan carries no architecture; plan it again with this resiplan version")
+    if arch.num_experts:
+        raise ValueError(f"the plan's model is a mixture of {arch.num_experts} experts; the reference executor "
+                         "runs dense models only")
     heads = arch.num_attention_heads
     kv = arch.num_kv_heads or heads
     if hidden is None:

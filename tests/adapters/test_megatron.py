@@ -67,6 +67,10 @@ from tests.api.support import EXAMPLES_DIR, estimate_request, small_request
 from wire.schemas import EstimateRequest, Plan, PlanRequest
 
 STOCK = {"time_limit_s": 2, "allow_non_uniform": False}
+# Mixtral-8x7B's shape with a shared expert added (the flag has to be exercised)
+SMALL_MOE = {"name": "mixtral-like", "num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336,
+             "num_attention_heads": 32, "num_kv_heads": 8, "vocab_size": 32000, "num_experts": 8,
+             "experts_per_token": 2, "shared_expert_ffn_hidden_size": 2048, "rope_theta": 1e6}
 
 # megatron-core warns that Transformer Engine and Apex are missing, and about options of their kernels
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:megatron")
@@ -134,6 +138,10 @@ PLANS = {
     "context-parallel-64k": lambda: plan_for(PlanRequest.model_validate(small_request(
         cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
         training={"global_batch_size": 8, "seq_length": 65536}, options=STOCK))),
+    # a mixture of experts (8 experts, top-2, a shared expert), experts sharded over TP (16 H100s)
+    "moe-experts-over-tp": lambda: plan_for(PlanRequest.model_validate(small_request(
+        cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
+        training={"global_batch_size": 32, "seq_length": 4096}, options=STOCK))),
     # llama2-13b interleaved, relabelled so each replica sits on one node
     "replica-major": lambda: _replica_major(plan_for(PlanRequest.model_validate(small_request(
         model="llama2-13b", training={"global_batch_size": 64, "seq_length": 8192},
@@ -174,6 +182,11 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--num-query-groups", type=int, default=1)
     add("--swiglu", action="store_true")
     add("--untie-embeddings-and-output-weights", action="store_true")
+    add("--num-experts", type=int, default=None)
+    add("--moe-router-topk", type=int, default=2)
+    add("--moe-ffn-hidden-size", type=int, default=None)
+    add("--moe-shared-expert-intermediate-size", type=int, default=None)
+    add("--expert-model-parallel-size", type=int, default=1)
     # these four come from TransformerConfig's fields through Megatron-LM's ArgumentGroupFactory
     add("--normalization", type=str, default="LayerNorm", choices=("LayerNorm", "RMSNorm"))
     add("--norm-epsilon", type=float, default=1e-5, dest="layernorm_epsilon")
@@ -279,6 +292,7 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
         num_layers_in_first_pipeline_stage=ns.decoder_first_pipeline_num_layers,
         num_layers_in_last_pipeline_stage=ns.decoder_last_pipeline_num_layers,
         num_query_groups=ns.num_query_groups if ns.group_query_attention else None,
+        num_moe_experts=ns.num_experts,
     )
     if ns.swiglu:
         kwargs.update(activation_func=F.silu, gated_linear_unit=True)
@@ -428,6 +442,7 @@ def run_megatron_core(plan: Plan, ns: argparse.Namespace, devices: list[str], ra
                 tensor_model_parallel_size=ns.tensor_model_parallel_size,
                 pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
                 context_parallel_size=ns.context_parallel_size,
+                expert_model_parallel_size=ns.expert_model_parallel_size,
                 virtual_pipeline_model_parallel_size=ns.virtual_pipeline_model_parallel_size,
                 order=order,
                 create_gloo_process_groups=False,
@@ -479,6 +494,13 @@ def test_megatron_core_runs_the_plan(name):
     assert ns.use_rope_scaling == (arch.rope_scaling is not None)
     assert (config.add_bias_linear, config.add_qkv_bias) == (arch.linear_bias, arch.qkv_bias or arch.linear_bias)
     assert ns.use_distributed_optimizer == (plan.zero_stage >= 1)
+    # a mixture of experts as planned: experts, top-k, expert and shared widths, no expert parallelism
+    assert (config.num_moe_experts, config.moe_router_topk) == (
+        (arch.num_experts, arch.experts_per_token) if arch.num_experts else (None, 2))
+    if arch.num_experts:
+        assert config.moe_ffn_hidden_size == arch.ffn_hidden_size
+        assert config.moe_shared_expert_intermediate_size == (arch.shared_expert_ffn_hidden_size or None)
+        assert config.expert_model_parallel_size == 1
     # ZeRO-2/3 as Megatron-FSDP: megatron-core's own DDP config takes the strategy, and its
     # ShardingStrategy numbers it as the plan's stage
     assert ns.use_megatron_fsdp == (plan.zero_stage >= 2)
@@ -516,6 +538,44 @@ def test_cases_cover_the_flag_variants():
     fsdp = {name for name, f in flags.items() if "--use-megatron-fsdp" in f}
     assert fsdp == {"zero2-fsdp", "zero3-fsdp"}
     assert {real_plan(name).zero_stage for name in fsdp} == {2, 3}
+    moe = {name for name, f in flags.items() if "--num-experts" in f}
+    assert moe == {"moe-experts-over-tp"} and real_plan("moe-experts-over-tp").replicas[0].stages[0].tp > 1
+
+
+@pytest.mark.parametrize("tp,shared", [(1, 0), (2, 128), (4, 0)])
+def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, shared):
+    """One mixture-of-experts layer as megatron-core builds it on one TP rank (its local spec, experts
+    sharded over TP as the export asks): the weights the memory model gives a GPU of a TP group
+    (`params_per_layer / tp`) are the ones megatron-core allocates, every expert included, up to the norms
+    and router it replicates on each TP rank."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    from cost_models.model_spec import ModelSpec
+
+    spec = ModelSpec("tiny-moe", num_layers=2, hidden_size=256, ffn_hidden_size=384, num_attention_heads=8,
+                     num_kv_heads=2, vocab_size=1000, swiglu=True, tied_embeddings=False, num_experts=4,
+                     experts_per_token=2, shared_expert_ffn_hidden_size=shared)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    try:
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, create_gloo_process_groups=False)
+        config = TransformerConfig(
+            num_layers=2, hidden_size=256, ffn_hidden_size=384, num_attention_heads=8, num_query_groups=2,
+            num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=384,
+            moe_shared_expert_intermediate_size=shared or None, add_bias_linear=False, gated_linear_unit=True,
+            activation_func=F.silu, normalization="RMSNorm", use_cpu_initialization=True,
+            tensor_model_parallel_size=tp, params_dtype=torch.float32)
+        layer_spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False, normalization="RMSNorm")
+        layer = TransformerLayer(config, layer_spec.submodules, layer_number=1)
+        built = sum(p.numel() for p in layer.parameters())
+        experts = sum(p.numel() for n, p in layer.named_parameters() if ".local_experts." in n)
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+    assert experts == spec.routed_expert_params_per_layer / tp  # all 4 experts, each sharded over TP
+    replicated = spec.hidden_size * spec.num_experts + 2 * spec.hidden_size  # router and two norms, per rank
+    assert built == (spec.params_per_layer - replicated) / tp + replicated
+    assert abs(spec.params_per_layer / tp - built) / built < 0.01
 
 
 # ---------------------------------------------------------------------------------------------------------------
