@@ -25,6 +25,9 @@ What the plan sets, and how:
                              ranks (a replica kept on one node, its stages across
                              pipeline ranks), --use-tp-pp-dp-mapping orders tp, pp, dp
     tp > 1                   --sequence-parallel
+    experts (mixture)        --num-experts, --moe-router-topk, --moe-ffn-hidden-size,
+                             --moe-shared-expert-intermediate-size; ep: --expert-model-parallel-size
+                             (expert-TP left to megatron-core's default, tp; default rank order only)
     recompute                selective: --recompute-granularity selective (core attention);
                              full: --recompute-granularity full --recompute-method uniform
                              --recompute-num-layers 1
@@ -143,8 +146,11 @@ def _reorder(layout: StockLayout, order: str) -> tuple[str, ...]:
 
 
 def rank_order(layout: StockLayout) -> tuple[str, tuple[str, ...]]:
-    """(order name, global rank -> device) for the rank order Megatron will be told to use."""
-    for order in (DEFAULT_ORDER, TP_PP_DP_ORDER):
+    """(order name, global rank -> device) for the rank order Megatron will be told to use. Expert
+    parallelism needs the default order: only there are megatron-core's EP groups the plan's (a stage's
+    ranks in consecutive replicas); with --use-tp-pp-dp-mapping they would run across pipeline stages."""
+    orders = (DEFAULT_ORDER,) if layout.ep > 1 else (DEFAULT_ORDER, TP_PP_DP_ORDER)
+    for order in orders:
         devices = _reorder(layout, order)
         if node_blocks(devices) is not None:
             return order, devices
@@ -236,7 +242,7 @@ def _args(layout: StockLayout, order: str) -> list[str]:
         args.append("--use-tp-pp-dp-mapping")
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
-    args += megatron_lm_model_args(arch, layout.seq_length, TARGET)
+    args += megatron_lm_model_args(arch, layout.seq_length, TARGET, layout.ep)
     args += [
         "--seq-length", str(layout.seq_length),
         "--micro-batch-size", str(layout.micro_batch_size),

@@ -78,8 +78,10 @@ def _positions(arch: ModelArchitecture, seq_length: int) -> str:
     return str(arch.max_position_embeddings if arch.position_embedding == "learned" else seq_length)
 
 
-def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str = "Megatron-LM") -> list[str]:
-    """Megatron-LM pretrain_gpt.py flags that build exactly `arch`; ExportError for what it cannot build."""
+def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str = "Megatron-LM",
+                           expert_parallel: int = 1) -> list[str]:
+    """Megatron-LM pretrain_gpt.py flags that build exactly `arch` (its experts split over `expert_parallel`
+    replicas); ExportError for what it cannot build."""
     check_recorded(arch, target)
     args = _shape_args(arch)
     kv_heads = arch.num_kv_heads or arch.num_attention_heads
@@ -111,16 +113,17 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
         args.append("--disable-bias-linear")
         if arch.qkv_bias:
             args.append("--add-qkv-bias")
-    return args + _expert_args(arch)
+    return args + _expert_args(arch, expert_parallel)
 
 
-def _expert_args(arch: ModelArchitecture) -> list[str]:
-    """A mixture of experts in every layer, experts sharded over TP as the plan prices them: expert
-    parallelism 1, expert-TP = TP (megatron-core's default when --expert-tensor-parallel-size is unset)."""
+def _expert_args(arch: ModelArchitecture, expert_parallel: int) -> list[str]:
+    """A mixture of experts in every layer, as the plan prices it: experts split over `expert_parallel`
+    replicas and sharded over TP (expert-TP = TP, megatron-core's default when
+    --expert-tensor-parallel-size is unset)."""
     if not arch.num_experts:
         return []
     args = ["--num-experts", str(arch.num_experts), "--moe-router-topk", str(arch.experts_per_token),
-            "--moe-ffn-hidden-size", str(arch.ffn_hidden_size), "--expert-model-parallel-size", "1"]
+            "--moe-ffn-hidden-size", str(arch.ffn_hidden_size), "--expert-model-parallel-size", str(expert_parallel)]
     if arch.shared_expert_ffn_hidden_size:
         args += ["--moe-shared-expert-intermediate-size", str(arch.shared_expert_ffn_hidden_size)]
     return args

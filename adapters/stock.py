@@ -45,6 +45,7 @@ class StockLayout:
     gpus_per_node: int
     nodes: tuple[int, ...]
     cp: int = 1  # context-parallel ranks per stage
+    ep: int = 1  # expert parallelism: replicas 0..ep-1, ep..2ep-1, ... share each stage's routed experts
 
     @property
     def group_size(self) -> int:
@@ -141,6 +142,7 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
     return StockLayout(
         tp=first.stages[0].tp,
         cp=first.stages[0].cp,
+        ep=plan.ep,
         pp=pp,
         dp=len(replicas),
         virtual_stages=plan.virtual_stages,

@@ -74,6 +74,10 @@ class LayerTime:
     # (`cost_models.context_parallel`).
     forward_cp_comm_ms: float = 0.0
     backward_cp_comm_ms: float = 0.0
+    # Expert parallelism's all-to-all dispatch and combine of routed tokens, priced exposed
+    # (`cost_models.expert_parallel`).
+    forward_ep_comm_ms: float = 0.0
+    backward_ep_comm_ms: float = 0.0
 
     @property
     def forward_ms(self) -> float:
@@ -85,12 +89,13 @@ class LayerTime:
 
     @property
     def forward_comm_ms(self) -> float:
-        """What a slow GPU does not slow down: TP, CP and sharded data-parallel traffic."""
-        return self.forward_tp_comm_ms + self.forward_shard_comm_ms + self.forward_cp_comm_ms
+        """What a slow GPU does not slow down: TP, CP, EP and sharded data-parallel traffic."""
+        return self.forward_tp_comm_ms + self.forward_shard_comm_ms + self.forward_cp_comm_ms + self.forward_ep_comm_ms
 
     @property
     def backward_comm_ms(self) -> float:
-        return self.backward_tp_comm_ms + self.backward_shard_comm_ms + self.backward_cp_comm_ms
+        return (self.backward_tp_comm_ms + self.backward_shard_comm_ms + self.backward_cp_comm_ms
+                + self.backward_ep_comm_ms)
 
 
 def _projection_gemms_s(

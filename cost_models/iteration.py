@@ -36,6 +36,7 @@ class StageTime:
     activation_bytes_per_microbatch: float = 0.0
     shard_comm_ms: float = 0.0  # ZeRO-2/3's exposed per-microbatch data-parallel traffic (forward + backward)
     cp_comm_ms: float = 0.0  # context parallelism's exposed key/value exchange (forward + backward)
+    ep_comm_ms: float = 0.0  # expert parallelism's all-to-all token exchange (forward + backward)
 
     @property
     def total_ms(self) -> float:
@@ -69,6 +70,7 @@ class IterationEstimate:
             "dp_comm_s": (self.dp_exposed_ms + m * slowest.shard_comm_ms) / 1e3,
             "optimizer_s": self.optimizer_ms / 1e3,
             "cp_comm_s": m * slowest.cp_comm_ms / 1e3,
+            "ep_comm_s": m * slowest.ep_comm_ms / 1e3,
         }
 
 
@@ -122,6 +124,7 @@ def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.
     backward_comm = sum(part.time.backward_tp_comm_ms * count for part, count in parts)
     shard_comm = sum((part.time.forward_shard_comm_ms + part.time.backward_shard_comm_ms) * count for part, count in parts)
     cp_comm = sum((part.time.forward_cp_comm_ms + part.time.backward_cp_comm_ms) * count for part, count in parts)
+    ep_comm = sum((part.time.forward_ep_comm_ms + part.time.backward_ep_comm_ms) * count for part, count in parts)
     params = sum(part.params * count for part, count in parts)
     weight_grad = sum(part.time.weight_grad_ms * count for part, count in parts) / speed
     memory = stage_memory(terms, stage, layers)
@@ -139,6 +142,7 @@ def stage_time(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.
         activation_bytes_per_microbatch=memory.per_microbatch_bytes,
         shard_comm_ms=shard_comm,
         cp_comm_ms=cp_comm,
+        ep_comm_ms=ep_comm,
     )
 
 

@@ -34,7 +34,8 @@ class ParallelShape:
 
     schedule: "1f1b", or "interleaved" with virtual_stages > 1 model chunks
     per pipeline rank. num_microbatches is per replica. cp: context-parallel ranks that split each
-    sequence (`cost_models.context_parallel`); a stage runs on tp x cp GPUs.
+    sequence (`cost_models.context_parallel`); a stage runs on tp x cp GPUs. ep: expert-parallel size of a
+    mixture of experts, its routed experts split over ep consecutive replicas (`cost_models.expert_parallel`).
     """
 
     tp: int
@@ -45,6 +46,7 @@ class ParallelShape:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     cp: int = 1
+    ep: int = 1
 
     def num_microbatches(self, global_batch_size: int) -> int:
         return global_batch_size // (self.dp * self.micro_batch_size)

@@ -17,8 +17,10 @@ from cost_models.comm import (
     point_to_point_s,
 )
 from cost_models.context_parallel import ring_link
+from cost_models.choices import Recompute
 from cost_models.compute import LayerTime, embedding_time, head_time, layer_time
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+from cost_models.expert_parallel import expert_data_parallel, layer_all_to_all_ms, layer_params_per_gpu
 from cost_models.fp8 import WEIGHT_CACHE_BYTES_PER_PARAM as FP8_WEIGHT_CACHE_BYTES_PER_PARAM
 from cost_models.layout import Hardware, ParallelShape, Workload
 from cost_models.sharded_dp import gathered_bytes_per_param, shards_every_microbatch, with_sharded_comm
@@ -123,11 +125,19 @@ def part_costs(
     intra = hardware.intra_node_bandwidth_gb_s
     ring = ring_link(tp, cp, hardware.gpus_per_node, intra * efficiency.nvlink_fraction,
                      hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction)
+    time = layer_time(model, seq, mbs, tp, shape.recompute, gpu, intra, efficiency, software, cp, ring)
+    if shape.ep > 1:
+        all_to_all_ms = layer_all_to_all_ms(
+            model, local_seq * mbs, tp, shape.ep, hardware.gpus_per_node // (tp * cp), intra * efficiency.nvlink_fraction,
+            hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction)
+        recomputed = all_to_all_ms if shape.recompute == Recompute.FULL else 0.0  # full recompute redoes the forward's
+        time = replace(time, forward_ep_comm_ms=all_to_all_ms, backward_ep_comm_ms=all_to_all_ms + recomputed)
+    params = layer_params_per_gpu(model, tp, shape.ep)
     layer = PartCosts(
-        time=layer_time(model, seq, mbs, tp, shape.recompute, gpu, intra, efficiency, software, cp, ring),
-        params=model.params_per_layer / tp,
+        time=time,
+        params=params,
         activation_bytes=layer_activation_bytes(model, seq, mbs, tp, shape.recompute, software, cp),
-        cache_bytes=FP8_WEIGHT_CACHE_BYTES_PER_PARAM * model.params_per_layer / tp if software.fp8 else 0.0,
+        cache_bytes=FP8_WEIGHT_CACHE_BYTES_PER_PARAM * params if software.fp8 else 0.0,
     )
     embedding = PartCosts(
         time=embedding_time(model, local_seq, mbs, tp, gpu, intra, efficiency),
@@ -201,14 +211,17 @@ def stage_cost_terms(
     groups_per_node = max(1, hardware.gpus_per_node // shape.tp)
     dp_intra_gb_s = intra * efficiency.nvlink_fraction
     dp_inter_gb_s = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction
+    # Optimizer state (and ZeRO-2/3's shards) over the ranks holding the same weights: with expert
+    # parallelism the experts' fewer, which is costed for the whole layer (`cost_models.expert_parallel`).
+    state_ranks = expert_data_parallel(shape.grad_sync_ranks, shape.ep)
     if shards_every_microbatch(workload.zero_stage):
-        ranks = shape.grad_sync_ranks
+        ranks = state_ranks
         group = (ranks, min(ranks, groups_per_node), dp_intra_gb_s, dp_inter_gb_s)
         layer, embedding, head = (_sharded_part(part, workload.zero_stage, software.grad_reduce_bytes, *group)
                                   for part in (layer, embedding, head))
     p2p_ms = pipeline_p2p_ms(workload, hardware, shape, efficiency, software)
 
-    optimizer_params_share = 1.0 / shape.grad_sync_ranks if workload.zero_stage >= 1 else 1.0
+    optimizer_params_share = 1.0 / state_ranks if workload.zero_stage >= 1 else 1.0
     optimizer_ms_per_param = (
         1e3 * ADAM_STEP_BYTES_PER_PARAM * optimizer_params_share / (gpu.hbm_bandwidth_gb_s * 1e9 * efficiency.hbm_fraction)
     )
@@ -219,7 +232,7 @@ def stage_cost_terms(
         embedding=embedding,
         head=head,
         p2p_ms=p2p_ms,
-        state_bytes_per_param=state_bytes_per_param(workload.zero_stage, shape.grad_sync_ranks),
+        state_bytes_per_param=state_bytes_per_param(workload.zero_stage, state_ranks),
         sync_bytes_per_param=sync_bytes_per_param(workload.zero_stage, software.grad_reduce_bytes),
         gather_bytes_per_param=gather_bytes_per_param(workload.zero_stage),
         gathered_bytes_per_param=gathered_bytes_per_param(workload.zero_stage),

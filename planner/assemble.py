@@ -25,7 +25,7 @@ from planner.result import (
 )
 from planner.schedules.ops import GradSync
 from planner.uniform.launch import node_slots, placement_grid
-from planner.uniform.placements import Placement, degraded_speeds_used, packed
+from planner.uniform.placements import Placement, degraded_speeds_used, expert_group_pace, packed
 from planner.uniform.search import SearchResult
 
 
@@ -60,6 +60,11 @@ def place_slots(problem: PlanningProblem, tp: int, pp: int, dp: int, placement: 
     return [[slot for slot in row if slot is not None] for row in grid]
 
 
+def _paced(grid: list[list[Slot]], ep: int) -> tuple[tuple[float, ...], ...]:
+    """Each replica's stage speeds in `grid` as its expert-parallel group paces them."""
+    return expert_group_pace(tuple(tuple(slot.speed for slot in row) for row in grid), ep)
+
+
 def stage_grad_sync(terms: StageCostTerms, stage: int, layers: int) -> GradSync:
     """A uniform layout's stage's gradient sync: whole, its last bucket, and the 1F1B model's exposed part
     (at full speed, as `estimate_iteration` prices it: the sync waits for the full-speed peers too)."""
@@ -84,11 +89,21 @@ def stage_figures(timing: StageTime) -> dict[str, float]:
 def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
     terms = found.candidate.terms
     shape = terms.shape
+    placement = found.placement
+    if placement is None and shape.ep > 1:
+        placement = packed(degraded_speeds_used(slot_inventory(problem.cluster, shape.group_size), shape.pp,
+                                                shape.dp), shape.pp, shape.dp)
     grid = None
-    if found.placement is not None:  # stock search: a device order stock launchers can start
-        grid = placement_grid(problem, shape.group_size, shape.pp, shape.dp, found.placement)
+    if placement is not None:  # a device order stock launchers can start
+        grid = placement_grid(problem, shape.group_size, shape.pp, shape.dp, placement)
+        # It may reorder replicas; with expert parallelism that regroups them, kept only if every group
+        # then runs at the pace that was priced (else the placement's own order, whose groups were).
+        if grid is not None and shape.ep > 1 and sorted(_paced(grid, shape.ep)) != sorted(
+                expert_group_pace(placement.rows, shape.ep)):
+            grid = None
     if grid is None:
-        grid = place_slots(problem, shape.group_size, shape.pp, shape.dp, found.placement)
+        grid = place_slots(problem, shape.group_size, shape.pp, shape.dp, placement)
+    paced = _paced(grid, shape.ep)
 
     bounds = []
     first = 0
@@ -104,10 +119,11 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
     for replica_id, row in enumerate(grid):
         stages = []
         for stage_id, slot in enumerate(row):
-            key = (stage_id, slot.speed)
+            speed = paced[replica_id][stage_id]
+            key = (stage_id, speed)
             if key not in figures:
                 layers = found.layers_per_stage[stage_id]
-                figures[key] = {**stage_figures(stage_time(terms, stage_id, layers, slot.speed)),
+                figures[key] = {**stage_figures(stage_time(terms, stage_id, layers, speed)),
                                 "grad_sync": stage_grad_sync(terms, stage_id, layers)}
             members = slot.members
             used.update(members)
@@ -117,7 +133,7 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
                 devices=tuple(device_id(node, g) for node, g in members),
                 tp=shape.tp,
                 cp=shape.cp,
-                speed=slot.speed,
+                speed=speed,
                 **figures[key],
             ))
         replicas.append(ReplicaResult(id=replica_id, num_microbatches=terms.num_microbatches, stages=tuple(stages)))
@@ -134,7 +150,7 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
     return finish_plan(
         problem, tuple(replicas), used, found.objective_ms, found.estimate.breakdown_s, solver,
         micro_batch_size=shape.micro_batch_size, schedule=shape.schedule,
-        virtual_stages=shape.virtual_stages, recompute=shape.recompute,
+        virtual_stages=shape.virtual_stages, recompute=shape.recompute, ep=shape.ep,
     )
 
 
@@ -174,6 +190,7 @@ def finish_plan(
     schedule: str,
     virtual_stages: int,
     recompute: str,
+    ep: int = 1,
 ) -> PlanResult:
     """Everything a plan reports beyond its replicas: device accounting, predictions, solver status."""
     cluster = problem.cluster
@@ -206,4 +223,5 @@ def finish_plan(
         precision=problem.precision,
         gpu_memory_gib=problem.hardware.gpu.memory_gib,
         memory_reserve_gib=problem.memory_reserve_gib,
+        ep=ep,
     )

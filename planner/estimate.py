@@ -37,6 +37,7 @@ class FixedLayout:
     layers_per_stage: tuple[int, ...] | None = None
     dp: int | None = None
     cp: int = 1
+    ep: int = 1
 
     @property
     def group_size(self) -> int:
@@ -93,6 +94,7 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
     if dp > max_dp:
         raise PlanningError(f"dp {dp} needs {dp * layout.pp} {group} healthy GPUs; the cluster has {slots}")
     counts = microbatch_counts(problem, layout, dp, max_dp)
+    _check_expert_parallel(problem, layout, dp, counts)
     if layout.cp > 1 and len(set(counts)) > 1:
         raise PlanningError(f"context parallelism (cp {layout.cp}) is estimated with equal microbatch counts per "
                             f"replica; these replicas would take {_counts_text(counts)}: choose a dp that divides "
@@ -103,6 +105,23 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
             f"these replicas take {_counts_text(counts)}"
         )
     return dp, split, counts
+
+
+def _check_expert_parallel(problem: PlanningProblem, layout: FixedLayout, dp: int, counts: list[int]) -> None:
+    """PlanningError unless the layout's EP groups can exist: a mixture of experts, ep dividing its routed
+    experts and the replicas, no CP, and equal microbatch counts (replicas sharing experts run in step)."""
+    if layout.ep == 1:
+        return
+    model = problem.workload.model
+    if not model.is_moe:
+        raise PlanningError(f"ep {layout.ep} needs a mixture-of-experts model; {problem.model_name} is dense")
+    if model.num_experts % layout.ep or dp % layout.ep:
+        raise PlanningError(f"ep {layout.ep} must divide the {model.num_experts} routed experts and the {dp} replicas")
+    if layout.cp > 1:
+        raise PlanningError("ep > 1 with cp > 1 is not supported: resiplan splits experts over replicas, not CP ranks")
+    if len(set(counts)) > 1:
+        raise PlanningError(f"expert parallelism (ep {layout.ep}) runs its replicas in step: these replicas would take "
+                            f"{_counts_text(counts)} microbatches; choose a dp that divides the {sum(counts)} microbatches")
 
 
 def _check_context_parallel(problem: PlanningProblem, layout: FixedLayout) -> None:
@@ -213,7 +232,7 @@ def _priced(problem: PlanningProblem, layout: FixedLayout, dp: int, split: tuple
     """The layout (equal microbatch counts) priced by the bubble model, every stage checked to fit."""
     shape = ParallelShape(
         layout.tp, layout.pp, dp, layout.micro_batch_size, layout.recompute, layout.schedule, layout.virtual_stages,
-        layout.cp,
+        layout.cp, layout.ep,
     )
     terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
     capacity = problem.usable_memory_bytes

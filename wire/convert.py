@@ -230,6 +230,7 @@ def to_fixed_layout(layout: Layout) -> FixedLayout | ReplicaLayout:
         layers_per_stage=tuple(layout.layers_per_stage) if layout.layers_per_stage is not None else None,
         dp=layout.dp,
         cp=layout.cp,
+        ep=layout.ep,
     )
 
 

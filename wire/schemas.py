@@ -389,6 +389,9 @@ class Layout(_Strict):
     cp: int = Field(default=1, ge=1, le=1024, description="Context-parallel ranks splitting each sequence: a stage "
                     "runs on tp x cp GPUs, inside a node or on whole nodes. Needs flash attention and a seq_length "
                     "that cuts into 2 cp equal chunks.")
+    ep: int = Field(default=1, ge=1, le=4096, description="Expert parallelism of a mixture-of-experts model: each "
+                    "stage's routed experts split over ep consecutive replicas; ep divides the experts and dp, with "
+                    "cp 1.")
     replicas: list[LayoutReplica] | None = Field(
         default=None, min_length=1, max_length=MAX_LIST_LENGTH,
         description="Every replica spelled out (a plan's `replicas` fit here as they are: extra stage fields are "
@@ -400,8 +403,7 @@ class Layout(_Strict):
     def _one_form(self) -> Layout:
         if self.replicas is not None:
             given = [name for name in ("tp", "pp", "dp", "layers_per_stage") if getattr(self, name) is not None]
-            if self.cp != 1:
-                given.append("cp")
+            given += [name for name in ("cp", "ep") if getattr(self, name) != 1]
             if given:
                 raise ValueError(f"give either replicas or {', '.join(given)}, not both: replicas fix every stage")
         elif self.tp is None or self.pp is None:
@@ -440,7 +442,8 @@ class Stage(BaseModel):
     memory_gib: float
     forward_ms: float
     backward_ms: float
-    speed: float = Field(default=1.0, description="Slowest member's speed.")
+    speed: float = Field(default=1.0, description="Slowest member's speed; with expert parallelism (`ep`), the "
+                         "slowest of its EP group at this stage, whose pace it runs at.")
     weight_grad_ms: float = Field(
         default=0.0, description="Part of backward_ms computing weight gradients (W in zero-bubble schedules)."
     )
@@ -467,6 +470,8 @@ class Breakdown(BaseModel):
     optimizer_s: float = 0.0
     cp_comm_s: float = Field(default=0.0, description="Context parallelism's key/value exchange that attention "
                              "does not hide.")
+    ep_comm_s: float = Field(default=0.0, description="Expert parallelism's all-to-all dispatch and combine of "
+                             "routed tokens.")
 
 
 class Predicted(BaseModel):
@@ -591,6 +596,9 @@ class Plan(BaseModel):
     memory_reserve_gib: float | None = Field(
         default=None, description="GiB per GPU the plan leaves free for the CUDA context, NCCL buffers and the "
         "allocator (options.memory_reserve_gib or its default): every stage's memory_gib fits gpu_memory_gib less this.")
+    ep: int = Field(default=1, ge=1, description="Expert parallelism (mixture-of-experts models): replicas 0..ep-1, "
+                    "ep..2ep-1, ... each hold 1/ep of every stage's routed experts and exchange tokens all-to-all; "
+                    "a stage runs at the pace of the slowest of its EP group (its `speed`).")
     stored: bool | None = Field(
         default=None, description="Only in an answer, and only false: the plan store was unavailable, so this plan "
         "was not kept; reading it back by id (GET, exports, replan, detect) answers 404.")

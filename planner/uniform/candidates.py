@@ -11,7 +11,7 @@ stage's memory is affine in its layer count).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost_models.choices import ScheduleName
 from cost_models.layout import ParallelShape
@@ -23,6 +23,7 @@ from cost_models.stage_costs import (
     stage_cost_terms,
 )
 from cost_models.context_parallel import load_balanced_chunks
+from cost_models.expert_parallel import expert_parallel_sizes
 from planner.budget import Budget
 from planner.devices import SlotInventory, nodes_per_group, slot_inventory
 from planner.numbers import divisors
@@ -45,7 +46,7 @@ class Candidate:
 
     @property
     def replica_speeds(self) -> tuple[tuple[float, ...], ...]:
-        return replica_speed_vectors(self.inventory, self.shape.pp, self.shape.dp)
+        return replica_speed_vectors(self.inventory, self.shape.pp, self.shape.dp, self.shape.ep)
 
     def max_layers(self, memory_bytes: float) -> tuple[int, ...]:
         """Per stage position, the most layers that fit in `memory_bytes`."""
@@ -93,11 +94,11 @@ def _split_sequences_win(problem: PlanningProblem, cp: int, mbs: int) -> bool:
     return cp > 1 and mbs % cp == 0 and mbs // cp in problem.micro_batch_sizes
 
 
-def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int) -> tuple[tuple[float, ...], ...]:
+def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int, ep: int = 1) -> tuple[tuple[float, ...], ...]:
     """Per-position speeds of the distinct replicas when the degraded groups among the fastest dp * pp
-    slots are packed into as few replicas as possible (`placements.packed`): the bubble-model searches'
-    placement; the stock search tries others (`planner.uniform.placements`)."""
-    return packed(degraded_speeds_used(inventory, pp, dp), pp, dp).distinct
+    slots are packed into as few replicas as possible (`placements.packed`), paced by their expert-parallel
+    groups: the bubble-model searches' placement; the stock search tries others (`planner.uniform.placements`)."""
+    return replace(packed(degraded_speeds_used(inventory, pp, dp), pp, dp), ep=ep).distinct
 
 
 def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float | None = None,
@@ -205,13 +206,16 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
                     continue
                 for dp in reversed([d for d in divisors(batch // mbs) if d <= inventory.total]):
                     microbatches = batch // (dp * mbs)
+                    # Expert parallelism splits a mixture of experts over replicas, not over a stage's CP ranks.
+                    experts = expert_parallel_sizes(problem.workload.model, dp) if cp == 1 else [1]
                     for pp in range(min(layers, inventory.total // dp), 0, -1):
                         for schedule, v in _schedules(layers, pp, microbatches, problem.config.max_virtual_stages,
                                                       problem.allowed_schedules):
                             if not problem.allows_virtual_stages(v):
                                 continue
                             for recompute in problem.recompute_modes:
-                                yield ParallelShape(tp, pp, dp, mbs, recompute, schedule, v, cp), inventory
+                                for ep in experts:
+                                    yield ParallelShape(tp, pp, dp, mbs, recompute, schedule, v, cp, ep), inventory
 
 
 def uniform_shape_count(problem: PlanningProblem) -> int:
@@ -228,7 +232,9 @@ def uniform_shape_count(problem: PlanningProblem) -> int:
                       else cluster.total_devices // size)
             for mbs in problem.micro_batch_sizes:
                 if batch % mbs == 0 and not _split_sequences_win(problem, cp, mbs):
-                    count += sum(min(layers, groups // dp) for dp in divisors(batch // mbs) if dp <= groups)
+                    count += sum(min(layers, groups // dp) * (len(expert_parallel_sizes(problem.workload.model, dp))
+                                                              if cp == 1 else 1)
+                                 for dp in divisors(batch // mbs) if dp <= groups)
     return count * len(problem.recompute_modes)
 
 
@@ -250,7 +256,7 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
             if budget.expired():
                 complete = False
                 break
-        key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute)
+        key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.ep)
         if key not in parts:
             parts[key] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
         terms = stage_cost_terms(
@@ -260,7 +266,7 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
     # Equal bounds in the ascending order of tp, cp, micro-batch size, dp, pp, chunks and recompute mode.
     modes = problem.recompute_modes
     out.sort(key=lambda c: (c.lower_bound_ms, c.shape.tp, c.shape.cp, c.shape.micro_batch_size, c.shape.dp,
-                            c.shape.pp, c.shape.virtual_stages, modes.index(c.shape.recompute)))
+                            c.shape.pp, c.shape.virtual_stages, modes.index(c.shape.recompute), c.shape.ep))
     if budget is not None and complete:  # the shapes since the last look at the clock, and the sort
         budget.charge(Work.SHAPE, len(out) - per_check * ((len(out) - 1) // per_check) if out else 0)
     return out, complete

@@ -33,11 +33,18 @@ from planner.devices import SlotInventory
 
 @dataclass(frozen=True, order=True)
 class Placement:
-    """One speed vector per replica holding a degraded group (sorted), the other replicas at full speed."""
+    """One speed vector per replica holding a degraded group (sorted), the other replicas at full speed.
+
+    `ep` > 1 (expert parallelism): replicas 0..ep-1, ep..2ep-1, ... of `rows` share their stages' routed
+    experts and exchange tokens with each other at every layer, so each runs every stage at the pace of
+    the slowest of its group there (`paced_rows`, what pricing reads). Which replicas share a group is
+    then part of the placement: the space searched fills groups in `rows` order (slow rows first, sorted),
+    and plans keep that order (`planner.assemble`)."""
 
     slow_rows: tuple[tuple[float, ...], ...]
     healthy_rows: int
     pp: int
+    ep: int = 1
 
     @property
     def rows(self) -> tuple[tuple[float, ...], ...]:
@@ -45,9 +52,25 @@ class Placement:
         return self.slow_rows + ((1.0,) * self.pp,) * self.healthy_rows
 
     @property
+    def paced_rows(self) -> tuple[tuple[float, ...], ...]:
+        """Each replica's stage speeds as it runs: its own, or its expert-parallel group's slowest."""
+        return expert_group_pace(self.rows, self.ep)
+
+    @property
     def distinct(self) -> tuple[tuple[float, ...], ...]:
-        """The distinct speed vectors (what pricing needs: equal replicas run alike)."""
-        return tuple(dict.fromkeys(self.rows))
+        """The distinct paced speed vectors (what pricing needs: equal replicas run alike)."""
+        return tuple(dict.fromkeys(self.paced_rows))
+
+
+def expert_group_pace(rows: tuple[tuple[float, ...], ...], ep: int) -> tuple[tuple[float, ...], ...]:
+    """Per replica, per stage, the slowest speed among the `ep` consecutive replicas of its group."""
+    if ep <= 1:
+        return tuple(rows)
+    out: list[tuple[float, ...]] = []
+    for start in range(0, len(rows), ep):
+        block = rows[start:start + ep]
+        out += [tuple(min(column) for column in zip(*block))] * len(block)
+    return tuple(out)
 
 
 def degraded_speeds_used(inventory: SlotInventory, pp: int, dp: int) -> tuple[float, ...]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import count
 
 from cost_models.choices import ScheduleName
@@ -157,6 +157,8 @@ class StockSearch:
             shape = self._candidates[index].shape
             speeds = degraded_speeds_used(self._candidates[index].inventory, shape.pp, shape.dp)
             found, complete = placements(speeds, shape.pp, shape.dp, self._problem.config.max_slow_placements)
+            if shape.ep > 1:  # replicas sharing experts run at their group's pace
+                found = [replace(placement, ep=shape.ep) for placement in found]
             self._placed[index] = (found, complete, speeds)
         return self._placed[index]
 

@@ -142,6 +142,11 @@ PLANS = {
     "moe-experts-over-tp": lambda: plan_for(PlanRequest.model_validate(small_request(
         cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
         training={"global_batch_size": 32, "seq_length": 4096}, options=STOCK))),
+    # the same model on 64 H100s, one GPU slow: the search splits the experts over replicas (EP > 1)
+    "moe-expert-parallel": lambda: plan_for(PlanRequest.model_validate(small_request(
+        cluster={"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
+        failures={"slow": [{"device": "3:2", "speed": 0.6}]},
+        training={"global_batch_size": 256, "seq_length": 4096}, options=STOCK))),
     # llama2-13b interleaved, relabelled so each replica sits on one node
     "replica-major": lambda: _replica_major(plan_for(PlanRequest.model_validate(small_request(
         model="llama2-13b", training={"global_batch_size": 64, "seq_length": 8192},
@@ -404,6 +409,14 @@ def check_rank(plan: Plan, ns: argparse.Namespace, config: TransformerConfig, de
     assert sorted(group_devices(parallel_state.get_data_parallel_group(with_context_parallel=True))) == sorted(
         rep.stages[s].devices[cc * tp + t_rank] for rep in replicas for cc in range(cp))
 
+    # expert parallelism: this stage's rank in ep consecutive replicas share the experts (the groups priced)
+    ep = plan.ep
+    assert parallel_state.get_expert_model_parallel_world_size() == ep
+    if ep > 1:
+        block = replicas[(r // ep) * ep:(r // ep + 1) * ep]
+        assert group_devices(parallel_state.get_expert_model_parallel_group()) == [
+            rep.stages[s].devices[t] for rep in block]
+
     # the layers this pipeline rank builds, chunk by chunk
     for chunk in range(v):
         assert megatron_layers(config, s, chunk if v > 1 else None) == expected_layers(plan, s, chunk), (s, chunk)
@@ -494,13 +507,13 @@ def test_megatron_core_runs_the_plan(name):
     assert ns.use_rope_scaling == (arch.rope_scaling is not None)
     assert (config.add_bias_linear, config.add_qkv_bias) == (arch.linear_bias, arch.qkv_bias or arch.linear_bias)
     assert ns.use_distributed_optimizer == (plan.zero_stage >= 1)
-    # a mixture of experts as planned: experts, top-k, expert and shared widths, no expert parallelism
+    # a mixture of experts as planned: experts, top-k, expert and shared widths, expert parallelism
     assert (config.num_moe_experts, config.moe_router_topk) == (
         (arch.num_experts, arch.experts_per_token) if arch.num_experts else (None, 2))
     if arch.num_experts:
         assert config.moe_ffn_hidden_size == arch.ffn_hidden_size
         assert config.moe_shared_expert_intermediate_size == (arch.shared_expert_ffn_hidden_size or None)
-        assert config.expert_model_parallel_size == 1
+        assert config.expert_model_parallel_size == plan.ep
     # ZeRO-2/3 as Megatron-FSDP: megatron-core's own DDP config takes the strategy, and its
     # ShardingStrategy numbers it as the plan's stage
     assert ns.use_megatron_fsdp == (plan.zero_stage >= 2)
@@ -539,15 +552,19 @@ def test_cases_cover_the_flag_variants():
     assert fsdp == {"zero2-fsdp", "zero3-fsdp"}
     assert {real_plan(name).zero_stage for name in fsdp} == {2, 3}
     moe = {name for name, f in flags.items() if "--num-experts" in f}
-    assert moe == {"moe-experts-over-tp"} and real_plan("moe-experts-over-tp").replicas[0].stages[0].tp > 1
+    assert moe == {"moe-experts-over-tp", "moe-expert-parallel"}
+    assert real_plan("moe-experts-over-tp").replicas[0].stages[0].tp > 1
+    assert real_plan("moe-expert-parallel").ep > 1
 
 
-@pytest.mark.parametrize("tp,shared", [(1, 0), (2, 128), (4, 0)])
-def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, shared):
-    """One mixture-of-experts layer as megatron-core builds it on one TP rank (its local spec, experts
-    sharded over TP as the export asks): the weights the memory model gives a GPU of a TP group
-    (`params_per_layer / tp`) are the ones megatron-core allocates, every expert included, up to the norms
-    and router it replicates on each TP rank."""
+@pytest.mark.parametrize("tp,ep,shared", [(1, 1, 0), (2, 1, 128), (4, 1, 0), (1, 4, 0), (2, 2, 128)])
+def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, ep, shared):
+    """One mixture-of-experts layer as megatron-core builds it on one rank (its local spec, experts
+    split over `ep` and sharded over TP as the export asks): the weights the memory model gives a GPU
+    (`cost_models.expert_parallel.layer_params_per_gpu`) are the ones megatron-core allocates, its share of
+    every expert included, up to the norms and router it replicates on each TP rank."""
+    from cost_models.expert_parallel import layer_params_per_gpu
+
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
@@ -556,15 +573,16 @@ def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, shared):
     spec = ModelSpec("tiny-moe", num_layers=2, hidden_size=256, ffn_hidden_size=384, num_attention_heads=8,
                      num_kv_heads=2, vocab_size=1000, swiglu=True, tied_embeddings=False, num_experts=4,
                      experts_per_token=2, shared_expert_ffn_hidden_size=shared)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp * ep)
     try:
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, create_gloo_process_groups=False)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                                 create_gloo_process_groups=False)
         config = TransformerConfig(
             num_layers=2, hidden_size=256, ffn_hidden_size=384, num_attention_heads=8, num_query_groups=2,
             num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=384,
             moe_shared_expert_intermediate_size=shared or None, add_bias_linear=False, gated_linear_unit=True,
             activation_func=F.silu, normalization="RMSNorm", use_cpu_initialization=True,
-            tensor_model_parallel_size=tp, params_dtype=torch.float32)
+            tensor_model_parallel_size=tp, expert_model_parallel_size=ep, params_dtype=torch.float32)
         layer_spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False, normalization="RMSNorm")
         layer = TransformerLayer(config, layer_spec.submodules, layer_number=1)
         built = sum(p.numel() for p in layer.parameters())
@@ -572,10 +590,11 @@ def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, shared):
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
-    assert experts == spec.routed_expert_params_per_layer / tp  # all 4 experts, each sharded over TP
+    assert experts == spec.routed_expert_params_per_layer / (tp * ep)  # 4 / ep experts, each sharded over TP
     replicated = spec.hidden_size * spec.num_experts + 2 * spec.hidden_size  # router and two norms, per rank
-    assert built == (spec.params_per_layer - replicated) / tp + replicated
-    assert abs(spec.params_per_layer / tp - built) / built < 0.01
+    counted = layer_params_per_gpu(spec, tp, ep)
+    assert built == counted - replicated / tp + replicated
+    assert abs(counted - built) / built < 0.01
 
 
 # ---------------------------------------------------------------------------------------------------------------

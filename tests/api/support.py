@@ -47,10 +47,13 @@ def verify_plan(plan_json: dict[str, Any], request_json: dict[str, Any]) -> Plan
     speeds = {slow.device: slow.speed for slow in request.failures.slow}
     model = resolve_model(request.model)
     check_invariants(plan, request, model, resolve_hardware(request.cluster).gpu, speeds)
-    for replica in plan.replicas:
-        for stage in replica.stages:
+    replicas = sorted(plan.replicas, key=lambda r: r.id)
+    for index, replica in enumerate(replicas):
+        # with expert parallelism a stage runs at the pace of its EP group: the same stage of ep consecutive replicas
+        group = replicas[index - index % plan.ep:index - index % plan.ep + plan.ep]
+        for position, stage in enumerate(replica.stages):
             assert model.num_kv_heads % stage.tp == 0, f"tp {stage.tp} does not divide {model.num_kv_heads} KV heads"
-            slowest = min(speeds.get(device, 1.0) for device in stage.devices)
+            slowest = min(speeds.get(device, 1.0) for peer in group for device in peer.stages[position].devices)
             assert abs(stage.speed - slowest) < 1e-9, f"stage {stage.devices} speed {stage.speed} != slowest member {slowest}"
     return plan
 

@@ -1,0 +1,68 @@
+"""Expert parallelism: a mixture of experts' routed experts split over `ep` data-parallel replicas.
+
+Layout (Megatron-core's expert mesh with `--expert-tensor-parallel-size` unset, so expert-TP = TP, and
+rank order tp-cp-ep-dp-pp: megatron/core/parallel_state.py `initialize_model_parallel`): the EP group of a
+GPU is the GPUs of the same stage and TP rank in `ep` consecutive replicas. Each holds num_experts / ep
+of the stage's routed experts, every expert sharded over TP as a dense MLP is; attention, router, norms
+and shared experts stay replicated across the EP group. Expert gradients are reduced over the dp / ep
+replicas holding the same experts, the rest over all dp.
+
+Time (Megatron's all-to-all token dispatcher, megatron/core/transformer/moe/token_dispatcher.py
+`MoEAlltoAllTokenDispatcher`; GShard, Lepikhin et al. 2020, section 2.2): per MoE layer, each GPU sends
+each of its tokens (1 / tp of the microbatch's, sequence parallel) to its k routed experts, (ep - 1) / ep
+of them on other ranks, in one all-to-all before the experts (dispatch) and one after (combine); the
+backward runs both again with the gradients. The all-to-alls wait for the router and the experts wait
+for them: they are priced exposed (Megatron overlaps them only with shared experts,
+`--moe-shared-expert-overlap`, left out). Peers in a node talk over NVLink, the rest over the network,
+both at once: the slower of the two shares sets the time.
+
+What is priced conservatively, and why the plan is then never optimistic: the optimizer state and the
+gradient sync of the replicated weights are costed as if they, like the experts, were sharded over
+and reduced among only dp / ep replicas (`expert_data_parallel`), which overstates their memory by at
+most their share of the layer's state (3% for Mixtral-8x7B) and their sync by a ring's (n - 1) / n.
+Expert load is taken as balanced (the auxiliary loss's aim); imbalance is not modelled.
+"""
+
+from __future__ import annotations
+
+from cost_models.compute import BYTES_PER_ELEMENT
+from cost_models.model_spec import ModelSpec
+
+# A dispatch and a combine per MoE layer in the forward; the backward sends the gradients of both.
+ALL_TO_ALLS_PER_PASS = 2
+
+
+def expert_parallel_sizes(model: ModelSpec, dp: int) -> list[int]:
+    """EP sizes a layout of `dp` replicas can use: divisors of both the replicas and the routed experts
+    (1 alone for a dense model)."""
+    if not model.is_moe:
+        return [1]
+    return [ep for ep in range(1, dp + 1) if dp % ep == 0 and model.num_experts % ep == 0]
+
+
+def layer_params_per_gpu(model: ModelSpec, tp: int, ep: int) -> float:
+    """One layer's weights on one GPU: all of it over TP, the routed experts over EP as well."""
+    return (model.params_per_layer - model.routed_expert_params_per_layer * (1 - 1 / ep)) / tp
+
+
+def expert_data_parallel(grad_sync_ranks: int, ep: int) -> int:
+    """Ranks among which the experts' gradients are reduced and their optimizer state sharded."""
+    return max(1, grad_sync_ranks // ep)
+
+
+def all_to_all_ms(model: ModelSpec, tokens: float, tp: int, ep: int, ranks_per_node: int,
+                  intra_gb_s: float, inter_gb_s: float) -> float:
+    """One all-to-all of a layer's routed tokens (dispatch or combine) on one GPU: 0 without EP."""
+    if ep <= 1 or not model.is_moe:
+        return 0.0
+    routed_bytes = tokens / tp * model.experts_per_token * model.hidden_size * BYTES_PER_ELEMENT
+    in_node = min(ep, max(1, ranks_per_node))
+    intra_s = routed_bytes * (in_node - 1) / ep / (intra_gb_s * 1e9)
+    inter_s = routed_bytes * (ep - in_node) / ep / (inter_gb_s * 1e9)
+    return 1e3 * max(intra_s, inter_s)
+
+
+def layer_all_to_all_ms(model: ModelSpec, tokens: float, tp: int, ep: int, ranks_per_node: int,
+                        intra_gb_s: float, inter_gb_s: float) -> float:
+    """A pass's (forward's or backward's) all-to-alls of one layer."""
+    return ALL_TO_ALLS_PER_PASS * all_to_all_ms(model, tokens, tp, ep, ranks_per_node, intra_gb_s, inter_gb_s)

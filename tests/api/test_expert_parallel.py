@@ -1,0 +1,84 @@
+"""Mixture-of-experts models over the wire: planned with expert parallelism, estimated with `layout.ep`,
+refused in the user's terms where EP cannot exist."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost_models.expert_parallel import layer_params_per_gpu
+from tests.api.support import assert_detail, verify_plan
+from wire.convert import resolve_model
+from wire.schemas import PlanRequest
+
+GIB = 2**30
+# Mixtral-8x7B's published shape (config.json): 8 experts of width 14336, top-2
+MIXTRAL = {"name": "mixtral-8x7b", "num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336,
+           "num_attention_heads": 32, "num_kv_heads": 8, "vocab_size": 32000, "num_experts": 8,
+           "experts_per_token": 2, "rope_theta": 1e6}
+CLUSTER = {"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}
+TRAINING = {"global_batch_size": 256, "seq_length": 4096}
+
+
+def _estimate(client, layout: dict, slow: list | None = None, model: dict | str = MIXTRAL):
+    body = {"cluster": CLUSTER, "model": model, "training": TRAINING, "layout": layout,
+            "failures": {"slow": slow or []}}
+    return client.post("/v1/estimate", json=body), body
+
+
+def test_mixtral_on_64_h100s_is_planned_with_expert_parallelism(client):
+    request = {"cluster": CLUSTER, "model": MIXTRAL, "training": TRAINING, "options": {"time_limit_s": 10}}
+    response = client.post("/v1/plan", json=request)
+    assert response.status_code == 200, response.text
+    plan = verify_plan(response.json(), request)
+    assert plan.ep > 1 and len(plan.replicas) % plan.ep == 0
+    assert plan.predicted.breakdown.ep_comm_s > 0
+    # every stage holds its share of all eight experts: at least their bf16 weights and fp32 gradients
+    model = resolve_model(PlanRequest.model_validate(request).model)
+    for replica in plan.replicas:
+        for stage in replica.stages:
+            layers = stage.layers[1] - stage.layers[0]
+            held = layers * layer_params_per_gpu(model, stage.tp, plan.ep) * (2 + 4)
+            assert stage.static_memory_gib * GIB >= held
+
+
+def test_splitting_the_experts_frees_their_memory(client):
+    """tp 2, pp 4, dp 8 with and without EP 8: each GPU of the EP plan holds 1 of 8 experts per layer and
+    saves the weights and gradients of the 7 others (8 layers a stage, 3 x 4096 x 14336 weights each,
+    halved by TP; the experts' Adam state is the same either way: 8 experts sharded over 8 replicas, or one
+    over one), less what the conservative optimizer-state rule adds (the replicated weights' Adam
+    state sharded over dp / ep = 1 replica instead of 8: 12 - 12 / 8 bytes each, `cost_models.expert_parallel`)."""
+    layout = {"tp": 2, "pp": 4, "dp": 8, "recompute": "full"}
+    whole, _ = _estimate(client, layout)
+    split, body = _estimate(client, {**layout, "ep": 8})
+    assert whole.status_code == 200 and split.status_code == 200, (whole.text, split.text)
+    verify_plan(split.json(), body)
+    assert split.json()["ep"] == 8 and whole.json()["ep"] == 1
+    saved = whole.json()["replicas"][0]["stages"][1]["static_memory_gib"] - split.json()["replicas"][0]["stages"][1]["static_memory_gib"]
+    replicated = (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 4096 * 8 + 2 * 4096) / 2  # per GPU, one layer
+    expected = 8 * (7 * 3 * 4096 * 14336 / 2 * (2 + 4) - replicated * (12 - 12 / 8))
+    assert saved * GIB == pytest.approx(expected, rel=0.01)
+    # and pays for it in all-to-all traffic
+    assert split.json()["predicted"]["breakdown"]["ep_comm_s"] > 0 == whole.json()["predicted"]["breakdown"]["ep_comm_s"]
+
+
+@pytest.mark.parametrize("ep", [2, 8])
+def test_a_slow_gpu_paces_its_whole_expert_parallel_group(client, ep):
+    """Replicas sharing experts exchange tokens at every layer: one slow GPU slows the same stage of every
+    replica of its EP group, and no other replica."""
+    response, body = _estimate(client, {"tp": 2, "pp": 4, "dp": 8, "ep": ep, "recompute": "full"},
+                               slow=[{"device": "5:3", "speed": 0.5}])
+    assert response.status_code == 200, response.text
+    plan = verify_plan(response.json(), body)
+    paced = [r.id for r in sorted(plan.replicas, key=lambda r: r.id) if any(s.speed < 1 for s in r.stages)]
+    assert len(paced) == ep and paced[0] % ep == 0 and paced == list(range(paced[0], paced[0] + ep))
+    slow_positions = {i for r in plan.replicas for i, s in enumerate(r.stages) if s.speed < 1}
+    assert len(slow_positions) == 1
+
+
+def test_expert_parallelism_is_refused_where_it_cannot_exist(client):
+    response, _ = _estimate(client, {"tp": 2, "pp": 4, "dp": 8, "ep": 2}, model="llama2-7b")
+    assert_detail(response, "ep 2 needs a mixture-of-experts model")
+    response, _ = _estimate(client, {"tp": 2, "pp": 4, "dp": 6, "ep": 3})
+    assert_detail(response, "ep 3 must divide the 8 routed experts and the 6 replicas")
+    response, _ = _estimate(client, {"tp": 2, "pp": 4, "dp": 8, "ep": 16})
+    assert_detail(response, "ep 16 must divide")
