@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cost_models.migration import Holding, ShardBlock
+from cost_models.model_spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class PlacedLayout:
     virtual_stages: int
     zero_stage: int
     num_layers: int
+    ep: int = 1  # expert parallelism: replicas 0..ep-1, ep..2ep-1, ... split each layer's routed experts
+    expert_share: float = 0.0  # the routed experts' share of a layer's weights (0: a dense model)
 
 
 def placed_layout(result: PlanShape) -> PlacedLayout:
@@ -73,7 +76,24 @@ def placed_layout(result: PlanShape) -> PlacedLayout:
         for replica in sorted(result.replicas, key=lambda r: r.id)
     )
     num_layers = replicas[0][-1].layers[1] if replicas else 0
-    return PlacedLayout(replicas, result.virtual_stages, result.zero_stage, num_layers)
+    return PlacedLayout(replicas, result.virtual_stages, result.zero_stage, num_layers, getattr(result, "ep", 1),
+                        _expert_share(getattr(result, "architecture", None)))
+
+
+def _expert_share(architecture: object) -> float:
+    """The routed experts' share of a layer's weights, from a PlanResult's ModelSpec or a wire plan's
+    architecture (the same field names); 0 for a dense model or a plan stored without one."""
+    if architecture is None or not getattr(architecture, "num_experts", 0):
+        return 0.0
+    model = architecture if isinstance(architecture, ModelSpec) else ModelSpec(
+        **{name: getattr(architecture, name) for name in _SHAPE_FIELDS})
+    return model.routed_expert_params_per_layer / model.params_per_layer
+
+
+# What a layer's weight count reads.
+_SHAPE_FIELDS = ("name", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads",
+                 "vocab_size", "swiglu", "tied_embeddings", "normalization", "qkv_bias", "linear_bias",
+                 "num_experts", "experts_per_token", "shared_expert_ffn_hidden_size")
 
 
 def chunk_layer_runs(layer_counts: Sequence[int], virtual_stages: int) -> list[list[tuple[int, int]]]:
@@ -93,6 +113,19 @@ def chunk_layer_runs(layer_counts: Sequence[int], virtual_stages: int) -> list[l
     return runs
 
 
+@dataclass(frozen=True)
+class _Region:
+    """A share [lo, lo + width) of some units' weights, sliced over TP, of each slice the `block`-th of
+    `blocks` (expert parallelism), that sharded over `sharers` (ZeRO)."""
+
+    lo: float
+    width: float
+    sharers: int
+    member: int
+    block: int = 0
+    blocks: int = 1
+
+
 def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
     """Every used device's shards: units 0 (embedding), 1..L (layers), L + 1 (head).
 
@@ -103,40 +136,59 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
     (splitting each device's slice alone into R would leave pieces nobody holds). ZeRO-3 shards the
     weights the same way: the device holds only its share of them too. Context parallelism's cp ranks
     each hold the stage's weights whole (over TP) and shard ZeRO state with the replicas: the optimizer
-    is split over replicas x cp, as Megatron's data-parallel-with-CP group does."""
+    is split over replicas x cp, as Megatron's data-parallel-with-CP group does.
+
+    A mixture of experts' layer is laid out as its replicated weights, [0, 1 - e), then its routed
+    experts, [1 - e, 1), e their share (`expert_share`): TP slices first (every expert is sharded over TP,
+    so a TP rank's slice holds its part of each expert, in expert order), each slice in ep equal blocks.
+    Replica r holds block r mod ep of its TP slice and shards its optimizer state with the replicas
+    holding the same block, as megatron-core's expert-data-parallel group does. Changing ep alone then
+    keeps a GPU's experts inside what it held. Embedding and head are dense."""
     holdings: dict[str, Holding] = {}
     replicas = len(layout.replicas)
     finest = math.lcm(*(len(stage.devices) // stage.cp for stages in layout.replicas for stage in stages)) if replicas else 1
+    share, ep = layout.expert_share, max(1, layout.ep)
     for index, stages in enumerate(layout.replicas):
         counts = [stage.layers[1] - stage.layers[0] for stage in stages]
         runs = chunk_layer_runs(counts, layout.virtual_stages)
         for s, stage in enumerate(stages):
-            units = [(first + 1, end + 1) for first, end in runs[s]]
-            if s == 0:
-                units.append((0, 1))
-            if s == len(stages) - 1:
-                units.append((layout.num_layers + 1, layout.num_layers + 2))
+            layer_units = [(first + 1, end + 1) for first, end in runs[s]]
+            end_units = ([(0, 1)] if s == 0 else []) + (
+                [(layout.num_layers + 1, layout.num_layers + 2)] if s == len(stages) - 1 else [])
             tp = len(stage.devices) // stage.cp
             pieces = finest // tp if layout.zero_stage >= 1 else 1
-            sharers = replicas * stage.cp
             for position, device in enumerate(stage.devices):
                 cp_rank, rank = divmod(position, tp)
-                member = index * stage.cp + cp_rank
-                blocks = []
-                for piece in range(pieces):
-                    weight_lo = rank / tp + piece / (tp * pieces)
-                    weight_hi = rank / tp + (piece + 1) / (tp * pieces)
-                    if layout.zero_stage >= 1:
-                        share = (weight_hi - weight_lo) / sharers
-                        optimizer_lo, optimizer_hi = weight_lo + member * share, weight_lo + (member + 1) * share
-                    else:
-                        optimizer_lo, optimizer_hi = weight_lo, weight_hi
-                    if layout.zero_stage >= 3:
-                        weight_lo, weight_hi = optimizer_lo, optimizer_hi
-                    blocks.extend(ShardBlock(first, end, weight_lo, weight_hi, optimizer_lo, optimizer_hi)
-                                  for first, end in _merged(units))
-                holdings[device] = tuple(blocks)
+                dense = _Region(0.0, 1.0 - share, replicas * stage.cp, index * stage.cp + cp_rank)
+                if not share:
+                    parts = [(dense, _merged(layer_units + end_units))]
+                else:
+                    experts = _Region(1.0 - share, share, replicas // ep * stage.cp, index // ep * stage.cp + cp_rank,
+                                      index % ep, ep)
+                    parts = [(dense, _merged(layer_units)), (experts, _merged(layer_units)),
+                             (_Region(0.0, 1.0, dense.sharers, dense.member), _merged(end_units))]
+                holdings[device] = tuple(block for region, units in parts if units
+                                         for block in _region_blocks(region, units, rank, tp, pieces, layout.zero_stage))
     return holdings
+
+
+def _region_blocks(region: _Region, units: list[tuple[int, int]], rank: int, tp: int, pieces: int,
+                   zero_stage: int) -> list[ShardBlock]:
+    blocks = []
+    held = region.width / (tp * region.blocks)  # of each unit: the device's block of its TP slice
+    first_lo = region.lo + region.width * rank / tp + held * region.block
+    for piece in range(pieces):
+        weight_lo = first_lo + held * piece / pieces
+        weight_hi = first_lo + held * (piece + 1) / pieces
+        if zero_stage >= 1:
+            part = (weight_hi - weight_lo) / region.sharers
+            optimizer_lo, optimizer_hi = weight_lo + region.member * part, weight_lo + (region.member + 1) * part
+        else:
+            optimizer_lo, optimizer_hi = weight_lo, weight_hi
+        if zero_stage >= 3:
+            weight_lo, weight_hi = optimizer_lo, optimizer_hi
+        blocks.extend(ShardBlock(first, end, weight_lo, weight_hi, optimizer_lo, optimizer_hi) for first, end in units)
+    return blocks
 
 
 def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
