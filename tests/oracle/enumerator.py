@@ -3,7 +3,7 @@
 It builds requests and asks `/v1/estimate` (the cost model applied to one fully specified layout, no
 search) for every uniform layout `allow_non_uniform: false` declares: every tp dividing the heads (at
 most a node), every context-parallel size up to `options.max_context_parallel` (the estimate refuses
-the ones the contract rules out), pp, dp, micro-batch size dividing the batch, recompute mode the planner may pick, allowed
+the ones the contract rules out), every expert-parallel size of a mixture of experts, pp, dp, micro-batch size dividing the batch, recompute mode the planner may pick, allowed
 handcrafted schedule (1F1B, GPipe, ZB-H1, ZB-H2, interleaved with every v) and stock layer split (first
 and last stage free, middle stages equal). It imports no planner search code: only the wire schemas, the
 service's estimate and plan entry points, and the planner's error type (what an impossible layout raises).
@@ -84,6 +84,15 @@ def max_context_parallel(body: dict) -> int:
 
 
 
+def _expert_parallel_sizes(model: dict, dp: int, cp: int) -> list[int]:
+    """API.md's `layout.ep`: a mixture of experts' routed experts split over ep replicas, ep dividing the
+    experts and dp, with cp 1; a dense model has none."""
+    experts = model.get("num_experts", 0)
+    if not experts or cp > 1:
+        return [1]
+    return [ep for ep in range(1, dp + 1) if dp % ep == 0 and experts % ep == 0]
+
+
 def _layouts(body: dict):
     model, cluster = body["model"], body["cluster"]
     layers, batch = model["num_layers"], body["training"]["global_batch_size"]
@@ -97,8 +106,10 @@ def _layouts(body: dict):
             for dp in range(1, gpus // (tp * cp * pp) + 1):
                 for mbs in (m for m in range(1, batch + 1) if batch % (m * dp) == 0):
                     microbatches = batch // (mbs * dp)
-                    for recompute in RECOMPUTE:
+                    for recompute, ep in itertools.product(RECOMPUTE, _expert_parallel_sizes(model, dp, cp)):
                         base = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "micro_batch_size": mbs, "recompute": recompute}
+                        if ep > 1:
+                            base["ep"] = ep
                         for split in _stock_splits(layers, pp):
                             for schedule in SINGLE_CHUNK if pp > 1 else ("1f1b",):
                                 if schedule in allowed or pp == 1:

@@ -26,6 +26,7 @@ FAILURE_AWARE = "tests/planner/test_failure_aware_reported.py"
 FLOORS = "tests/planner/test_floor_pieces.py"
 PLACED = "tests/oracle/test_placed_oracle.py"
 WITNESS = "tests/planner/test_failure_aware_witness.py"
+EXPERTS = "tests/oracle/test_expert_parallel_oracle.py"
 
 # (name, file, text, replacement[, tests]); tests default to the uniform oracle.
 MUTATIONS = [
@@ -51,6 +52,8 @@ MUTATIONS = [
     ("failure-aware: the floor search priced by the bubble model", "planner/nonuniform/search.py",
      "        if self._value_of is None:\n            return None\n        out = []",
      "        if True:\n            return None\n        out = []", (FAILURE_AWARE, WITNESS, ORACLE)),
+    ("no expert parallelism in the search", "planner/uniform/candidates.py",
+     "experts = expert_parallel_sizes(problem.workload.model, dp) if cp == 1 else [1]", "experts = [1]", (EXPERTS,)),
     ("floors count the backward chain under zero-bubble schedules", "planner/nonuniform/templates.py",
      "before = sum(forwards[:s]) + (sum(backwards[:s]) if full_backward else 0.0)",
      "before = sum(forwards[:s]) + sum(backwards[:s])", (FLOORS, FAILURE_AWARE, ORACLE)),
