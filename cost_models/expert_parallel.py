@@ -32,12 +32,13 @@ from cost_models.model_spec import ModelSpec
 ALL_TO_ALLS_PER_PASS = 2
 
 
-def expert_parallel_sizes(model: ModelSpec, dp: int) -> list[int]:
-    """EP sizes a layout of `dp` replicas can use: divisors of both the replicas and the routed experts
-    (1 alone for a dense model)."""
+def expert_parallel_sizes(model: ModelSpec, dp: int, most: int | None = None) -> list[int]:
+    """EP sizes a layout of `dp` replicas can use: divisors of both the replicas and the routed experts, at
+    most `most` (1 alone for a dense model)."""
     if not model.is_moe:
         return [1]
-    return [ep for ep in range(1, dp + 1) if dp % ep == 0 and model.num_experts % ep == 0]
+    top = dp if most is None else min(dp, most)
+    return [ep for ep in range(1, top + 1) if dp % ep == 0 and model.num_experts % ep == 0]
 
 
 def layer_params_per_gpu(model: ModelSpec, tp: int, ep: int) -> float:

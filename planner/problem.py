@@ -104,6 +104,7 @@ class PlanningProblem:
     schedules: frozenset[str] | None = None  # pipeline schedules allowed; None: all (stock ones if stock_layouts_only)
     memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB  # per GPU, left free for what the model does not count
     max_context_parallel: int = DEFAULT_MAX_CONTEXT_PARALLEL  # most CP ranks per stage searched; 1: none
+    max_expert_parallel: int | None = None  # most replicas a mixture of experts' experts are split over; None: any
     calibration_id: str | None = None  # the stored calibration `efficiency` comes from; None: the built-in fit
     efficiency: EfficiencyParams = field(default_factory=EfficiencyParams)
     software: SoftwareConfig = field(default_factory=SoftwareConfig)

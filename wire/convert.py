@@ -187,6 +187,7 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
         memory_reserve_gib=reserve_gib,
         max_context_parallel=(request.options.max_context_parallel if request.options.max_context_parallel is not None
                               else default_max_context_parallel(training.seq_length)),
+        max_expert_parallel=request.options.max_expert_parallel,
         efficiency=calibration.parameters if calibration is not None else fitted_efficiency(),
         calibration_id=calibration.calibration_id if calibration is not None else None,
         software=software,

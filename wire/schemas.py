@@ -313,6 +313,10 @@ class Options(_Strict):
         description="Most context-parallel ranks per stage the search may use (1: none, for trainers without "
         "context parallelism). Default: 32 for sequences of 16,384 tokens or more, else 1. CP is searched only "
         "with flash attention, for sizes that cut seq_length into 2 cp chunks each split over tp.")
+    max_expert_parallel: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="Mixture-of-experts models: the most replicas the search may split the routed experts over "
+        "(1: no expert parallelism, for trainers without it). Default: no limit beyond the experts and replicas.")
     amortize_iterations: int = Field(
         default=500, ge=1, le=10_000_000,
         description="Replanning only: iterations a new layout is expected to run; its migration time is divided "

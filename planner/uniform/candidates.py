@@ -207,7 +207,8 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
                 for dp in reversed([d for d in divisors(batch // mbs) if d <= inventory.total]):
                     microbatches = batch // (dp * mbs)
                     # Expert parallelism splits a mixture of experts over replicas, not over a stage's CP ranks.
-                    experts = expert_parallel_sizes(problem.workload.model, dp) if cp == 1 else [1]
+                    experts = [1] if cp > 1 else expert_parallel_sizes(
+                        problem.workload.model, dp, problem.max_expert_parallel)
                     for pp in range(min(layers, inventory.total // dp), 0, -1):
                         for schedule, v in _schedules(layers, pp, microbatches, problem.config.max_virtual_stages,
                                                       problem.allowed_schedules):
@@ -232,7 +233,8 @@ def uniform_shape_count(problem: PlanningProblem) -> int:
                       else cluster.total_devices // size)
             for mbs in problem.micro_batch_sizes:
                 if batch % mbs == 0 and not _split_sequences_win(problem, cp, mbs):
-                    count += sum(min(layers, groups // dp) * (len(expert_parallel_sizes(problem.workload.model, dp))
+                    count += sum(min(layers, groups // dp) * (len(expert_parallel_sizes(problem.workload.model, dp,
+                                                                                        problem.max_expert_parallel))
                                                               if cp == 1 else 1)
                                  for dp in divisors(batch // mbs) if dp <= groups)
     return count * len(problem.recompute_modes)

@@ -30,7 +30,7 @@ def test_mixtral_on_64_h100s_is_planned_with_expert_parallelism(client):
     response = client.post("/v1/plan", json=request)
     assert response.status_code == 200, response.text
     plan = verify_plan(response.json(), request)
-    assert plan.ep > 1 and len(plan.replicas) % plan.ep == 0
+    assert plan.ep > 2 and len(plan.replicas) % plan.ep == 0  # > 2: so the limit below binds
     assert plan.predicted.breakdown.ep_comm_s > 0
     # every stage holds its share of all eight experts: at least their bf16 weights and fp32 gradients
     model = resolve_model(PlanRequest.model_validate(request).model)
@@ -82,3 +82,12 @@ def test_expert_parallelism_is_refused_where_it_cannot_exist(client):
     assert_detail(response, "ep 3 must divide the 8 routed experts and the 6 replicas")
     response, _ = _estimate(client, {"tp": 2, "pp": 4, "dp": 8, "ep": 16})
     assert_detail(response, "ep 16 must divide")
+
+
+def test_max_expert_parallel_bounds_the_search(client):
+    """Unbounded, this request splits the experts over more than 2 replicas (above)."""
+    request = {"cluster": CLUSTER, "model": MIXTRAL, "training": TRAINING,
+               "options": {"time_limit_s": 10, "max_expert_parallel": 2}}
+    response = client.post("/v1/plan", json=request)
+    assert response.status_code == 200, response.text
+    assert verify_plan(response.json(), request).ep <= 2
