@@ -188,17 +188,48 @@ _HF_ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 # Mixture-of-experts configs name their expert counts in one of these (Mixtral, DeepSeek, Qwen-MoE,
-# OLMoE, DBRX, Jamba, ...). A model with experts planned as dense gets memory and time far off.
+# OLMoE, DBRX, Jamba, ...). A model with experts planned as dense gets memory and time far off, so a config
+# naming experts is read only by a family whose layout resiplan knows (_MOE_FAMILIES), and refused otherwise.
 _EXPERT_COUNT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts", "expert_count",
                       "num_experts_per_tok")
-_EXPERT_KEYS = (*_EXPERT_COUNT_KEYS, "n_shared_experts", "num_shared_experts", "moe_intermediate_size")
+_EXPERT_KEYS = (*_EXPERT_COUNT_KEYS, "n_shared_experts", "num_shared_experts", "moe_intermediate_size",
+                "shared_expert_intermediate_size")
+
+
+@dataclass(frozen=True)
+class _MoeFamily:
+    """Where one family's config.json keeps its experts. Every layer holds a mixture of experts, each expert a
+    gated MLP (gate, up and down projections)."""
+
+    count_keys: tuple[str, ...]  # routed experts per layer (the first present wins; the others must agree)
+    width_key: str  # one routed expert's intermediate width
+    shared_width_key: str | None = None  # the shared expert every token runs
+
+
+# Families read as mixtures of experts, from their Hugging Face modeling code: Mixtral's experts are
+# `intermediate_size` wide; Qwen2-MoE adds one shared expert (its 1-wide sigmoid gate is not counted) and keeps
+# Qwen2's Q, K and V biases; Qwen3-MoE has neither (its per-head Q/K RMSNorm weights, 2 x head_dim a layer,
+# are not counted either). Either expert-count name is read for each (newer transformers map Qwen3-MoE's
+# `num_experts` onto `num_local_experts`); given both, they must agree.
+_MOE_FAMILIES: dict[str, _MoeFamily] = {
+    "mixtral": _MoeFamily(("num_local_experts", "num_experts"), "intermediate_size"),
+    "qwen2_moe": _MoeFamily(("num_experts", "num_local_experts"), "moe_intermediate_size",
+                            "shared_expert_intermediate_size"),
+    "qwen3_moe": _MoeFamily(("num_experts", "num_local_experts"), "moe_intermediate_size"),
+}
+# Fields that put dense MLP layers among the mixture-of-experts ones, and the one value meaning "none":
+# resiplan models every layer alike.
+_DENSE_LAYER_FIELDS: dict[str, Any] = {"decoder_sparse_step": 1, "moe_layer_freq": 1, "first_k_dense_replace": 0,
+                                       "mlp_only_layers": ()}
+# Multi-head latent attention (DeepSeek-V2/V3): low-rank compressed Q and KV projections.
+_LATENT_ATTENTION_KEYS = ("kv_lora_rank", "q_lora_rank")
 # Families whose every linear layer has a bias, and whose configs do not say so.
 _BIASED_FAMILIES = frozenset({"gpt2", "gpt_bigcode", "gpt_neox", "gpt_neo", "opt", "bloom", "falcon", "phi",
                               "starcoder2", "codegen"})
 # Families with a learned absolute position table.
 _LEARNED_POSITION_FAMILIES = frozenset({"gpt2", "gpt_bigcode", "gpt_neo", "opt", "biogpt"})
 # Families with biases on Q, K and V only, hard-coded in their modeling code (Qwen2, Qwen2.5).
-_QKV_BIAS_FAMILIES = frozenset({"qwen2", "qwen2_vl", "qwen2_5_vl"})
+_QKV_BIAS_FAMILIES = frozenset({"qwen2", "qwen2_vl", "qwen2_5_vl", "qwen2_moe"})
 
 
 def _int_field(config: dict[str, Any], keys: tuple[str, ...], limit: int, default: int | None = None) -> int:
@@ -234,23 +265,95 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _check_dense(config: dict[str, Any], where: str = "hf_config") -> None:
-    """HfConfigError naming the field when the config describes a mixture of experts (an expert count
-    named first, then per-token or MoE-only widths)."""
+def _refuse_unread_experts(config: dict[str, Any], family: str, understood: frozenset[str] = frozenset(),
+                           where: str = "hf_config") -> None:
+    """HfConfigError naming the field when the config names experts in a way not read here: an expert count
+    above 1, or a per-token, shared or MoE-only width, a `moe_*` setting, outside `understood` (what the
+    family's reader takes), here or one level down."""
     moe_keys = sorted(key for key in config if key.startswith("moe_") and key not in _EXPERT_KEYS)
     for key in (*_EXPERT_KEYS, *moe_keys):
+        if key in understood:
+            continue
         value = config.get(key)
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         if (numeric and value > (1 if key in _EXPERT_COUNT_KEYS else 0)) or value is True:
             raise HfConfigError(
-                f"{where} {key} is {_shown(value)}: a mixture-of-experts model; resiplan plans dense models only "
-                "(no expert parallelism yet), and planning it as dense would get its memory and time wrong"
+                f"{where} {key} is {_shown(value)}: a mixture-of-experts field resiplan does not read for "
+                f"model_type {_shown(family)}; it reads the experts of {', '.join(_MOE_FAMILIES)} configs, and "
+                "planning experts as a dense model would get its memory and time wrong"
             )
     if where != "hf_config":
         return  # one level down is where real configs nest (DBRX's ffn_config, a multimodal text_config)
     for key, value in config.items():
         if isinstance(value, dict) and key.endswith("_config"):
-            _check_dense(value, f"{where} {key}")
+            _refuse_unread_experts(value, family, frozenset(), f"{where} {key}")
+
+
+def _refuse_dense_layers(config: dict[str, Any]) -> None:
+    """HfConfigError naming the field when dense MLP layers sit among the mixture-of-experts ones."""
+    for key, none in _DENSE_LAYER_FIELDS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(none, tuple):
+            plain = isinstance(value, list) and not value
+        else:
+            plain = isinstance(value, (int, float)) and not isinstance(value, bool) and value == none
+        if not plain:
+            raise HfConfigError(
+                f"hf_config {key} is {_shown(value)}: dense MLP layers among the mixture-of-experts ones are not "
+                f"modelled yet; resiplan plans models whose every layer holds the experts, as {key} "
+                f"{list(none) if isinstance(none, tuple) else none} says"
+            )
+
+
+def _experts(config: dict[str, Any], family: str) -> tuple[dict[str, int], int | None]:
+    """(ModelSpec's expert fields, one routed expert's width) for a family in _MOE_FAMILIES; ({}, None) for a
+    dense config. HfConfigError naming the field for experts, or attention, resiplan does not model."""
+    for key in _LATENT_ATTENTION_KEYS:
+        if config.get(key) is not None:
+            raise HfConfigError(
+                f"hf_config {key} is {_shown(config[key])}: multi-head latent attention (DeepSeek-V2/V3's "
+                "low-rank Q and KV projections) is not modelled yet; resiplan prices multi-head and "
+                "grouped-query attention"
+            )
+    moe = _MOE_FAMILIES.get(family)
+    if moe is None:
+        _refuse_unread_experts(config, family)
+        return {}, None
+    _refuse_dense_layers(config)
+    understood = frozenset({*moe.count_keys, "num_experts_per_tok", moe.width_key, *_DENSE_LAYER_FIELDS,
+                            *([moe.shared_width_key] if moe.shared_width_key else [])})
+    _refuse_unread_experts(config, family, understood)
+    limits = ARCHITECTURE_LIMITS
+    num_experts = _int_field(config, moe.count_keys, limits["num_experts"])
+    named = next(key for key in moe.count_keys if config.get(key) is not None)
+    for key in moe.count_keys:
+        if config.get(key) is not None and _int_field(config, (key,), limits["num_experts"]) != num_experts:
+            raise HfConfigError(f"hf_config {key} {_shown(config[key])} disagrees with {named} {num_experts}")
+    per_token = _int_field(config, ("num_experts_per_tok",), limits["num_experts"])
+    if per_token > num_experts:
+        raise HfConfigError(
+            f"hf_config num_experts_per_tok {per_token:,} exceeds {named} {num_experts:,}: a token runs at most "
+            "every expert")
+    width = _int_field(config, (moe.width_key,), limits["ffn_hidden_size"])
+    shared = _int_field(config, (moe.shared_width_key,), limits["ffn_hidden_size"]) if moe.shared_width_key else 0
+    return {"num_experts": num_experts, "experts_per_token": per_token, "shared_expert_ffn_hidden_size": shared}, \
+        width
+
+
+def _check_head_dim(config: dict[str, Any], hidden: int, heads: int) -> None:
+    """HfConfigError when `head_dim` is not hidden_size / num_attention_heads (Qwen3, Gemma, Mistral-Nemo):
+    ModelSpec sizes each head so, and would get the Q, K, V and output projections wrong otherwise."""
+    if config.get("head_dim") is None:
+        return
+    head_dim = _int_field(config, ("head_dim",), ARCHITECTURE_LIMITS["hidden_size"])
+    if head_dim * heads != hidden:
+        raise HfConfigError(
+            f"hf_config head_dim {head_dim:,} x num_attention_heads {heads:,} is {head_dim * heads:,}, not "
+            f"hidden_size {hidden:,}: attention wider or narrower than the hidden size is not modelled yet; "
+            "resiplan sizes each head as hidden_size / num_attention_heads"
+        )
 
 
 def _bool_field(config: dict[str, Any], key: str) -> bool | None:
@@ -304,7 +407,7 @@ def _biases(config: dict[str, Any], family: str) -> tuple[bool, bool]:
     blanket = _bool_field(config, "use_bias") if blanket is None else blanket
     attention, mlp = _bool_field(config, "attention_bias"), _bool_field(config, "mlp_bias")
     if family in _QKV_BIAS_FAMILIES and attention is None and blanket is None:
-        return True, False
+        return _bool_field(config, "qkv_bias") is not False, False  # newer Qwen2-MoE configs name it
     default = family in _BIASED_FAMILIES if blanket is None else blanket
     attention = default if attention is None else attention
     mlp = default if mlp is None else mlp
@@ -325,19 +428,39 @@ def model_from_hf_config(config: dict[str, Any]) -> ModelSpec:
     Normalization: RMSNorm when `rms_norm_eps` is given, LayerNorm when
     `layer_norm_eps`/`layer_norm_epsilon` is, else RMSNorm. Positions: a
     learned table for GPT-2-like families (`n_positions` rows), else RoPE.
-    Mixture-of-experts configs are refused (HfConfigError naming the field).
+    A `head_dim` other than hidden_size / num_attention_heads is refused.
+
+    Mixtures of experts are read for model_type mixtral (`num_local_experts`,
+    `num_experts_per_tok`, experts `intermediate_size` wide), qwen2_moe
+    (`num_experts`, `num_experts_per_tok`, `moe_intermediate_size`, and a
+    shared expert `shared_expert_intermediate_size` wide; Q, K, V biases)
+    and qwen3_moe (as qwen2_moe without the shared expert or the biases);
+    ffn_hidden_size is then one routed expert's width. Refused, with an
+    HfConfigError naming the field: dense layers among the expert ones
+    (`decoder_sparse_step` > 1, `mlp_only_layers`, `first_k_dense_replace`,
+    `moe_layer_freq` other than 1), DeepSeek-V2/V3's latent attention
+    (`kv_lora_rank`, `q_lora_rank`), and experts named any other way (other
+    families, DBRX's nested `ffn_config`, `moe_*` keys not read).
     """
-    _check_dense(config)
-    limits = ARCHITECTURE_LIMITS
     family = str(config.get("model_type") or "")
+    expert_fields, expert_width = _experts(config, family)
+    limits = ARCHITECTURE_LIMITS
     num_layers = _int_field(config, _HF_ALIASES["num_layers"], limits["num_layers"])
     hidden = _int_field(config, _HF_ALIASES["hidden_size"], limits["hidden_size"])
     heads = _int_field(config, _HF_ALIASES["num_attention_heads"], limits["num_attention_heads"])
     kv_heads = _int_field(config, ("num_key_value_heads",), limits["num_kv_heads"], default=heads)
     vocab = _int_field(config, ("vocab_size",), limits["vocab_size"])
-    activation = str(config.get("hidden_act") or config.get("activation_function") or "gelu").lower()
+    _check_head_dim(config, hidden, heads)
+    default_activation = "silu" if expert_fields else "gelu"  # the MoE families' configs default to silu
+    activation = str(config.get("hidden_act") or config.get("activation_function") or default_activation).lower()
     gated = "intermediate_size" in config and activation in {"silu", "swiglu", "swish"}
-    ffn = _int_field(config, ("intermediate_size", "n_inner"), limits["ffn_hidden_size"], default=4 * hidden)
+    if expert_fields:
+        if activation not in {"silu", "swiglu", "swish"}:
+            raise HfConfigError(f"hf_config hidden_act {_shown(activation)} with experts is not supported: "
+                                "resiplan's experts are SwiGLU MLPs, as Mixtral's and Qwen-MoE's are")
+        gated = True  # the experts' gate, up and down projections, whether intermediate_size is given or not
+    ffn = expert_width or _int_field(config, ("intermediate_size", "n_inner"), limits["ffn_hidden_size"],
+                                     default=4 * hidden)
     if ffn > limits["ffn_hidden_size"]:
         raise HfConfigError(f"hf_config hidden_size {hidden:,} gives an MLP of 4 x {hidden:,} = {ffn:,}; "
                             f"at most {limits['ffn_hidden_size']:,} is supported")
@@ -353,6 +476,10 @@ def model_from_hf_config(config: dict[str, Any]) -> ModelSpec:
         epsilon_key = "layer_norm_eps" if "layer_norm_eps" in config else "layer_norm_epsilon"
     epsilon = _float_field(config, epsilon_key, 1e-5, 0.0, 1.0)
     qkv_bias, linear_bias = _biases(config, family)
+    if expert_fields and linear_bias:
+        raise HfConfigError("hf_config biases on every linear layer (bias, or attention_bias with mlp_bias) with "
+                            "experts are not supported: resiplan prices mixture-of-experts layers without MLP "
+                            "biases, as Mixtral and Qwen-MoE are built")
     fields: dict[str, Any] = {}
     if family in _LEARNED_POSITION_FAMILIES:
         fields["position_embedding"] = LEARNED
@@ -377,5 +504,6 @@ def model_from_hf_config(config: dict[str, Any]) -> ModelSpec:
         norm_epsilon=epsilon,
         qkv_bias=qkv_bias,
         linear_bias=linear_bias,
+        **expert_fields,
         **fields,
     )

@@ -5,16 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from tests.api.support import small_request
-from tests.cost_models.test_model_spec import LLAMA3_8B_CONFIG
+from tests.api.support import estimate_request, small_request
+from tests.cost_models.test_model_spec import DEEPSEEK_V3_CONFIG, LLAMA3_8B_CONFIG, MIXTRAL_8X7B_CONFIG
 from wire.schemas import PlanRequest
-
-MIXTRAL_8X7B_CONFIG = {  # verbatim architecture fields of mistralai/Mixtral-8x7B-v0.1/config.json
-    "architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
-    "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2,
-    "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "rms_norm_eps": 1e-05,
-    "rope_theta": 1000000.0, "tie_word_embeddings": False, "vocab_size": 32000,
-}
 
 
 def _hf_request(config: dict) -> dict:
@@ -28,7 +21,10 @@ def _hf_request(config: dict) -> dict:
         ({**LLAMA3_8B_CONFIG, "num_hidden_layers": 100_000}, "num_hidden_layers must be a whole number from 1 to"),
         ({**LLAMA3_8B_CONFIG, "_name_or_path": "m" * 129}, "_name_or_path is 129 characters; at most 128"),
         ({**LLAMA3_8B_CONFIG, "hidden_size": 4097}, "hidden_size 4097 is not divisible by num_attention_heads 32"),
-        (MIXTRAL_8X7B_CONFIG, "num_local_experts is 8: a mixture-of-experts model"),
+        (DEEPSEEK_V3_CONFIG, "kv_lora_rank is 512: multi-head latent attention (DeepSeek-V2/V3's"),
+        ({**MIXTRAL_8X7B_CONFIG, "first_k_dense_replace": 1}, "first_k_dense_replace is 1: dense MLP layers"),
+        ({**LLAMA3_8B_CONFIG, "num_local_experts": 8}, "num_local_experts is 8: a mixture-of-experts field"),
+        ({**MIXTRAL_8X7B_CONFIG, "num_experts_per_tok": 9}, "num_experts_per_tok 9 exceeds num_local_experts 8"),
     ],
 )
 def test_hf_config_is_refused_while_the_request_validates(config, named):
@@ -42,13 +38,48 @@ def test_hf_config_is_refused_while_the_request_validates(config, named):
     [
         ({**LLAMA3_8B_CONFIG, "num_hidden_layers": 100_000}, "num_hidden_layers"),
         ({**LLAMA3_8B_CONFIG, "_name_or_path": "m" * 200}, "_name_or_path is 200 characters"),
-        (MIXTRAL_8X7B_CONFIG, "num_local_experts is 8"),
+        (DEEPSEEK_V3_CONFIG, "kv_lora_rank is 512: multi-head latent attention"),
+        ({**DEEPSEEK_V3_CONFIG, "kv_lora_rank": None, "q_lora_rank": None}, "n_routed_experts is 256"),
     ],
 )
 def test_the_service_answers_422_naming_the_hf_config_field(client, config, named):
     response = client.post("/v1/plan", json=_hf_request(config))
     assert response.status_code == 422, response.text
     assert named in response.json()["detail"]
+
+
+def test_a_deepseek_v3_estimate_is_422_naming_its_latent_attention(client):
+    body = estimate_request({"tp": 8, "pp": 4, "dp": 1}, model={"hf_config": DEEPSEEK_V3_CONFIG})
+    response = client.post("/v1/estimate", json=body)
+    assert response.status_code == 422, response.text
+    assert "kv_lora_rank is 512: multi-head latent attention" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("model", ["mixtral-8x7b", {"hf_config": MIXTRAL_8X7B_CONFIG}])
+def test_mixtral_is_planned_by_preset_and_by_hf_config(client, model):
+    response = client.post("/v1/plan", json=small_request(model=model))
+    assert response.status_code == 200, response.text
+    plan = response.json()
+    assert plan["status"] in ("optimal", "feasible")
+    assert sum(stage["layers"][1] - stage["layers"][0] for stage in plan["replicas"][0]["stages"]) == 32
+
+
+def _estimate(client, model) -> dict:
+    response = client.post("/v1/estimate", json=estimate_request({"tp": 8, "pp": 4, "dp": 1}, model=model))
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_mixtral_estimates_alike_by_preset_and_hf_config_and_carries_its_experts(client):
+    preset, from_hf = _estimate(client, "mixtral-8x7b"), _estimate(client, {"hf_config": MIXTRAL_8X7B_CONFIG})
+    assert preset["predicted"] == from_hf["predicted"]
+    assert [stage["static_memory_gib"] for stage in preset["replicas"][0]["stages"]] == [
+        stage["static_memory_gib"] for stage in from_hf["replicas"][0]["stages"]]
+    # Llama 3 8B has Mixtral's layer shape with one dense MLP (and a 4x larger vocabulary): Mixtral's eight
+    # experts a layer make a middle stage's weights several times larger, so the experts crossed the wire
+    dense = _estimate(client, "llama3-8b")
+    assert preset["replicas"][0]["stages"][1]["static_memory_gib"] > 4 * dense["replicas"][0]["stages"][1][
+        "static_memory_gib"]
 
 
 def test_architecture_object_and_stored_architecture_meet_the_same_limits():

@@ -330,7 +330,7 @@ def test_hf_bias_flags_must_be_booleans():
 
 
 # Verbatim MoE fields of mistralai/Mixtral-8x7B-v0.1, deepseek-ai/DeepSeek-V3, Qwen/Qwen1.5-MoE-A2.7B and
-# databricks/dbrx-base
+# databricks/dbrx-base, in a config whose model_type (llama) resiplan does not read experts for
 @pytest.mark.parametrize(
     "fields,named",
     [
@@ -338,12 +338,224 @@ def test_hf_bias_flags_must_be_booleans():
         ({"n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8}, "n_routed_experts is 256"),
         ({"num_experts": 60, "moe_intermediate_size": 1408, "num_experts_per_tok": 4}, "num_experts is 60"),
         ({"ffn_config": {"moe_num_experts": 16, "moe_top_k": 4}}, "hf_config ffn_config moe_num_experts is 16"),
+        ({"shared_expert_intermediate_size": 5632}, "shared_expert_intermediate_size is 5632"),
     ],
 )
-def test_hf_mixture_of_experts_is_refused_naming_the_field(fields, named):
+def test_hf_experts_of_a_family_not_read_are_refused_naming_the_field(fields, named):
     with pytest.raises(HfConfigError, match=named) as refused:
         model_from_hf_config({**LLAMA3_8B_CONFIG, **fields})
-    assert "mixture-of-experts" in str(refused.value)
+    assert "mixture-of-experts field resiplan does not read for model_type 'llama'" in str(refused.value)
+
+
+# Verbatim architecture fields of mistralai/Mixtral-8x7B-v0.1/config.json
+MIXTRAL_8X7B_CONFIG = {
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": False,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0", "use_cache": True,
+    "vocab_size": 32000,
+}
+
+# Verbatim architecture fields of Qwen/Qwen2-57B-A14B/config.json
+QWEN2_57B_A14B_CONFIG = {
+    "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "decoder_sparse_step": 1, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584,
+    "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 131072,
+    "max_window_layers": 28, "model_type": "qwen2_moe", "moe_intermediate_size": 2560, "norm_topk_prob": False,
+    "num_attention_heads": 28, "num_experts": 64, "num_experts_per_tok": 8, "num_hidden_layers": 28,
+    "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 20480, "sliding_window": 131072,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+
+# Verbatim architecture fields of Qwen/Qwen3-30B-A3B/config.json: its 32 heads of head_dim 128 make attention
+# 4,096 wide over a hidden size of 2,048, which ModelSpec (head_dim = hidden_size / heads) cannot describe.
+QWEN3_30B_A3B_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+    "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+
+
+@pytest.mark.parametrize(
+    "name,total,active,active_rel",
+    [
+        # Mistral AI, "Mixtral of experts" (Dec 2023): 46.7B total parameters, 12.9B used per token
+        ("mixtral-8x7b", 46.7e9, 12.9e9, 0.01),
+        # Qwen2 blog: 57.41B parameters; 14B activated, published only as a whole number of billions ("A14B"),
+        # so within half a billion (the count is 14.25B)
+        ("qwen2-57b-a14b", 57.41e9, 14e9, 0.5 / 14),
+    ],
+)
+def test_moe_presets_total_and_active_params_match_published(name, total, active, active_rel):
+    m = model_preset(name)
+    assert m.is_moe
+    assert m.total_params == pytest.approx(total, rel=0.01)
+    assert m.active_params == pytest.approx(active, rel=active_rel)
+
+
+def test_mixtral_8x7b_params_by_hand():
+    h, f, L, V, E, k, kv_width = 4096, 14336, 32, 32000, 8, 2, 8 * 128
+    attention = h * (h + 2 * kv_width) + h * h
+    expert = 3 * h * f  # w1, w3 (gate, up) and w2 (down)
+    per_layer = attention + h * E + E * expert + 2 * h  # router, 8 experts, two RMSNorms
+    m = model_preset("mixtral-8x7b")
+    assert m.params_per_layer == per_layer
+    assert m.total_params == L * per_layer + 2 * V * h + h == 46_702_792_704
+    assert m.active_params == m.total_params - L * (E - k) * expert == 12_879_925_248
+
+
+def test_qwen2_57b_a14b_non_embedding_params_match_published():
+    m = model_preset("qwen2-57b-a14b")
+    # Qwen2 blog: 56.32B non-embedding parameters (the two 151,936 x 3,584 tables left out). The shared
+    # expert (20,480 wide, 8 experts' worth) is counted; its 1-wide gate (28 x 3,584 weights) is not.
+    assert m.total_params - m.embedding_params - m.head_params == pytest.approx(56.32e9, rel=0.001)
+    without_shared = dataclasses.replace(m, shared_expert_ffn_hidden_size=0)
+    assert m.total_params - without_shared.total_params == 28 * 3 * 3584 * 20480
+    assert m.active_params - without_shared.active_params == 28 * 3 * 3584 * 20480
+
+
+@pytest.mark.parametrize("name,config", [("mixtral-8x7b", MIXTRAL_8X7B_CONFIG),
+                                         ("qwen2-57b-a14b", QWEN2_57B_A14B_CONFIG)])
+def test_hf_moe_config_reads_as_its_preset(name, config):
+    m = model_from_hf_config(config)
+    assert dataclasses.replace(m, name=name) == model_preset(name)
+
+
+def test_hf_mixtral_experts():
+    m = model_from_hf_config(MIXTRAL_8X7B_CONFIG)
+    assert (m.num_experts, m.experts_per_token, m.ffn_hidden_size, m.shared_expert_ffn_hidden_size) == (
+        8, 2, 14336, 0)
+    assert m.swiglu and not m.qkv_bias and not m.linear_bias
+
+
+def test_hf_qwen2_moe_experts_shared_expert_and_qkv_bias():
+    m = model_from_hf_config(QWEN2_57B_A14B_CONFIG)
+    # moe_intermediate_size is the routed expert's width; intermediate_size (18,944) is for dense layers it has none of
+    assert (m.num_experts, m.experts_per_token, m.ffn_hidden_size, m.shared_expert_ffn_hidden_size) == (
+        64, 8, 2560, 20480)
+    assert m.qkv_bias and not m.linear_bias
+    # newer transformers releases write qkv_bias into Qwen2-MoE configs
+    assert not model_from_hf_config({**QWEN2_57B_A14B_CONFIG, "qkv_bias": False}).qkv_bias
+
+
+def test_hf_qwen3_moe_with_heads_as_wide_as_the_hidden_size_is_read():
+    # Qwen3-30B-A3B's experts and routing, with 16 heads of 128 (head_dim == hidden_size / heads)
+    config = {**QWEN3_30B_A3B_CONFIG, "num_attention_heads": 16}
+    m = model_from_hf_config(config)
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.vocab_size) == (
+        48, 2048, 16, 4, 151936)
+    assert (m.num_experts, m.experts_per_token, m.ffn_hidden_size, m.shared_expert_ffn_hidden_size) == (
+        128, 8, 768, 0)
+    assert m.swiglu and not m.qkv_bias and not m.linear_bias and not m.tied_embeddings
+    assert (m.rope_theta, m.norm_epsilon) == (1_000_000.0, 1e-6)
+    # no head_dim: hidden_size / heads, as Qwen3's attention defaults it
+    config.pop("head_dim")
+    assert model_from_hf_config(config) == m
+
+
+@pytest.mark.parametrize("config", [QWEN3_30B_A3B_CONFIG,
+                                    # Qwen/Qwen3-235B-A22B: 64 heads of 128 over a hidden size of 4,096
+                                    {**QWEN3_30B_A3B_CONFIG, "hidden_size": 4096, "num_attention_heads": 64,
+                                     "num_hidden_layers": 94, "moe_intermediate_size": 1536}])
+def test_hf_qwen3_moe_head_dim_other_than_hidden_over_heads_is_refused(config):
+    with pytest.raises(HfConfigError, match="hf_config head_dim 128 x num_attention_heads") as refused:
+        model_from_hf_config(config)
+    assert "not modelled" in str(refused.value)
+
+
+def test_hf_dense_head_dim_other_than_hidden_over_heads_is_refused():
+    # Qwen/Qwen3-32B: 64 heads of 128 over 5,120 (dense; it used to be read as 64 heads of 80)
+    with pytest.raises(HfConfigError, match=re.escape("head_dim 128 x num_attention_heads 64 is 8,192, not hidden_size 5,120")):
+        model_from_hf_config({**LLAMA3_8B_CONFIG, "model_type": "qwen3", "hidden_size": 5120,
+                              "num_attention_heads": 64, "head_dim": 128})
+    # head_dim equal to hidden_size / heads (Llama 3.2's configs write it) is read as before
+    assert model_from_hf_config({**LLAMA3_8B_CONFIG, "head_dim": 128}) == model_from_hf_config(LLAMA3_8B_CONFIG)
+
+
+@pytest.mark.parametrize(
+    "config,named",
+    [
+        # dense MLP layers among the expert ones
+        ({**QWEN2_57B_A14B_CONFIG, "decoder_sparse_step": 2}, "decoder_sparse_step is 2: dense MLP layers"),
+        ({**QWEN2_57B_A14B_CONFIG, "mlp_only_layers": [0, 27]}, "mlp_only_layers is [0, 27]: dense MLP layers"),
+        ({**MIXTRAL_8X7B_CONFIG, "first_k_dense_replace": 3}, "first_k_dense_replace is 3: dense MLP layers"),
+        ({**MIXTRAL_8X7B_CONFIG, "moe_layer_freq": 2}, "moe_layer_freq is 2: dense MLP layers"),
+        ({**QWEN2_57B_A14B_CONFIG, "decoder_sparse_step": True}, "decoder_sparse_step is True: dense MLP layers"),
+        # expert fields the family's reader does not take
+        ({**MIXTRAL_8X7B_CONFIG, "moe_intermediate_size": 1408},
+         "moe_intermediate_size is 1408: a mixture-of-experts field resiplan does not read for model_type 'mixtral'"),
+        ({**QWEN2_57B_A14B_CONFIG, "n_shared_experts": 2},
+         "n_shared_experts is 2: a mixture-of-experts field resiplan does not read for model_type 'qwen2_moe'"),
+        ({**MIXTRAL_8X7B_CONFIG, "ffn_config": {"moe_num_experts": 16}}, "hf_config ffn_config moe_num_experts is 16"),
+        ({**QWEN2_57B_A14B_CONFIG, "moe_top_k": 4}, "moe_top_k is 4: a mixture-of-experts field"),
+        # expert counts
+        ({**MIXTRAL_8X7B_CONFIG, "num_experts_per_tok": 9}, "num_experts_per_tok 9 exceeds num_local_experts 8"),
+        ({**MIXTRAL_8X7B_CONFIG, "num_local_experts": 4097}, "num_local_experts must be a whole number from 1 to 4,096"),
+        ({**MIXTRAL_8X7B_CONFIG, "num_local_experts": 0}, "num_local_experts must be a whole number from 1 to 4,096"),
+        ({**QWEN2_57B_A14B_CONFIG, "num_experts": 2.5}, "num_experts must be a whole number from 1 to 4,096, got 2.5"),
+        ({**MIXTRAL_8X7B_CONFIG, "num_experts_per_tok": 0}, "num_experts_per_tok must be a whole number from 1"),
+        ({**MIXTRAL_8X7B_CONFIG, "num_experts": 4}, "num_experts 4 disagrees with num_local_experts 8"),
+        ({k: v for k, v in MIXTRAL_8X7B_CONFIG.items() if k != "num_local_experts"},
+         "has none of num_local_experts, num_experts"),
+        ({k: v for k, v in QWEN2_57B_A14B_CONFIG.items() if k != "shared_expert_intermediate_size"},
+         "has none of shared_expert_intermediate_size"),
+        ({**QWEN2_57B_A14B_CONFIG, "moe_intermediate_size": 2**21},
+         "moe_intermediate_size must be a whole number from 1 to 1,048,576"),
+        # experts of other kinds
+        ({**MIXTRAL_8X7B_CONFIG, "hidden_act": "gelu"}, "hidden_act 'gelu' with experts is not supported"),
+        ({**MIXTRAL_8X7B_CONFIG, "bias": True}, "biases on every linear layer (bias, or attention_bias with mlp_bias) "
+                                                "with experts are not supported"),
+    ],
+)
+def test_hf_moe_configs_resiplan_does_not_model_are_refused_naming_the_field(config, named):
+    with pytest.raises(HfConfigError, match=re.escape(named)) as refused:
+        model_from_hf_config(config)
+    assert str(refused.value).startswith("hf_config")
+
+
+# Architecture fields of deepseek-ai/DeepSeek-V3/config.json (its MoE fields and multi-head latent attention)
+DEEPSEEK_V3_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"], "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+    "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+    "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 10000, "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid", "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc",
+    "v_head_dim": 128, "vocab_size": 129280,
+}
+
+
+def test_hf_deepseek_latent_attention_is_refused_naming_the_field():
+    with pytest.raises(HfConfigError, match=r"^hf_config kv_lora_rank is 512: multi-head latent attention"):
+        model_from_hf_config(DEEPSEEK_V3_CONFIG)
+    # DeepSeek-V2-Lite: no Q compression, still latent KV
+    with pytest.raises(HfConfigError, match="hf_config kv_lora_rank is 512"):
+        model_from_hf_config({**DEEPSEEK_V3_CONFIG, "q_lora_rank": None})
+    with pytest.raises(HfConfigError, match="hf_config q_lora_rank is 1536"):
+        model_from_hf_config({**LLAMA3_8B_CONFIG, "q_lora_rank": 1536})
+    # without its latent attention, its experts (a family resiplan does not read) are refused by name
+    config = {k: v for k, v in DEEPSEEK_V3_CONFIG.items() if not k.endswith("lora_rank")}
+    with pytest.raises(HfConfigError, match="n_routed_experts is 256: a mixture-of-experts field resiplan does not "
+                                            "read for model_type 'deepseek_v3'"):
+        model_from_hf_config(config)
+
+
+def test_hf_moe_refusals_do_not_echo_hostile_values_unbounded():
+    for field in ("mlp_only_layers", "moe_layer_freq", "kv_lora_rank"):
+        with pytest.raises(HfConfigError) as refused:
+            model_from_hf_config({**MIXTRAL_8X7B_CONFIG, field: "x" * 10_000})
+        assert len(str(refused.value)) < 400 and field in str(refused.value)
 
 
 def test_hf_dense_config_with_empty_expert_fields_is_planned():
@@ -393,3 +605,29 @@ def test_hf_configs_give_a_plannable_spec_or_a_named_error(base, changes):
         least = 0 if field == "num_experts" else 1  # 0 experts: a dense MLP
         assert value is None or least <= value <= limit, (field, value)
     assert len(spec.name) <= MAX_MODEL_NAME_CHARS
+
+
+_MOE_KEYS = sorted({*MIXTRAL_8X7B_CONFIG, *QWEN2_57B_A14B_CONFIG, "num_local_experts", "head_dim", "kv_lora_rank",
+                    "first_k_dense_replace", "moe_layer_freq", "mlp_only_layers", "n_shared_experts", "ffn_config",
+                    "bias", "qkv_bias"})
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(base=st.sampled_from([MIXTRAL_8X7B_CONFIG, QWEN2_57B_A14B_CONFIG, QWEN3_30B_A3B_CONFIG]),
+       changes=st.dictionaries(st.sampled_from(_MOE_KEYS), _HOSTILE_VALUES, max_size=3))
+def test_hf_moe_configs_give_a_consistent_spec_or_a_named_error(base, changes):
+    """Mixture-of-experts configs with hostile fields: a spec the wire's expert rules accept (1 <= top-k <=
+    experts, no MLP biases), within the limits, or an HfConfigError; never another exception."""
+    config = {**base, **changes}
+    try:
+        spec = model_from_hf_config(config)
+    except HfConfigError as error:
+        assert str(error).startswith("hf_config") and len(str(error)) < 600
+        return
+    for field, limit in ARCHITECTURE_LIMITS.items():
+        value = getattr(spec, field)
+        assert value is None or (0 if field == "num_experts" else 1) <= value <= limit, (field, value)
+    assert spec.is_moe and 1 <= spec.experts_per_token <= spec.num_experts
+    assert spec.swiglu and not spec.linear_bias
+    if config.get("head_dim") is not None:
+        assert config["head_dim"] * spec.num_attention_heads == spec.hidden_size
