@@ -87,6 +87,10 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
     kv_heads = arch.num_kv_heads or arch.num_attention_heads
     if kv_heads != arch.num_attention_heads:
         args += ["--group-query-attention", "--num-query-groups", str(kv_heads)]
+    if arch.head_dim is not None:
+        args += ["--kv-channels", str(arch.head_dim)]
+    if arch.qk_norm:
+        args.append("--qk-layernorm")
     if arch.swiglu:
         args.append("--swiglu")
     if not arch.tied_embeddings:
@@ -141,6 +145,9 @@ def megatron_deepspeed_model_args(arch: ModelArchitecture, seq_length: int) -> l
     if arch.num_experts:
         problems.append("its mixture-of-experts layers (DeepSpeed-MoE) are not exported by resiplan yet; "
                         "export to Megatron-LM instead")
+    if arch.head_dim is not None or arch.qk_norm:
+        problems.append("its heads (head_dim apart from hidden / heads, or query/key norms) are not among "
+                        "Megatron-DeepSpeed's flags; export to Megatron-LM instead")
     if problems:
         raise ExportError(f"{target} cannot build this model: {'; '.join(problems)}")
     args = _shape_args(arch)

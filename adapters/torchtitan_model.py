@@ -46,6 +46,8 @@ def unsupported(arch: ModelArchitecture) -> list[str]:
         problems.append("a non-gated MLP (its FeedForward is SwiGLU)")
     if arch.rotary_percent != 1.0:
         problems.append(f"RoPE on {arch.rotary_percent:.0%} of each head (it rotates all of it)")
+    if arch.head_dim is not None or arch.qk_norm:
+        problems.append("heads apart from hidden / heads wide, or query/key norms (its Llama3 attention has neither)")
     if arch.num_experts:
         problems.append(f"a mixture of {arch.num_experts} experts (its Llama3 decoder is dense; resiplan does not "
                         "export torchtitan's MoE models yet: export to Megatron-LM instead)")

@@ -119,10 +119,10 @@ def _attention_core_forward_s(
     """One GPU's share: 1 / (tp cp) of the layer's attention (CP's causal chunks are load balanced)."""
     flops = layer_attention_forward_flops(model, seq_length, micro_batch) / (tp * cp)
     if software.flash_attention:
-        return gemm_time_s(flops * CAUSAL_EXECUTED_FRACTION, model.head_dim, gpu, efficiency)
+        return gemm_time_s(flops * CAUSAL_EXECUTED_FRACTION, model.head_width, gpu, efficiency)
     score_elements = model.num_attention_heads * seq_length * seq_length * micro_batch / (tp * cp)
     score_bytes = SCORE_BYTES_NO_DROPOUT + (SCORE_BYTES_DROPOUT if software.dropout else 0.0)
-    return gemm_time_s(flops, model.head_dim, gpu, efficiency) + hbm_time_s(score_elements * score_bytes, gpu, efficiency)
+    return gemm_time_s(flops, model.head_width, gpu, efficiency) + hbm_time_s(score_elements * score_bytes, gpu, efficiency)
 
 
 def _elementwise_forward_s(

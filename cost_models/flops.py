@@ -23,14 +23,14 @@ def layer_projection_gemms(model: ModelSpec, tokens: float, tp: int) -> tuple[tu
     mixture of experts' router. A routed expert's GEMMs are as wide as one expert (`ffn_hidden_size`)
     while their FLOPs count every expert a token runs (`mlp_width_per_token`): experts are sharded
     over TP like a dense MLP (Megatron's expert-TP = TP)."""
-    h = model.hidden_size
-    qkv_out = (h + 2 * model.kv_width) / tp
+    h, q = model.hidden_size, model.q_width
+    qkv_out = (q + 2 * model.kv_width) / tp
     gate_up = 2 if model.swiglu else 1
     per_token = model.mlp_width_per_token / tp
     one_gemm = model.ffn_hidden_size / tp
     gemms = (
         (2 * tokens * h * qkv_out, min(h, qkv_out)),
-        (2 * tokens * (h / tp) * h, min(h, h / tp)),
+        (2 * tokens * (q / tp) * h, min(h, q / tp)),
         (2 * tokens * h * gate_up * per_token, min(h, gate_up * one_gemm)),
         (2 * tokens * per_token * h, min(h, one_gemm)),
     )
@@ -41,7 +41,7 @@ def layer_projection_gemms(model: ModelSpec, tokens: float, tp: int) -> tuple[tu
 
 def layer_attention_forward_flops(model: ModelSpec, seq_length: int, micro_batch: int) -> float:
     """Q K^T and scores x V of one layer, forward (quadratic in seq_length)."""
-    return float(4 * micro_batch * seq_length * seq_length * model.hidden_size)
+    return float(4 * micro_batch * seq_length * seq_length * model.q_width)
 
 
 def layer_forward_flops(model: ModelSpec, seq_length: int, micro_batch: int) -> float:

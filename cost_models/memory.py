@@ -59,8 +59,8 @@ def _layer_activation_terms(model: ModelSpec, software: SoftwareConfig) -> tuple
     h = model.hidden_size
     masks = 2.0 if software.dropout else 0.0
     replicated = 4.0 + 2.0 + 2.0 + masks
-    qkv = 2.0 + 2.0 * 2.0 * model.kv_width / h
-    out_proj_input = 2.0
+    qkv = 2.0 * model.q_width / h + 2.0 * 2.0 * model.kv_width / h
+    out_proj_input = 2.0 * model.q_width / h
     ffn_ratio = model.mlp_width_per_token / h
     activation_inputs = (2.0 * 2.0 if model.swiglu else 2.0) * ffn_ratio
     fc2_input = 2.0 * ffn_ratio

@@ -21,6 +21,7 @@ ARCHITECTURE_LIMITS: dict[str, int] = {
     "vocab_size": 4_194_304,
     "max_position_embeddings": 1_048_576,
     "num_experts": 4096,
+    "head_dim": 16_384,
 }
 MAX_MODEL_NAME_CHARS = 128
 MAX_ROPE_THETA = 1e9
@@ -62,6 +63,9 @@ class ModelSpec:
         model's kind, gated with swiglu) and, with shared_expert_ffn_hidden_size, shared experts every
         token runs, of that total width (Qwen2-MoE's shared expert, DeepSeek's n_shared x expert width).
     experts_per_token: routed experts each token runs (top-k), 1 to num_experts.
+    head_dim: each attention head's width (None: hidden_size / num_attention_heads); Qwen3, Mistral-Nemo and
+        Gemma set it apart, so that Q and the attention output are num_attention_heads x head_dim wide.
+    qk_norm: an RMSNorm on each head's query and key (Qwen3; Megatron-LM's --qk-layernorm).
     """
 
     name: str
@@ -85,6 +89,8 @@ class ModelSpec:
     num_experts: int = 0
     experts_per_token: int = 0
     shared_expert_ffn_hidden_size: int = 0
+    head_dim: int | None = None
+    qk_norm: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -109,13 +115,19 @@ class ModelSpec:
         return self.num_experts * self.mlp_matrices * self.hidden_size * self.ffn_hidden_size if self.is_moe else 0
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def head_width(self) -> int:
+        """Each attention head's width: `head_dim`, or hidden_size / num_attention_heads."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_width(self) -> int:
+        """Output width of the Q projection, and input width of the attention output projection."""
+        return self.num_attention_heads * self.head_width
 
     @property
     def kv_width(self) -> int:
         """Output width of the K (or V) projection."""
-        return self.num_kv_heads * self.head_dim
+        return self.num_kv_heads * self.head_width
 
     @property
     def norm_params(self) -> int:
@@ -126,8 +138,8 @@ class ModelSpec:
     def params_per_layer(self) -> int:
         """Weights of one transformer layer: the matrices, their biases where the model has them, two norms."""
         h, f = self.hidden_size, self.ffn_hidden_size
-        qkv_width = h + 2 * self.kv_width
-        attention = h * qkv_width + h * h
+        qkv_width = self.q_width + 2 * self.kv_width
+        attention = h * qkv_width + self.q_width * h + (2 * self.head_width if self.qk_norm else 0)
         mlp_matrices = self.mlp_matrices
         mlp = mlp_matrices * h * f
         if self.is_moe:  # the router, every routed expert and the shared experts
@@ -226,6 +238,8 @@ _LATENT_ATTENTION_KEYS = ("kv_lora_rank", "q_lora_rank")
 # Families whose every linear layer has a bias, and whose configs do not say so.
 _BIASED_FAMILIES = frozenset({"gpt2", "gpt_bigcode", "gpt_neox", "gpt_neo", "opt", "bloom", "falcon", "phi",
                               "starcoder2", "codegen"})
+# Families whose every layer normalizes each head's query and key (Qwen3's q_norm, k_norm).
+_QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe"})
 # Families with a learned absolute position table.
 _LEARNED_POSITION_FAMILIES = frozenset({"gpt2", "gpt_bigcode", "gpt_neo", "opt", "biogpt"})
 # Families with biases on Q, K and V only, hard-coded in their modeling code (Qwen2, Qwen2.5).
@@ -342,18 +356,19 @@ def _experts(config: dict[str, Any], family: str) -> tuple[dict[str, int], int |
         width
 
 
-def _check_head_dim(config: dict[str, Any], hidden: int, heads: int) -> None:
-    """HfConfigError when `head_dim` is not hidden_size / num_attention_heads (Qwen3, Gemma, Mistral-Nemo):
-    ModelSpec sizes each head so, and would get the Q, K, V and output projections wrong otherwise."""
+def _head_fields(config: dict[str, Any], family: str, hidden: int, heads: int) -> dict[str, Any]:
+    """`head_dim` when it is not hidden_size / num_attention_heads (Qwen3, Mistral-Nemo: Q and the attention
+    output are heads x head_dim wide), and Qwen3's per-head query and key norms (its modeling code always
+    builds them)."""
+    fields: dict[str, Any] = {}
+    if family in _QK_NORM_FAMILIES:
+        fields["qk_norm"] = True
     if config.get("head_dim") is None:
-        return
-    head_dim = _int_field(config, ("head_dim",), ARCHITECTURE_LIMITS["hidden_size"])
+        return fields
+    head_dim = _int_field(config, ("head_dim",), ARCHITECTURE_LIMITS["head_dim"])
     if head_dim * heads != hidden:
-        raise HfConfigError(
-            f"hf_config head_dim {head_dim:,} x num_attention_heads {heads:,} is {head_dim * heads:,}, not "
-            f"hidden_size {hidden:,}: attention wider or narrower than the hidden size is not modelled yet; "
-            "resiplan sizes each head as hidden_size / num_attention_heads"
-        )
+        fields["head_dim"] = head_dim
+    return fields
 
 
 def _bool_field(config: dict[str, Any], key: str) -> bool | None:
@@ -428,7 +443,9 @@ def model_from_hf_config(config: dict[str, Any]) -> ModelSpec:
     Normalization: RMSNorm when `rms_norm_eps` is given, LayerNorm when
     `layer_norm_eps`/`layer_norm_epsilon` is, else RMSNorm. Positions: a
     learned table for GPT-2-like families (`n_positions` rows), else RoPE.
-    A `head_dim` other than hidden_size / num_attention_heads is refused.
+    `head_dim` is read when it differs from hidden_size / num_attention_heads,
+    and Qwen3's per-head query/key norms from its family. Gemma is refused
+    (its GeGLU MLP and extra norms are not modelled).
 
     Mixtures of experts are read for model_type mixtral (`num_local_experts`,
     `num_experts_per_tok`, experts `intermediate_size` wide), qwen2_moe
@@ -450,7 +467,10 @@ def model_from_hf_config(config: dict[str, Any]) -> ModelSpec:
     heads = _int_field(config, _HF_ALIASES["num_attention_heads"], limits["num_attention_heads"])
     kv_heads = _int_field(config, ("num_key_value_heads",), limits["num_kv_heads"], default=heads)
     vocab = _int_field(config, ("vocab_size",), limits["vocab_size"])
-    _check_head_dim(config, hidden, heads)
+    if family.startswith("gemma"):
+        raise HfConfigError(f"hf_config model_type {_shown(family)} is not supported: Gemma's GeGLU MLP, scaled "
+                            "embedding and extra norms are not modelled")
+    head_fields = _head_fields(config, family, hidden, heads)
     default_activation = "silu" if expert_fields else "gelu"  # the MoE families' configs default to silu
     activation = str(config.get("hidden_act") or config.get("activation_function") or default_activation).lower()
     gated = "intermediate_size" in config and activation in {"silu", "swiglu", "swish"}
@@ -505,5 +525,6 @@ def model_from_hf_config(config: dict[str, Any]) -> ModelSpec:
         qkv_bias=qkv_bias,
         linear_bias=linear_bias,
         **expert_fields,
+        **head_fields,
         **fields,
     )

@@ -111,6 +111,8 @@ def resolve_model(model: str | ModelArchitecture | HfConfigModel) -> ModelSpec:
         num_experts=model.num_experts,
         experts_per_token=model.experts_per_token,
         shared_expert_ffn_hidden_size=model.shared_expert_ffn_hidden_size,
+        head_dim=model.head_dim,
+        qk_norm=model.qk_norm,
     )
     _check_shape(spec)
     return spec

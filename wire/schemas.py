@@ -211,6 +211,11 @@ class ModelArchitecture(_Strict):
     shared_expert_ffn_hidden_size: int = Field(
         default=0, ge=0, le=ARCHITECTURE_LIMITS["ffn_hidden_size"],
         description="Total width of the shared experts every token runs (0: none); mixture of experts only.")
+    head_dim: int | None = Field(
+        default=None, ge=1, le=ARCHITECTURE_LIMITS["head_dim"],
+        description="Each attention head's width when it is not hidden_size / num_attention_heads (Qwen3, "
+                    "Mistral-Nemo): Q and the attention output are then num_attention_heads x head_dim wide.")
+    qk_norm: bool = Field(default=False, description="An RMSNorm on each head's query and key (Qwen3).")
 
     @model_validator(mode="after")
     def _experts(self) -> ModelArchitecture:
@@ -229,7 +234,7 @@ class ModelArchitecture(_Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> ModelArchitecture:
-        if self.hidden_size % self.num_attention_heads:
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
             )

@@ -147,6 +147,10 @@ PLANS = {
         cluster={"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
         failures={"slow": [{"device": "3:2", "speed": 0.6}]},
         training={"global_batch_size": 256, "seq_length": 4096}, options=STOCK))),
+    # Qwen3-30B-A3B: 128 experts, heads 128 wide over a hidden size of 2,048, query/key norms (32 H100s)
+    "qwen3-moe": lambda: plan_for(PlanRequest.model_validate(small_request(
+        cluster={"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="qwen3-30b-a3b",
+        training={"global_batch_size": 128, "seq_length": 4096}, options=STOCK))),
     # llama2-13b interleaved, relabelled so each replica sits on one node
     "replica-major": lambda: _replica_major(plan_for(PlanRequest.model_validate(small_request(
         model="llama2-13b", training={"global_batch_size": 64, "seq_length": 8192},
@@ -187,6 +191,8 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--num-query-groups", type=int, default=1)
     add("--swiglu", action="store_true")
     add("--untie-embeddings-and-output-weights", action="store_true")
+    add("--kv-channels", type=int, default=None)
+    add("--qk-layernorm", action="store_true")
     add("--num-experts", type=int, default=None)
     add("--moe-router-topk", type=int, default=2)
     add("--moe-ffn-hidden-size", type=int, default=None)
@@ -495,6 +501,9 @@ def test_megatron_core_runs_the_plan(name):
     assert (config.num_layers, config.hidden_size, config.ffn_hidden_size) == (
         arch.num_layers, arch.hidden_size, arch.ffn_hidden_size)
     assert config.num_attention_heads == arch.num_attention_heads
+    # heads as wide as planned (megatron-core's default is hidden / heads), query/key norms where the model has them
+    assert config.kv_channels == (arch.head_dim or arch.hidden_size // arch.num_attention_heads)
+    assert config.qk_layernorm == arch.qk_norm
     assert config.num_query_groups == (arch.num_kv_heads or arch.num_attention_heads)
     assert config.sequence_parallel == (config.tensor_model_parallel_size > 1)
     assert config.recompute_granularity == {"none": None}.get(plan.recompute, plan.recompute)
@@ -552,17 +561,21 @@ def test_cases_cover_the_flag_variants():
     assert fsdp == {"zero2-fsdp", "zero3-fsdp"}
     assert {real_plan(name).zero_stage for name in fsdp} == {2, 3}
     moe = {name for name, f in flags.items() if "--num-experts" in f}
-    assert moe == {"moe-experts-over-tp", "moe-expert-parallel"}
+    assert moe == {"moe-experts-over-tp", "moe-expert-parallel", "qwen3-moe"}
+    assert {"--kv-channels", "--qk-layernorm"} <= set(flags["qwen3-moe"])
     assert real_plan("moe-experts-over-tp").replicas[0].stages[0].tp > 1
     assert real_plan("moe-expert-parallel").ep > 1
 
 
-@pytest.mark.parametrize("tp,ep,shared", [(1, 1, 0), (2, 1, 128), (4, 1, 0), (1, 4, 0), (2, 2, 128)])
-def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, ep, shared):
+@pytest.mark.parametrize("tp,ep,shared,head_dim", [(1, 1, 0, None), (2, 1, 128, None), (4, 1, 0, 64), (1, 4, 0, None),
+                                                   (2, 2, 128, 64)])
+def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, ep, shared, head_dim):
     """One mixture-of-experts layer as megatron-core builds it on one rank (its local spec, experts
     split over `ep` and sharded over TP as the export asks): the weights the memory model gives a GPU
     (`cost_models.expert_parallel.layer_params_per_gpu`) are the ones megatron-core allocates, its share of
-    every expert included, up to the norms and router it replicates on each TP rank."""
+    every expert included, up to the norms and router it replicates on each TP rank. With `head_dim` (64:
+    8 heads 512 wide over a hidden size of 256) the heads are wider than hidden / heads and normalize their
+    queries and keys, as Qwen3's do."""
     from cost_models.expert_parallel import layer_params_per_gpu
 
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -572,18 +585,21 @@ def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, ep, shared
 
     spec = ModelSpec("tiny-moe", num_layers=2, hidden_size=256, ffn_hidden_size=384, num_attention_heads=8,
                      num_kv_heads=2, vocab_size=1000, swiglu=True, tied_embeddings=False, num_experts=4,
-                     experts_per_token=2, shared_expert_ffn_hidden_size=shared)
+                     experts_per_token=2, shared_expert_ffn_hidden_size=shared, head_dim=head_dim,
+                     qk_norm=head_dim is not None)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp * ep)
     try:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
                                                  create_gloo_process_groups=False)
         config = TransformerConfig(
             num_layers=2, hidden_size=256, ffn_hidden_size=384, num_attention_heads=8, num_query_groups=2,
+            kv_channels=head_dim, qk_layernorm=head_dim is not None,
             num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=384,
             moe_shared_expert_intermediate_size=shared or None, add_bias_linear=False, gated_linear_unit=True,
             activation_func=F.silu, normalization="RMSNorm", use_cpu_initialization=True,
             tensor_model_parallel_size=tp, expert_model_parallel_size=ep, params_dtype=torch.float32)
-        layer_spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False, normalization="RMSNorm")
+        layer_spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False, normalization="RMSNorm",
+                                              qk_layernorm=head_dim is not None)
         layer = TransformerLayer(config, layer_spec.submodules, layer_number=1)
         built = sum(p.numel() for p in layer.parameters())
         experts = sum(p.numel() for n, p in layer.named_parameters() if ".local_experts." in n)
@@ -591,7 +607,8 @@ def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, ep, shared
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
     assert experts == spec.routed_expert_params_per_layer / (tp * ep)  # 4 / ep experts, each sharded over TP
-    replicated = spec.hidden_size * spec.num_experts + 2 * spec.hidden_size  # router and two norms, per rank
+    # router, two norms and the query/key norms, whole on every TP rank
+    replicated = spec.hidden_size * spec.num_experts + 2 * spec.hidden_size + (2 * head_dim if head_dim else 0)
     counted = layer_params_per_gpu(spec, tp, ep)
     assert built == counted - replicated / tp + replicated
     assert abs(counted - built) / built < 0.01

@@ -372,7 +372,7 @@ QWEN2_57B_A14B_CONFIG = {
 }
 
 # Verbatim architecture fields of Qwen/Qwen3-30B-A3B/config.json: its 32 heads of head_dim 128 make attention
-# 4,096 wide over a hidden size of 2,048, which ModelSpec (head_dim = hidden_size / heads) cannot describe.
+# 4,096 wide over a hidden size of 2,048 (ModelSpec.head_dim).
 QWEN3_30B_A3B_CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
     "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
@@ -463,21 +463,36 @@ def test_hf_qwen3_moe_with_heads_as_wide_as_the_hidden_size_is_read():
     assert model_from_hf_config(config) == m
 
 
-@pytest.mark.parametrize("config", [QWEN3_30B_A3B_CONFIG,
-                                    # Qwen/Qwen3-235B-A22B: 64 heads of 128 over a hidden size of 4,096
-                                    {**QWEN3_30B_A3B_CONFIG, "hidden_size": 4096, "num_attention_heads": 64,
-                                     "num_hidden_layers": 94, "moe_intermediate_size": 1536}])
-def test_hf_qwen3_moe_head_dim_other_than_hidden_over_heads_is_refused(config):
-    with pytest.raises(HfConfigError, match="hf_config head_dim 128 x num_attention_heads") as refused:
-        model_from_hf_config(config)
-    assert "not modelled" in str(refused.value)
+@pytest.mark.parametrize("config,preset", [
+    (QWEN3_30B_A3B_CONFIG, "qwen3-30b-a3b"),
+    # Qwen/Qwen3-235B-A22B: 64 heads of 128 over a hidden size of 4,096
+    ({**QWEN3_30B_A3B_CONFIG, "hidden_size": 4096, "num_attention_heads": 64, "num_hidden_layers": 94,
+      "moe_intermediate_size": 1536}, "qwen3-235b-a22b")])
+def test_hf_qwen3_moe_heads_wider_than_hidden_over_heads_read_as_the_preset(config, preset):
+    """Qwen3's 128-wide heads make Q and the attention output wider than the hidden size; its per-head query
+    and key norms come with the family."""
+    spec = model_from_hf_config(config)
+    assert (spec.head_dim, spec.qk_norm, spec.q_width) == (128, True, spec.num_attention_heads * 128)
+    assert dataclasses.replace(spec, name=preset) == model_preset(preset)
 
 
-def test_hf_dense_head_dim_other_than_hidden_over_heads_is_refused():
+@pytest.mark.parametrize("name,total,active", [("qwen3-30b-a3b", 30.5e9, 3.3e9), ("qwen3-235b-a22b", 235e9, 22e9)])
+def test_qwen3_moe_presets_match_the_published_counts(name, total, active):
+    """Qwen3 technical report (Yang et al. 2025), Table 2 and the model cards: 30.5B total / 3.3B activated,
+    235B / 22B. Attention is heads x 128 wide, not the hidden size."""
+    spec = model_preset(name)
+    assert spec.total_params == pytest.approx(total, rel=0.005)
+    assert spec.active_params == pytest.approx(active, rel=0.02)
+    q, kv, h = spec.num_attention_heads * 128, spec.num_kv_heads * 128, spec.hidden_size
+    assert spec.params_per_layer - spec.routed_expert_params_per_layer == (
+        h * (q + 2 * kv) + q * h + 2 * 128 + h * spec.num_experts + 2 * h)
+
+
+def test_hf_dense_head_dim_other_than_hidden_over_heads_is_read():
     # Qwen/Qwen3-32B: 64 heads of 128 over 5,120 (dense; it used to be read as 64 heads of 80)
-    with pytest.raises(HfConfigError, match=re.escape("head_dim 128 x num_attention_heads 64 is 8,192, not hidden_size 5,120")):
-        model_from_hf_config({**LLAMA3_8B_CONFIG, "model_type": "qwen3", "hidden_size": 5120,
-                              "num_attention_heads": 64, "head_dim": 128})
+    spec = model_from_hf_config({**LLAMA3_8B_CONFIG, "model_type": "qwen3", "hidden_size": 5120,
+                                 "num_attention_heads": 64, "head_dim": 128})
+    assert (spec.head_dim, spec.q_width, spec.kv_width, spec.qk_norm) == (128, 8192, 8 * 128, True)
     # head_dim equal to hidden_size / heads (Llama 3.2's configs write it) is read as before
     assert model_from_hf_config({**LLAMA3_8B_CONFIG, "head_dim": 128}) == model_from_hf_config(LLAMA3_8B_CONFIG)
 
@@ -630,4 +645,4 @@ def test_hf_moe_configs_give_a_consistent_spec_or_a_named_error(base, changes):
     assert spec.is_moe and 1 <= spec.experts_per_token <= spec.num_experts
     assert spec.swiglu and not spec.linear_bias
     if config.get("head_dim") is not None:
-        assert config["head_dim"] * spec.num_attention_heads == spec.hidden_size
+        assert config["head_dim"] * spec.num_attention_heads == spec.q_width
