@@ -89,7 +89,7 @@ def layer_work_model(
         attention_passes = 1 + BACKWARD_TO_FORWARD
     attention_passes += 1 if recompute in ("selective", "full") else 0
     if efficiency is not None:
-        attention /= gemm_efficiency(model.head_dim, efficiency)
+        attention /= gemm_efficiency(model.head_width, efficiency)
     return WorkModel(linear=linear, quadratic=attention_passes * attention)
 
 
