@@ -10,6 +10,7 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
     flags                                              request
     --tensor-model-parallel-size, --pipeline-...      layout.tp, layout.pp
     --context-parallel-size                           layout.cp
+    --expert-model-parallel-size                      layout.ep
     --num-virtual-stages-per-pipeline-rank v,          layout.virtual_stages, schedule interleaved
       --num-layers-per-virtual-pipeline-stage n
     --decoder-first/last-pipeline-num-layers,          layout.layers_per_stage
@@ -24,7 +25,10 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
     --bf16 / --fp16                                    training.precision
     model shape, GQA, --swiglu, untied embeddings,     model (an architecture object)
       normalization, RoPE or learned positions,
-      biases, --vocab-size
+      biases, --vocab-size, --kv-channels (head_dim),
+      --qk-layernorm, --num-experts, --moe-router-topk,
+      --moe-ffn-hidden-size, --moe-shared-expert-
+      intermediate-size
 
 Megatron takes the vocabulary from its tokenizer: without --vocab-size the importer needs `vocab_size`, or
 a model preset of the same shape whose vocabulary it then takes (and says so).
@@ -128,8 +132,8 @@ def _split_from_layout(text: str, pp: int) -> tuple[list[int], int]:
 # Flags that change time or memory in ways the cost model does not represent, and why; a flag at the value
 # that changes nothing (context parallelism 1) is not reported.
 _NOT_MODELLED = {
-    "--expert-model-parallel-size": "expert parallelism is not in the cost model (issue 19)",
-    "--num-experts": "mixture-of-experts models are not in the cost model (issue 19)",
+    "--expert-tensor-parallel-size": "expert-TP apart from TP is not in the cost model: experts priced sharded over TP",
+    "--moe-layer-freq": "dense layers among the expert ones are not in the cost model: every layer priced as MoE",
     "--fp8-param-gather": "FP8 primary weights (all-gathered in FP8, no bf16 copy) are not in the cost model: "
                           "priced with bf16 weights and FP8 copies",
     "--tp-comm-overlap": "TP communication overlap is not a request field: estimated without it",
@@ -143,7 +147,7 @@ _NOT_MODELLED = {
     "--attention-backend": "the attention kernel is not a request field",
     "--calculate-per-token-loss": "the loss reduction's cost is not modelled",
 }
-_HARMLESS_VALUES = {"--expert-model-parallel-size": "1",
+_HARMLESS_VALUES = {"--moe-layer-freq": "1",
                     "--empty-unused-memory-level": "0"}
 
 
@@ -168,11 +172,20 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     kv_heads = _int(flags, "--num-query-groups", heads) if "--group-query-attention" in flags else heads
     kv_channels = _int(flags, "--kv-channels", hidden // heads)
     not_modelled = _not_modelled(flags)
-    if kv_channels != hidden // heads:
-        not_modelled.append(f"--kv-channels {kv_channels}: the model takes hidden_size / heads ({hidden // heads})")
     arch: dict = {"num_layers": layers, "hidden_size": hidden, "ffn_hidden_size": ffn, "num_attention_heads": heads,
                   "num_kv_heads": kv_heads, "swiglu": "--swiglu" in flags,
                   "tied_embeddings": "--untie-embeddings-and-output-weights" not in flags}
+    if kv_channels * heads != hidden:
+        arch["head_dim"] = kv_channels
+    if "--qk-layernorm" in flags:
+        arch["qk_norm"] = True
+    experts = _int(flags, "--num-experts")
+    if experts is not None:
+        # every layer a mixture of experts (megatron-core's default --moe-layer-freq 1), experts as wide as
+        # --moe-ffn-hidden-size (default --ffn-hidden-size), the router's top-k default 2
+        arch.update(num_experts=experts, experts_per_token=_int(flags, "--moe-router-topk", 2),
+                    ffn_hidden_size=_int(flags, "--moe-ffn-hidden-size", ffn),
+                    shared_expert_ffn_hidden_size=_int(flags, "--moe-shared-expert-intermediate-size", 0))
     normalization = (flags.get("--normalization") or "LayerNorm").lower()
     if normalization not in ("layernorm", "rmsnorm"):
         raise CommandLineError(f"--normalization {flags['--normalization']}: resiplan models LayerNorm and RMSNorm")
@@ -202,6 +215,9 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     cp = _int(flags, "--context-parallel-size", 1)
     if cp != 1:
         layout["cp"] = cp
+    ep = _int(flags, "--expert-model-parallel-size", 1)
+    if ep != 1:
+        layout["ep"] = ep
     v = _int(flags, "--num-virtual-stages-per-pipeline-rank", 1)
     per_virtual = _int(flags, "--num-layers-per-virtual-pipeline-stage")
     if per_virtual is not None:
@@ -236,7 +252,8 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     ignored = sorted(name for name in flags if name.startswith(_NO_EFFECT_PREFIXES))
     known = {
         "--num-layers", "--num-attention-heads", "--hidden-size", "--ffn-hidden-size", "--group-query-attention",
-        "--num-query-groups", "--kv-channels", "--swiglu", "--untie-embeddings-and-output-weights", "--normalization",
+        "--num-query-groups", "--kv-channels", "--qk-layernorm", "--num-experts", "--moe-router-topk",
+        "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--expert-model-parallel-size", "--swiglu", "--untie-embeddings-and-output-weights", "--normalization",
         "--norm-epsilon", "--position-embedding-type", "--rotary-base", "--rotary-percent", "--use-rope-scaling",
         "--rope-scaling-factor", "--max-position-embeddings", "--disable-bias-linear", "--add-qkv-bias",
         "--vocab-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
@@ -265,6 +282,10 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     return Imported(request=request, not_modelled=not_modelled, ignored=ignored, notes=notes)
 
 
+# What an architecture without experts or a head width of its own holds.
+_DENSE_DEFAULTS = {"num_experts": 0, "experts_per_token": 0, "head_dim": None}
+
+
 def _vocab(flags: dict, arch: dict, vocab_size: int | None, notes: list[str]) -> int:
     given = _int(flags, "--vocab-size")
     if given is not None:
@@ -273,10 +294,11 @@ def _vocab(flags: dict, arch: dict, vocab_size: int | None, notes: list[str]) ->
         return given
     if vocab_size is not None:
         return vocab_size
-    shape = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads")
+    shape = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "num_experts",
+             "experts_per_token", "head_dim")
     for name in model_preset_names():
         preset = model_preset(name)
-        if all(getattr(preset, key) == arch[key] for key in shape):
+        if all(getattr(preset, key) == arch.get(key, _DENSE_DEFAULTS.get(key)) for key in shape):
             notes.append(f"the vocabulary is preset {name}'s ({preset.vocab_size}), the preset of the same shape: "
                          "Megatron reads it from the tokenizer, which the command line names but resiplan cannot open")
             return preset.vocab_size
