@@ -25,6 +25,7 @@ from planner.nonuniform.allocation.search import (
     AllocationInput,
     AllocationSearch,
 )
+from planner.nonuniform.layer_splits import best_split
 from planner.nonuniform.partitions import (
     NodeClass,
     Partition,
@@ -36,7 +37,6 @@ from planner.nonuniform.templates import (
     OuterChoice,
     Template,
     TermsCache,
-    best_split,
     enumerate_templates,
     floor_pieces,
     pipeline_lengths,

@@ -20,12 +20,11 @@ from planner.nonuniform.search import (
     _memory_replicas,
     outer_choices,
 )
+from planner.nonuniform.layer_splits import best_split, split_within
 from planner.nonuniform.templates import (
     TermsCache,
-    best_split,
     enumerate_templates,
     pipeline_lengths,
-    split_within,
 )
 from planner.uniform.candidates import tensor_parallel_sizes
 from tests.planner.helpers import small_problem

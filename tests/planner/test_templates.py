@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.nonuniform.partitions import StageType
-from planner.nonuniform.templates import arrange, best_split
+from planner.nonuniform.layer_splits import best_split
+from planner.nonuniform.templates import arrange
 
 
 def exhaustive(per_layer, fixed, caps, layers, unit):
