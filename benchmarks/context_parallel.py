@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from api.tasks.planning import plan_for
+from benchmarks.planning import plan_or_none
 from benchmarks.report import write_section
-from planner.errors import PlanningError
-from wire.schemas import PlanRequest
 
 # (label, nodes, model, global batch, seq, precision, NeMo's published speedup or None)
 CASES = [
@@ -35,10 +33,7 @@ def _plan(nodes: int, model: str, batch: int, seq: int, precision: str, max_cp: 
     body = {"cluster": {"num_nodes": nodes, "gpus_per_node": 8, "gpu": "H100-SXM"}, "model": model,
             "training": {"global_batch_size": batch, "seq_length": seq, "precision": precision},
             "options": {"allow_non_uniform": False, "time_limit_s": 30, "max_context_parallel": max_cp}}
-    try:
-        return plan_for(PlanRequest.model_validate(body))
-    except PlanningError:
-        return None
+    return plan_or_none(body)
 
 
 def _cell(plan) -> str:

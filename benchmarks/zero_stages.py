@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from api.tasks.planning import plan_for
+from benchmarks.planning import plan_or_none
 from benchmarks.report import write_section
-from planner.errors import PlanningError
-from wire.schemas import PlanRequest
 
 # (label, nodes, gpu, model, global batch, seq)
 CASES = [
@@ -31,10 +29,7 @@ def _plan(nodes: int, gpu: str, model: str, batch: int, seq: int, zero: int | st
     body = {"cluster": {"num_nodes": nodes, "gpus_per_node": 8, "gpu": gpu}, "model": model,
             "training": {"global_batch_size": batch, "seq_length": seq, "zero_stage": zero},
             "options": {"allow_non_uniform": False, "time_limit_s": 30}}
-    try:
-        return plan_for(PlanRequest.model_validate(body))
-    except PlanningError:
-        return None
+    return plan_or_none(body)
 
 
 def _cell(plan) -> str:
