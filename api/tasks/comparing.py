@@ -32,7 +32,7 @@ def _shape(plan: Plan) -> dict:
     split = [stage.layers[1] - stage.layers[0] for stage in stages]
     shape = {"tp": max(stage.tp for stage in stages), "cp": max(stage.cp for stage in stages), "pp": len(stages), "layers_per_stage": split,
              "micro_batch_size": plan.micro_batch_size, "recompute": plan.recompute,
-             "schedule": plan.schedule, "virtual_stages": plan.virtual_stages}
+             "schedule": plan.schedule, "virtual_stages": plan.virtual_stages, "ep": plan.ep}
     # CP-SAT's order is built for this plan: the best named schedule it was chosen over is one a user can apply.
     named = {name: ms for name, ms in (plan.pipeline_schedule.candidates_ms if plan.pipeline_schedule else {}).items()
              if name != "optimized"}
@@ -54,6 +54,8 @@ def _candidate_changes(yours: dict, best: dict, layers: int) -> list[tuple[str, 
         out.append((f"tp {yours['tp']} → {best['tp']}", {**yours, "tp": best["tp"], "dp": None}))
     if yours["cp"] != best["cp"]:
         out.append((f"cp {yours['cp']} → {best['cp']}", {**yours, "cp": best["cp"], "dp": None}))
+    if yours["ep"] != best["ep"]:
+        out.append((f"ep {yours['ep']} → {best['ep']}", {**yours, "ep": best["ep"]}))
     even = len(set(best["layers_per_stage"])) == 1
     split = None if even else best["layers_per_stage"]
     if yours["pp"] != best["pp"]:
@@ -110,8 +112,8 @@ def compare_for(request: EstimateRequest, calibration: AppliedCalibration | None
                             "a plan: estimate it with /v1/estimate")
     yours = estimate_for(request, calibration)
     best = plan_for(_best_request(request), calibration=calibration)
-    stated = request.layout.model_dump(include={"tp", "cp", "pp", "dp", "micro_batch_size", "recompute", "schedule",
-                                                "virtual_stages", "layers_per_stage"})
+    stated = request.layout.model_dump(include={"tp", "cp", "ep", "pp", "dp", "micro_batch_size", "recompute",
+                                                "schedule", "virtual_stages", "layers_per_stage"})
     your_s, best_s = yours.predicted.iteration_time_s, best.predicted.iteration_time_s
     changes = []
     for description, layout in _candidate_changes(stated, _shape(best), yours.architecture.num_layers):

@@ -113,3 +113,28 @@ def test_the_compared_layouts_page_shows_the_comparison(client):
         assert change.change.replace("→", "&rarr;") in page.text or change.change in page.text
     best_page = client.get(f"/ui/plans/{comparison.best.plan_id}").text
     assert "Compared with the best plan" not in best_page
+
+
+def test_an_expert_parallel_layout_keeps_its_ep_in_every_change_and_the_ep_change_is_priced_alone():
+    """Mixtral-8x7B on 64 H100s written by hand as tp 2, pp 8, dp 4 without EP: the best plan splits the
+    experts (ep > 1), compare offers that change alone, priced as the user's layout with only ep changed."""
+    mixtral = {"cluster": {"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}, "model": "mixtral-8x7b",
+               "training": {"global_batch_size": 256, "seq_length": 4096}, "options": {"time_limit_s": 10}}
+    layout = {"tp": 2, "pp": 8, "dp": 4, "micro_batch_size": 1, "recompute": "none"}
+    comparison = compare_for(EstimateRequest.model_validate({**mixtral, "layout": layout}))
+    assert comparison.best.ep > 1 and comparison.best.predicted.iteration_time_s < comparison.yours.predicted.iteration_time_s
+    (change,) = [c for c in comparison.changes if c.change.startswith("ep ")]
+    assert change.change == f"ep 1 → {comparison.best.ep}"
+    alone = EstimateRequest.model_validate({**mixtral, "layout": {**layout, "ep": comparison.best.ep}})
+    if change.iteration_time_s is None:  # ep must divide the user's dp; the reason is the estimate's
+        with pytest.raises(PlanningError, match="ep"):
+            estimate_for(alone)
+    else:
+        assert change.iteration_time_s == estimate_for(alone).predicted.iteration_time_s
+    # an EP layout of the user's keeps its ep in the other changes (the TP change, here) instead of dropping it
+    with_ep = compare_for(EstimateRequest.model_validate({**mixtral, "layout": {**layout, "ep": 4}}))
+    assert with_ep.yours.ep == 4
+    (tp_change,) = [c for c in with_ep.changes if c.change == "tp 2 → 1"]
+    again = {key: value for key, value in {**layout, "tp": 1, "ep": 4}.items() if key != "dp"}
+    assert tp_change.iteration_time_s == estimate_for(
+        EstimateRequest.model_validate({**mixtral, "layout": again})).predicted.iteration_time_s
