@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cost_models.choices import Recompute, ScheduleName
 from cost_models.hardware import GIB
+from cost_models.expert_parallel import expert_parallel_sizes
 from cost_models.layout import ParallelShape
 from cost_models.memory import (
     OPTIMIZER_BYTES_PER_PARAM,
@@ -36,12 +37,16 @@ def _leanest_layout(problem: PlanningProblem) -> tuple[float, ParallelShape] | N
             continue
         pp = min(layers, slots)
         dp = max(1, slots // pp) if problem.workload.zero_stage >= 1 else 1
-        shape = ParallelShape(tp, pp, dp, 1, Recompute.FULL if Recompute.FULL in problem.recompute_modes else problem.recompute_modes[0])
-        terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
-        base, extra = divmod(layers, pp)
-        need = max(stage_memory_bytes(terms, i, base + (1 if i < extra else 0)) for i in range(pp))
-        if best is None or need < best[0]:
-            best = (need, shape)
+        recompute = Recompute.FULL if Recompute.FULL in problem.recompute_modes else problem.recompute_modes[0]
+        # A mixture of experts splits its experts over the most replicas it may (or none: see expert_parallel)
+        experts = expert_parallel_sizes(problem.workload.model, max(1, slots // pp), problem.max_expert_parallel)
+        for ep in sorted({1, experts[-1]}):
+            shape = ParallelShape(tp, pp, max(dp, ep), 1, recompute, ep=ep)
+            terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
+            base, extra = divmod(layers, pp)
+            need = max(stage_memory_bytes(terms, i, base + (1 if i < extra else 0)) for i in range(pp))
+            if best is None or need < best[0]:
+                best = (need, shape)
     return best
 
 
@@ -84,6 +89,7 @@ def explain_infeasible(problem: PlanningProblem) -> str:
         if need > problem.usable_memory_bytes:
             return (
                 f"no layout fits in memory: even the leanest (tp={shape.tp}, pp={shape.pp}, dp={shape.dp}, "
+                f"{f'ep={shape.ep}, ' if shape.ep > 1 else ''}"
                 f"zero_stage={problem.workload.zero_stage}, micro_batch_size=1, "
                 f"recompute={shape.recompute}) needs {need / GIB:.1f} GiB on its fullest GPU, and "
                 f"{problem.capacity_text()} at seq_length {problem.workload.seq_length}"
