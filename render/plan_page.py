@@ -239,6 +239,8 @@ def _header(plan: Plan) -> str:
         facts.append(("GPU memory", f"{plan.gpu_memory_gib:g} GiB"))
     if plan.memory_reserve_gib is not None:
         facts.append(("Memory reserve", f"{plan.memory_reserve_gib:g} GiB per GPU left free"))
+    if plan.ep > 1:
+        facts.append(("Expert parallelism", f"experts split over {plan.ep} replicas; each group runs at its slowest GPU"))
     stages = sorted({len(r.stages) for r in plan.replicas})
     sub = (f"plan {plan.plan_id} · {'uniform' if plan.uniform else 'non-uniform'} layout · "
            f"{'/'.join(map(str, stages))} pipeline stages · micro-batch {plan.micro_batch_size} · "

@@ -238,3 +238,10 @@ def test_script_hash_matches_the_script():
     expected = base64.b64encode(hashlib.sha256(GANTT_ZOOM_JS.encode()).digest()).decode()
     assert SCRIPT_CSP_SOURCE == f"'sha256-{expected}'"
     assert "</script" not in GANTT_ZOOM_JS.lower() and "<!--" not in GANTT_ZOOM_JS
+
+
+def test_an_expert_parallel_plan_says_so_and_a_dense_one_does_not():
+    plan = small_plan()
+    assert "Expert parallelism" not in plan_page_html(plan, None, SLOW_SPEEDS)
+    html = plan_page_html(plan.model_copy(update={"ep": 2}), None, SLOW_SPEEDS)
+    assert "experts split over 2 replicas" in html
