@@ -42,8 +42,12 @@ What maps to what (torchtitan 0.3.0, PyTorch 2.13):
     precision fp8                      the same, with the model's Linear layers swapped by torchtitan's
                                        float8 converter (in the config function: torchtitan 0.3 sets
                                        converters in Python, not on the command line; see
-                                       adapters.torchtitan_model.llama3_model_spec(..., float8=True))
+                                       adapters.torchtitan_model.model_spec(..., float8=True))
     sequence parallel (with tp > 1)    --parallelism.enable_sequence_parallel
+    ep (tp 1, zero_stage >= 1)         --parallelism.expert_parallel_degree ep: torchtitan's EP groups are
+                                       ep consecutive FSDP ranks, the same stage of ep consecutive replicas
+                                       as the plan's; the experts' FSDP group the dp / ep replicas holding
+                                       the same experts
 
 Schedules: what PyTorch's GPipe, 1F1B and Interleaved1F1B run is the
 plan's own order, action for action (tests/adapters/test_torchtitan.py
@@ -92,14 +96,14 @@ Where torchtitan is not what the plan assumed:
   valid for all; only the slowest replica's is tuned for it.
 - Model. torchtitan builds the model from its config function: the
   command line cannot change its shape. Its llama3_8b and llama3_70b
-  (Llama 3.1, bf16) are chosen when they are the plan's architecture field
-  for field (presets llama3.1-8b and llama3.1-70b; its 405B one trains in
-  float8). For any other model, `launch_command` leaves `--module` and
+  (Llama 3.1, bf16), qwen3_32b and qwen3_30b_a3b are chosen when they are the
+  plan's architecture field for field (presets llama3.1-8b, llama3.1-70b,
+  qwen3-32b, qwen3-30b-a3b; its 405B one trains in float8). For any other model, `launch_command` leaves `--module` and
   `--config` to $TORCHTITAN_MODULE and $TORCHTITAN_CONFIG, a config_registry
-  function of yours, whose model_spec `adapters.torchtitan_model` builds
-  from the plan's architecture (or, for what torchtitan's Llama3 decoder
-  cannot build, such as LayerNorm or learned positions, the launch comments
-  say so). Tied embeddings under PP are refused (torchtitan's Decoder
+  function of yours, whose model_spec `adapters.torchtitan_model.model_spec`
+  builds from the plan's architecture (torchtitan's Llama3 or Qwen3; for what
+  neither builds, such as LayerNorm, learned positions or Mixtral, the launch
+  comments say so). Tied embeddings under PP are refused (torchtitan's Decoder
   refuses them).
 - Settings the plan cannot know (tokenizer files, dataset, steps, learning
   rate): `launch_command` passes them as `"${HF_ASSETS_PATH:?...}"` and the
@@ -107,6 +111,10 @@ Where torchtitan is not what the plan assumed:
   stops, naming the variable, until each is set.
 - fp16. torchtitan 0.3 trains in bfloat16 or float32 only: fp16 plans are
   refused.
+- Expert parallelism. torchtitan never splits an expert over TP (with tp > 1
+  its EP groups take TP ranks), builds EP groups from FSDP ranks only, and
+  leaves grouped experts in bf16 under its float8 converter: EP with tp > 1,
+  EP with zero_stage 0 and a mixture of experts in fp8 are refused.
 """
 
 from __future__ import annotations
@@ -138,6 +146,8 @@ AC_MODES = {"none": "none", "selective": "selective", "full": "full"}
 BUILTIN_CONFIGS = {
     ("llama3", "llama3_8b"): "llama3.1-8b",
     ("llama3", "llama3_70b"): "llama3.1-70b",
+    ("qwen3", "qwen3_32b"): "qwen3-32b",
+    ("qwen3", "qwen3_30b_a3b"): "qwen3-30b-a3b",
 }
 # What torchtitan cannot start without and the plan cannot know; before the activation-checkpoint
 # subcommand, which takes every option after it as its own.
@@ -173,7 +183,7 @@ def torchtitan_overrides(plan: Plan, schedule_csv_path: str = SCHEDULE_CSV) -> l
         ("--parallelism.data_parallel_replicate_degree", str(dp_replicate)),
         ("--parallelism.data_parallel_shard_degree", str(dp_shard)),
         ("--parallelism.context_parallel_degree", str(layout.cp)),
-        ("--parallelism.expert_parallel_degree", "1"),
+        ("--parallelism.expert_parallel_degree", str(layout.ep)),
         ("--parallelism.enable_sequence_parallel",),
     ]
     if layout.zero_stage >= 1 or layout.cp > 1:
@@ -343,9 +353,29 @@ def _layout(plan: Plan) -> StockLayout:
         problems.append(f"zero_stage {layout.zero_stage} with pp {layout.pp}: torchtitan's pipeline runtime keeps "
                         "gradients whole until the step's last microbatch, more memory than the plan counts (plan "
                         "with pp 1, or zero_stage 1)")
+    problems += _expert_problems(layout)
     if problems:
         raise ExportError(f"{TARGET} cannot run this plan: {'; '.join(problems)}")
     return layout
+
+
+def _expert_problems(layout: StockLayout) -> list[str]:
+    """Where torchtitan's expert parallelism is not the plan's: it takes its EP ranks from the FSDP (and
+    TP) ranks and never splits an expert over TP, and its float8 converter leaves grouped experts in bf16."""
+    problems = []
+    if layout.architecture.num_experts and layout.precision == "fp8":
+        problems.append("fp8 with a mixture of experts (torchtitan's float8 converter leaves its grouped experts in "
+                        "bf16, which the plan did not price); plan it in bf16")
+    if layout.ep == 1:
+        return problems
+    if layout.tp > 1:
+        problems.append(f"ep {layout.ep} with tp {layout.tp}: torchtitan never splits an expert over TP (its EP "
+                        "takes TP ranks instead), the plan splits each over its TP group as Megatron-LM does; "
+                        "estimate a tp 1 layout (POST /v1/estimate) or export to Megatron-LM")
+    if layout.zero_stage == 0:
+        problems.append(f"ep {layout.ep} with zero_stage 0: torchtitan forms EP groups from its FSDP ranks "
+                        "(data_parallel_shard_degree), which zero_stage 0 replicates; plan with zero_stage 1")
+    return problems
 
 
 def _pipeline_options(plan: Plan, layout: StockLayout, schedule_csv_path: str) -> list[tuple[str, ...]]:
@@ -383,15 +413,15 @@ def _model_lines(plan: Plan, selection: tuple[str, str] | None) -> list[str]:
     problems = unsupported(arch)
     float8 = plan.precision == "fp8"
     if problems:
-        return ["# model: torchtitan has no config function for it, and its Llama3 decoder cannot build it",
+        return ["# model: torchtitan has no config function for it, and its decoders cannot build it",
                 f"#   ({inert('; '.join(problems))}): TORCHTITAN_MODULE must name a module of yours that does"
                 + (" (with float8 linears: the plan trains in fp8)" if float8 else "")]
     if float8:
         return ["# model: the plan trains in fp8, which torchtitan sets in Python; TORCHTITAN_MODULE/TORCHTITAN_CONFIG",
                 "#   name your config function, whose model_spec is",
-                "#   adapters.torchtitan_model.llama3_model_spec(plan.architecture, float8=True)"]
+                "#   adapters.torchtitan_model.model_spec(plan.architecture, float8=True)"]
     return ["# model: torchtitan has no config function for it; TORCHTITAN_MODULE/TORCHTITAN_CONFIG name yours,",
-            "#   whose model_spec is adapters.torchtitan_model.llama3_model_spec(plan.architecture)"]
+            "#   whose model_spec is adapters.torchtitan_model.model_spec(plan.architecture)"]
 
 
 def _visible(gpus: list[int]) -> str:

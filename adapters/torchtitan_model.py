@@ -1,25 +1,35 @@
-"""The plan's model as torchtitan 0.3 builds it: a Llama3Model.Config with exactly the plan's architecture.
+"""The plan's model as torchtitan 0.3 builds it: a Llama3Model.Config or a Qwen3Model.Config with exactly the
+plan's architecture.
 
 torchtitan picks its model in Python (`--module M --config C` names a config_registry function); the
 command line cannot change the model's shape. For a model torchtitan has no config function of its
 own for, write one that takes this spec:
 
-    from adapters.torchtitan_model import llama3_model_spec
+    from adapters.torchtitan_model import model_spec
     from torchtitan.models.llama3.config_registry import llama3_8b
 
     def my_model() -> Trainer.Config:          # in your_module/config_registry.py
         config = llama3_8b()                   # optimizer, data, checkpointing: yours to choose
-        config.model_spec = llama3_model_spec(plan.architecture)
+        config.model_spec = model_spec(plan.architecture)
         return config
 
-and start it with `--module your_module --config my_model` (an FP8 plan: `llama3_model_spec(plan.architecture,
-float8=True)`, torchtitan's float8 converter on every layer's Linear). The spec is torchtitan's llama3 spec
-(its parallelize and pipelining functions) with the layers built by torchtitan's own llama3 layer
-builder and set to the plan's widths, GQA heads, RMSNorm epsilon, RoPE base and Llama 3.1 scaling,
-biases and weight tying.
+and start it with `--module your_module --config my_model` (an FP8 plan: `model_spec(plan.architecture,
+float8=True)`, torchtitan's float8 converter on every layer's Linear).
 
-Refused (ExportError): what torchtitan's Llama3 decoder does not build: LayerNorm, learned absolute
-positions, a non-gated MLP, partial rotary embeddings.
+Which torchtitan model (`model_family`):
+- llama3: a dense decoder without query/key norms. torchtitan's llama3 spec (its parallelize and
+  pipelining functions) with the layers built by torchtitan's own llama3 layer builder and set to the
+  plan's widths, GQA heads, RMSNorm epsilon, RoPE base and Llama 3.1 scaling, biases and weight tying.
+- qwen3: per-head query/key RMSNorms (`qk_norm`), dense or a mixture of experts. torchtitan's qwen3 spec
+  (its parallelize function applies expert parallelism) with the layers built by its own Qwen3 builders:
+  heads `head_dim` wide, and for a mixture of experts its softmax top-k router (probabilities
+  renormalized over the k chosen, as Qwen3-MoE's `norm_topk_prob`) over `num_experts` routed experts
+  of width `ffn_hidden_size`.
+
+Refused (ExportError): what those decoders do not build: LayerNorm, learned absolute positions, a
+non-gated MLP, partial rotary embeddings; heads of their own width without query/key norms; for qwen3,
+RoPE scaling, biases and shared experts; a mixture of experts without query/key norms (Mixtral,
+Qwen2-MoE: torchtitan has no config of theirs; export them to Megatron-LM).
 """
 
 from __future__ import annotations
@@ -35,30 +45,124 @@ TARGET = "torchtitan"
 ROPE_MAX_SEQ_LEN = 131_072
 
 
+LLAMA3, QWEN3 = "llama3", "qwen3"
+
+
+def model_family(arch: ModelArchitecture) -> str:
+    """The torchtitan model that builds `arch`: qwen3 where heads carry query/key norms, else llama3."""
+    return QWEN3 if arch.qk_norm else LLAMA3
+
+
 def unsupported(arch: ModelArchitecture) -> list[str]:
-    """What torchtitan's Llama3 decoder cannot build of `arch` (empty when it builds it exactly)."""
+    """What torchtitan's decoder for `arch` (`model_family`) cannot build of it (empty when it builds it
+    exactly)."""
+    family = model_family(arch)
+    decoder = "Llama3" if family == LLAMA3 else "Qwen3"
     problems = []
     if arch.normalization != "rmsnorm":
-        problems.append(f"{arch.normalization} (its Llama3 decoder normalizes with RMSNorm)")
+        problems.append(f"{arch.normalization} (its {decoder} decoder normalizes with RMSNorm)")
     if arch.position_embedding != "rope":
         problems.append("learned absolute positions (it has RoPE only)")
     if not arch.swiglu:
         problems.append("a non-gated MLP (its FeedForward is SwiGLU)")
     if arch.rotary_percent != 1.0:
         problems.append(f"RoPE on {arch.rotary_percent:.0%} of each head (it rotates all of it)")
-    if arch.head_dim is not None or arch.qk_norm:
-        problems.append("heads apart from hidden / heads wide, or query/key norms (its Llama3 attention has neither)")
-    if arch.num_experts:
-        problems.append(f"a mixture of {arch.num_experts} experts (its Llama3 decoder is dense; resiplan does not "
-                        "export torchtitan's MoE models yet: export to Megatron-LM instead)")
+    if family == LLAMA3:
+        if arch.head_dim is not None:
+            problems.append("heads apart from hidden / heads wide without query/key norms (its Llama3 attention "
+                            "has heads hidden / heads wide; its Qwen3 one, of any width, has the norms)")
+        if arch.num_experts:
+            problems.append(f"a mixture of {arch.num_experts} experts without query/key norms (torchtitan builds "
+                            "Qwen3's mixtures, not this one: export to Megatron-LM instead)")
+        return problems
+    if arch.rope_scaling is not None:
+        problems.append("RoPE scaling (its Qwen3 RoPE is unscaled)")
+    if arch.qkv_bias or arch.linear_bias:
+        problems.append("biases on the projections (its Qwen3 layers have none)")
+    if arch.shared_expert_ffn_hidden_size:
+        problems.append("shared experts (its Qwen3 mixture of experts has routed experts only)")
     return problems
+
+
+def model_config(arch: ModelArchitecture) -> Any:
+    """torchtitan's model config for `arch` (Llama3Model.Config or Qwen3Model.Config, by `model_family`);
+    ExportError naming what torchtitan cannot build."""
+    return qwen3_model_config(arch) if model_family(arch) == QWEN3 else llama3_model_config(arch)
+
+
+def model_spec(arch: ModelArchitecture, float8: bool = False, emulate: bool = False) -> Any:
+    """torchtitan's ModelSpec for `arch`: llama3's or qwen3's (parallelize, pipelining, state-dict
+    adapter), with the plan's model. float8 and emulate as in `llama3_model_spec`; a mixture of experts in
+    FP8 is refused (torchtitan's float8 converter swaps Linear layers; its grouped experts would stay in
+    bf16, which the plan did not price)."""
+    if model_family(arch) == LLAMA3:
+        return llama3_model_spec(arch, float8=float8, emulate=emulate)
+    if float8 and arch.num_experts:
+        raise ExportError(f"{TARGET} cannot train this plan as priced: fp8 with a mixture of experts (its float8 "
+                          "converter leaves the grouped experts in bf16); plan it in bf16")
+    from torchtitan.models.qwen3 import model_registry
+
+    spec = model_registry("debugmodel_moe" if arch.num_experts else "debugmodel")
+    return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}", model=_float8(qwen3_model_config(arch),
+                                                                                   float8, emulate))
+
+
+def _refuse_unbuildable(arch: ModelArchitecture, family: str, other_family: str) -> None:
+    """ExportError naming what `family`'s decoder cannot build of `arch` (`other_family`: why an
+    architecture of the other family is not one)."""
+    problems = unsupported(arch) if model_family(arch) == family else [other_family]
+    if problems:
+        raise ExportError(f"{TARGET} cannot build this model: {'; '.join(problems)}")
+
+
+def qwen3_model_config(arch: ModelArchitecture) -> Any:
+    """torchtitan's Qwen3Model.Config for `arch`, dense or a mixture of experts; ExportError naming what
+    its Qwen3 decoder cannot build."""
+    _refuse_unbuildable(arch, QWEN3, "no query/key norms (not a Qwen3 model)")
+    # torchtitan's own Qwen3 layer builders and initializers (private names of torchtitan.models.qwen3,
+    # which its 0.6B..235B-A22B configs are made of; tests/adapters/test_model_exports.py builds the result)
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    from torchtitan.models.qwen3 import (
+        _EMBEDDING_INIT,
+        _EMBEDDING_SKIP_INIT,
+        _LINEAR_INIT,
+        _build_qwen3_layers,
+        _build_qwen3_moe_layers,
+        _qwen3_norm,
+    )
+    from torchtitan.models.qwen3.model import Qwen3Model
+
+    dim, vocab = arch.hidden_size, arch.vocab_size
+    head_dim = arch.head_dim or dim // arch.num_attention_heads
+    common = dict(n_layers=arch.num_layers, dim=dim, n_heads=arch.num_attention_heads,
+                  n_kv_heads=arch.num_kv_heads or arch.num_attention_heads, head_dim=head_dim, fuse_qkv=True,
+                  attn_backend="flex",
+                  rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=ROPE_MAX_SEQ_LEN, theta=arch.rope_theta))
+    if arch.num_experts:
+        layers = _build_qwen3_moe_layers(**common, moe_hidden_dim=arch.ffn_hidden_size, num_experts=arch.num_experts,
+                                         top_k=arch.experts_per_token, moe_comm_backend="standard")
+    else:
+        layers = _build_qwen3_layers(**common, hidden_dim=arch.ffn_hidden_size)
+    for layer in layers:
+        layer.attention_norm.eps = layer.ffn_norm.eps = layer.attention.qk_norm.eps = arch.norm_epsilon
+    norm = _qwen3_norm(dim)
+    norm.eps = arch.norm_epsilon
+    return Qwen3Model.Config(
+        vocab_size=vocab,
+        dim=dim,
+        norm=norm,
+        enable_weight_tying=arch.tied_embeddings,
+        # tied: the output projection's initializer sets the shared table (as torchtitan's 0.6B..4B do)
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim,
+                                        param_init=_EMBEDDING_SKIP_INIT if arch.tied_embeddings else _EMBEDDING_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_LINEAR_INIT),
+        layers=layers,
+    )
 
 
 def llama3_model_config(arch: ModelArchitecture) -> Any:
     """torchtitan's Llama3Model.Config for `arch`; ExportError naming what torchtitan cannot build."""
-    problems = unsupported(arch)
-    if problems:
-        raise ExportError(f"{TARGET} cannot build this model: {'; '.join(problems)}")
+    _refuse_unbuildable(arch, LLAMA3, "query/key norms (its Llama3 attention has none)")
     # torchtitan's own llama3 layer builder and initializers (private names of torchtitan.models.llama3,
     # which its 1B..405B configs are made of; tests/adapters/test_model_exports.py builds the result)
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
@@ -115,14 +219,19 @@ def llama3_model_spec(arch: ModelArchitecture, float8: bool = False, emulate: bo
     from torchtitan.models.llama3 import model_registry
 
     spec = model_registry("debugmodel")
-    model = llama3_model_config(arch)
-    if float8:
-        from torchtitan.components.quantization.float8 import Float8LinearConverter
+    return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}",
+                               model=_float8(llama3_model_config(arch), float8, emulate))
 
-        converter = Float8LinearConverter.Config(filter_fqns=["lm_head"], emulate=emulate,
-                                                 model_compile_enabled=not emulate)
-        model = converter.build().convert(model)
-    return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}", model=model)
+
+def _float8(model: Any, float8: bool, emulate: bool) -> Any:
+    """`model` with torchtitan's Float8LinearConverter applied when `float8` (the head kept in bf16)."""
+    if not float8:
+        return model
+    from torchtitan.components.quantization.float8 import Float8LinearConverter
+
+    converter = Float8LinearConverter.Config(filter_fqns=["lm_head"], emulate=emulate,
+                                             model_compile_enabled=not emulate)
+    return converter.build().convert(model)
 
 
 def _set_norms_and_biases(layer: Any, arch: ModelArchitecture) -> None:

@@ -37,7 +37,7 @@ with warnings.catch_warnings():  # "Transformer Engine and Apex are not installe
 from adapters import deepspeed as ds_export
 from adapters import megatron
 from adapters.registry import ExportError
-from adapters.torchtitan_model import llama3_model_config
+from adapters.torchtitan_model import llama3_model_config, model_config
 from api.tasks.planning import plan_for
 from cost_models.model_spec import model_preset
 from tests.adapters.test_megatron import (
@@ -291,12 +291,36 @@ def test_torchtitan_builds_the_planned_model_or_refuses(name):
     assert config.enable_weight_tying == arch.tied_embeddings
 
 
-@pytest.mark.parametrize("name", ["llama3-8b", "llama3.1-70b", "qwen2.5-7b"])
+@pytest.mark.parametrize("name", ["llama3-8b", "llama3.1-70b", "qwen2.5-7b", "qwen3-8b", "qwen3-30b-a3b",
+                                  "qwen3-235b-a22b"])
 def test_torchtitan_builds_each_presets_parameter_count(name):
-    config = llama3_model_config(preset_plan(name).architecture)
+    config = model_config(preset_plan(name).architecture)
     with torch.device("meta"):
         model = config.build()
-    assert count(model) == model_preset(name).total_params
+    spec = model_preset(name)
+    assert count(model) == spec.total_params
+    if spec.num_experts:  # its grouped experts: num_experts x (gate, up, down) of one expert's width
+        experts = model.layers["0"].moe.routed_experts
+        assert sum(p.numel() for p in experts.parameters()) == spec.routed_expert_params_per_layer
+    if spec.qk_norm:
+        assert model.layers["0"].attention.q_norm.weight.numel() == (spec.head_dim or spec.hidden_size // spec.num_attention_heads)
+
+
+@pytest.mark.parametrize(("name", "named"), [("mixtral-8x7b", "a mixture of 8 experts without query/key norms"),
+                                             ("qwen2-57b-a14b", "a mixture of 64 experts without query/key norms")])
+def test_torchtitan_refuses_a_mixture_it_has_no_model_for(name, named):
+    with pytest.raises(ExportError, match=named):
+        model_config(preset_plan(name).architecture)
+
+
+def test_torchtitan_refuses_what_its_qwen3_decoder_does_not_build():
+    arch = preset_plan("qwen3-30b-a3b").architecture
+    with pytest.raises(ExportError, match="shared experts"):
+        model_config(arch.model_copy(update={"shared_expert_ffn_hidden_size": 4096}))
+    with pytest.raises(ExportError, match="biases on the projections"):
+        model_config(arch.model_copy(update={"qkv_bias": True}))
+    with pytest.raises(ExportError, match="query/key norms"):
+        llama3_model_config(arch)
 
 
 def test_a_plan_stored_before_architecture_details_is_not_exported_with_guesses():

@@ -47,7 +47,8 @@ from torchtitan.models.llama3 import _build_llama3_layers, _debugmodel
 from adapters import torch_csv
 from adapters.registry import ExportError, export_format
 from adapters.stock import stock_layout
-from adapters.torchtitan_model import llama3_model_spec
+from adapters.torchtitan_model import model_config as model_config_of
+from adapters.torchtitan_model import model_spec
 from adapters.torchtitan import (
     BUILTIN_CONFIGS,
     REQUIRED,
@@ -57,6 +58,7 @@ from adapters.torchtitan import (
     module_fqns_per_model_part,
     override_argv,
     render,
+    resolve_architecture,
     schedule_csv,
     torchtitan_overrides,
 )
@@ -64,7 +66,7 @@ from api.tasks.planning import estimate_for, plan_for
 from cost_models.model_spec import model_preset
 from tests.adapters.support import _MockStage
 from tests.api.support import estimate_request, small_request
-from wire.schemas import EstimateRequest, Plan, PlanRequest
+from wire.schemas import EstimateRequest, ModelArchitecture, Plan, PlanRequest
 
 A100_40 = {"num_nodes": 2, "gpus_per_node": 8, "gpu": "A100-40GB"}
 ONE_NODE_40 = {"num_nodes": 1, "gpus_per_node": 8, "gpu": "A100-40GB"}
@@ -120,6 +122,12 @@ CONTEXT_PARALLEL = {
     "cp-zero0": estimate_request({"tp": 4, "cp": 2, "pp": 1}, model="llama3-8b", cluster=H100,
                                  training={"global_batch_size": 16, "seq_length": 16384, "zero_stage": 0}),
 }
+# Expert parallelism: Qwen3-30B-A3B (torchtitan's own qwen3_30b_a3b) with its 128 experts over 4 replicas, tp 1
+# (torchtitan never splits an expert over TP) and ZeRO-1 (its EP groups come from the FSDP ranks)
+EXPERT_PARALLEL = {
+    "ep-pp": estimate_request({"tp": 1, "pp": 2, "ep": 4}, model="qwen3-30b-a3b", cluster=H100,
+                              training={"global_batch_size": 32, "seq_length": 4096}),
+}
 NON_UNIFORM = _request("llama3-8b", 32, 4096, {"schedules": ["1f1b"], "allow_non_uniform": True}, failures=FAILED)
 
 
@@ -129,11 +137,13 @@ def real_plan(name: str) -> Plan:
         return estimate_for(EstimateRequest.model_validate(ZERO3))
     if name in CONTEXT_PARALLEL:
         return estimate_for(EstimateRequest.model_validate(CONTEXT_PARALLEL[name]))
+    if name in EXPERT_PARALLEL:
+        return estimate_for(EstimateRequest.model_validate(EXPERT_PARALLEL[name]))
     body = NON_UNIFORM if name == "non-uniform" else REQUESTS[name]
     return plan_for(PlanRequest.model_validate(body))
 
 
-CASES = [*sorted(REQUESTS), "zero3-no-pp", *CONTEXT_PARALLEL]
+CASES = [*sorted(REQUESTS), "zero3-no-pp", *CONTEXT_PARALLEL, *EXPERT_PARALLEL]
 
 
 @pytest.fixture(params=CASES)
@@ -301,6 +311,7 @@ def test_the_cases_cover_every_mapping():
     assert any(layout.uneven and layout.layers_per_stage[0] != layout.layers_per_stage[1] for layout in layouts.values())
     assert any(layout.uneven and layout.layers_per_stage[-1] != layout.layers_per_stage[-2] for layout in layouts.values())
     assert any(len(layout.nodes) > 1 for layout in layouts.values())
+    assert any(layout.ep > 1 and layout.pp > 1 for layout in layouts.values())
 
 
 def test_render_is_the_overrides_one_per_line(plan):
@@ -317,7 +328,7 @@ def test_config_manager_parses_the_plans_values(case, plan):
     parsed = parsed_config(case)
     par, training = parsed.parallelism, parsed.training
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (layout.tp, layout.pp)
-    assert (par.context_parallel_degree, par.expert_parallel_degree) == (layout.cp, 1)
+    assert (par.context_parallel_degree, par.expert_parallel_degree) == (layout.cp, layout.ep)
     if layout.zero_stage >= 1:  # FSDP over every dp rank: parameters whole within a step (ZeRO-1) or not (ZeRO-3)
         assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (layout.dp, 1)
     else:
@@ -373,6 +384,13 @@ def test_parallel_dims_and_mesh_place_every_rank_where_the_plan_did(case, plan, 
         dp_i = rank // strides["dp"] % layout.dp if layout.dp > 1 else 0
         pp_i = rank // strides["pp"] % layout.pp if layout.pp > 1 else 0
         assert replicas[dp_i].stages[pp_i].devices[cp_i * layout.tp + tp_i] == device, f"rank {rank}"
+    if layout.ep > 1:
+        # torchtitan's EP group of rank 0 holds the first stage of the plan's first ep replicas, which share its
+        # experts; the experts' FSDP group is the dp / ep ranks holding the same experts
+        group = dims.get_mesh("ep").mesh.tolist()
+        assert [layout.rank_devices[rank] for rank in group] == [replicas[i].stages[0].devices[0]
+                                                                 for i in range(layout.ep)]
+        assert dims.get_mesh("efsdp").size() == layout.dp // layout.ep
 
 
 def test_model_config_accepts_tp_and_seq_len(plan):
@@ -514,15 +532,19 @@ def test_an_fp8_plan_gets_torchtitans_float8_converter_on_every_layer_linear():
     # torchtitan's llama3_8b trains in bf16: the launch names the user's config function instead
     assert model_selection(plan) is None
     command = launch_command(plan)
-    assert '"${TORCHTITAN_MODULE:?' in command and "llama3_model_spec(plan.architecture, float8=True)" in command
-    # torchtitan's own converter (torchao's Float8Linear, emulated on CPU) on the plan's architecture
-    spec = llama3_model_spec(plan.architecture, float8=True, emulate=True)
-    plain = llama3_model_spec(plan.architecture)
-    kinds = {path: type(value).__qualname__ for path, value in _linear_configs(spec.model)}
-    assert kinds and {path for path, _ in _linear_configs(plain.model)} == set(kinds)
-    assert kinds.pop("lm_head") == "Linear.Config"  # the output head stays bf16, as the plan prices it
-    assert set(kinds.values()) == {"Float8Linear.Config"}
-    assert any(path.startswith("layers.") and path.endswith("w2") for path in kinds)
+    assert '"${TORCHTITAN_MODULE:?' in command and "model_spec(plan.architecture, float8=True)" in command
+    # torchtitan's own converter (torchao's Float8Linear, emulated on CPU) on the plan's architecture, and on a
+    # Qwen3 one (torchtitan's qwen3 spec)
+    qwen3 = resolve_architecture("qwen3-8b")
+    for arch, family in ((plan.architecture, "llama3"), (qwen3, "qwen3")):
+        spec = model_spec(arch, float8=True, emulate=True)
+        assert spec.name == family
+        plain = model_spec(arch)
+        kinds = {path: type(value).__qualname__ for path, value in _linear_configs(spec.model)}
+        assert kinds and {path for path, _ in _linear_configs(plain.model)} == set(kinds)
+        assert kinds.pop("lm_head") == "Linear.Config"  # the output head stays bf16, as the plan prices it
+        assert set(kinds.values()) == {"Float8Linear.Config"}
+        assert any(path.startswith("layers.") and path.endswith("w2") for path in kinds)
 
 
 def _linear_configs(config, path: str = ""):
@@ -539,26 +561,63 @@ def _linear_configs(config, path: str = ""):
 
 @pytest.mark.parametrize(("selection", "preset"), sorted(BUILTIN_CONFIGS.items()))
 def test_builtin_configs_build_the_preset_they_are_chosen_for(selection, preset):
-    """torchtitan's own config function builds the preset's model: its parameters, RoPE, norms, biases, tying."""
+    """torchtitan's own config function builds the preset's model: its parameters, one by one, RoPE, norms,
+    biases and tying, as the model resiplan's own spec of the preset builds."""
     parsed = ConfigManager().parse_args(["--module", selection[0], "--config", selection[1]])
     model = parsed.model_spec.model
     spec = model_preset(preset)
-    attention, ffn = model.layers[0].attention, model.layers[0].feed_forward
-    rope = attention.rope
-    built = (len(model.layers), model.dim, ffn.w1.out_features, attention.n_heads, attention.n_kv_heads,
-             model.vocab_size, model.enable_weight_tying)
-    assert built == (spec.num_layers, spec.hidden_size, spec.ffn_hidden_size, spec.num_attention_heads,
-                     spec.num_kv_heads, spec.vocab_size, spec.tied_embeddings)
-    assert (rope.theta, rope.scaling, rope.scaling_factor, rope.low_freq_factor, rope.high_freq_factor,
-            rope.original_max_position_embeddings) == (spec.rope_theta, "llama", spec.rope_scaling.factor,
-                                                       spec.rope_scaling.low_freq_factor,
-                                                       spec.rope_scaling.high_freq_factor,
-                                                       spec.rope_scaling.original_max_position_embeddings)
-    assert {model.layers[0].attention_norm.eps, model.norm.eps} == {spec.norm_epsilon}
+    ours = model_config_of(resolve_architecture(preset))
     with torch.device("meta"):
-        built_model = model.build()
-    assert sum(p.numel() for p in built_model.parameters()) == spec.total_params
-    assert not any(name.endswith(".bias") for name, _ in built_model.named_parameters())
+        built, planned = model.build(), ours.build()
+    assert {name: p.shape for name, p in built.named_parameters()} == {
+        name: p.shape for name, p in planned.named_parameters()}
+    assert sum(p.numel() for p in built.parameters()) == spec.total_params
+    assert not any(name.endswith(".bias") for name, _ in built.named_parameters())
+    assert (len(model.layers), model.dim, model.vocab_size, model.enable_weight_tying) == (
+        spec.num_layers, spec.hidden_size, spec.vocab_size, spec.tied_embeddings)
+    rope, our_rope = model.layers[0].attention.rope, ours.layers[0].attention.rope
+    assert rope.theta == spec.rope_theta
+    for field in ("scaling", "scaling_factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        assert getattr(rope, field, None) == getattr(our_rope, field, None), field
+    assert (spec.rope_scaling is not None) == (getattr(rope, "scaling", "none") == "llama")
+    norms = {model.layers[0].attention_norm.eps, model.norm.eps}
+    if spec.qk_norm:
+        norms.add(model.layers[0].attention.qk_norm.eps)
+    assert norms == {spec.norm_epsilon}
+    if spec.num_experts:
+        moe = model.layers[0].moe
+        assert (moe.num_experts, moe.router.top_k) == (spec.num_experts, spec.experts_per_token)
+
+
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_torchtitans_expert_parallelism_holds_the_experts_the_memory_model_counts(ep, fake_world):
+    """A Qwen3 mixture of experts built from resiplan's spec and parallelized by torchtitan's own qwen3 code
+    on 8 ranks (FSDP 8, expert parallelism `ep`, tp 1, as the export asks): each rank holds num_experts / ep
+    whole experts, the share `cost_models.expert_parallel.layer_params_per_gpu` gives a GPU (FSDP then
+    shards them further between steps, which the ZeRO-1 memory model does not count on)."""
+    from cost_models.expert_parallel import layer_params_per_gpu
+    from cost_models.model_spec import ModelSpec
+
+    spec = ModelSpec("tiny-qwen3-moe", num_layers=2, hidden_size=256, ffn_hidden_size=64, num_attention_heads=4,
+                     num_kv_heads=2, vocab_size=1024, swiglu=True, tied_embeddings=False, norm_epsilon=1e-6,
+                     rope_theta=1e6, num_experts=16, experts_per_token=4, head_dim=128, qk_norm=True)
+    arch = ModelArchitecture.model_validate(dataclasses.asdict(spec))
+    parsed = ConfigManager().parse_args(["--module", "qwen3", "--config", "qwen3_debugmodel",
+                                         "--parallelism.data_parallel_shard_degree", "8",
+                                         "--parallelism.expert_parallel_degree", str(ep), "--training.seq_len", "256"])
+    dims = ParallelDims.from_config(parsed.parallelism, world_size=8)
+    fake_world(8)
+    dims.build_mesh()
+    config = model_config_of(arch)
+    config.update_from_config(config=parsed)
+    with torch.device("meta"):
+        model = config.build()
+    model.parallelize(dims)
+    layer = dict(model.layers.named_children())["0"]
+    local = {name: (p.to_local() if hasattr(p, "to_local") else p).numel() for name, p in layer.named_parameters()}
+    experts = sum(n for name, n in local.items() if ".routed_experts." in name)
+    assert experts == spec.routed_expert_params_per_layer / ep
+    assert sum(local.values()) == layer_params_per_gpu(spec, 1, ep)
 
 
 def test_llama3_without_scaling_is_not_torchtitans_llama3_1():
@@ -713,6 +772,19 @@ def test_torchtitan_refuses_zero3_under_pipeline_parallelism():
                             training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 3})
     plan = estimate_for(EstimateRequest.model_validate(body))
     with pytest.raises(ExportError, match="zero_stage 3 with pp 2: torchtitan's pipeline runtime keeps gradients whole"):
+        torchtitan_overrides(plan)
+
+
+@pytest.mark.parametrize(("layout", "training", "refused"), [
+    ({"tp": 2, "pp": 1, "ep": 8}, {}, "ep 8 with tp 2: torchtitan never splits an expert over TP"),
+    ({"tp": 1, "pp": 2, "ep": 8}, {"zero_stage": 0}, "ep 8 with zero_stage 0: torchtitan forms EP groups from its FSDP"),
+    ({"tp": 1, "pp": 2, "ep": 8}, {"precision": "fp8"}, "fp8 with a mixture of experts"),
+])
+def test_torchtitan_refuses_expert_layouts_it_would_run_otherwise(layout, training, refused):
+    body = estimate_request({**layout, "recompute": "full"}, model="qwen3-30b-a3b", cluster=H100,
+                            training={"global_batch_size": 32, "seq_length": 4096, **training})
+    plan = estimate_for(EstimateRequest.model_validate(body))
+    with pytest.raises(ExportError, match=refused):
         torchtitan_overrides(plan)
 
 

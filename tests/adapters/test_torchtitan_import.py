@@ -12,7 +12,7 @@ from adapters.command_line import CommandLineError
 from adapters.torchtitan import CSV_SCHEDULES, launch_command, model_selection, override_argv
 from adapters.torchtitan_import import import_torchtitan
 from api.tasks.planning import estimate_for
-from tests.adapters.test_torchtitan import REQUESTS, real_plan
+from tests.adapters.test_torchtitan import EXPERT_PARALLEL, REQUESTS, real_plan
 from wire.schemas import EstimateRequest
 
 NAMED = sorted(name for name in REQUESTS if not any(s in name for s in ("zb-h1", "optimized")))
@@ -103,3 +103,27 @@ enable = true
 def test_a_model_torchtitan_builds_in_python_must_be_named():
     with pytest.raises(CommandLineError, match="give the model"):
         import_torchtitan("--module mine --config my_model --training.seq_len 2048 --training.global_batch_size 8")
+
+
+def test_expert_parallelism_round_trips_and_estimates_to_the_plans_prediction():
+    plan = real_plan("ep-pp")
+    imported = import_torchtitan(launch_command(plan))
+    assert imported.request["model"] == "qwen3-30b-a3b"  # torchtitan's own qwen3_30b_a3b config
+    layout = imported.request["layout"]
+    assert (layout["tp"], layout["pp"], layout["dp"], layout["ep"]) == (1, 2, len(plan.replicas), plan.ep)
+    body = {**imported.request, "cluster": EXPERT_PARALLEL["ep-pp"]["cluster"]}
+    estimate = estimate_for(EstimateRequest.model_validate(body))
+    assert estimate.ep == plan.ep
+    assert estimate.predicted.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=2e-3)
+
+
+def test_torchtitans_expert_groups_over_tp_ranks_are_read_as_experts_split_over_tp():
+    text = ("--module qwen3 --config qwen3_30b_a3b --parallelism.tensor_parallel_degree 2 "
+            "--parallelism.data_parallel_shard_degree 8 --parallelism.expert_parallel_degree 8 "
+            "--training.seq_len 4096 --training.global_batch_size 32")
+    imported = import_torchtitan(text)
+    assert imported.request["layout"]["ep"] == 4
+    assert any("estimated as ep 4 with each expert split over tp 2" in entry for entry in imported.not_modelled)
+    uneven = import_torchtitan(text.replace("expert_parallel_degree 8", "expert_parallel_degree 3"))
+    assert "ep" not in uneven.request["layout"]
+    assert any("estimated without expert parallelism" in entry for entry in uneven.not_modelled)

@@ -72,6 +72,8 @@ def test_llama2_70b_params_per_layer_with_gqa():
         ("llama3-8b", 8.03e9, 0.01),
         ("qwen2.5-72b", 72.7e9, 0.01),  # Qwen2.5 report: 72.7B
         ("gpt3-175b", 175e9, 0.01),
+        ("qwen3-8b", 8.2e9, 0.005),  # Qwen/Qwen3-8B model card: 8.2B
+        ("qwen3-32b", 32.8e9, 0.005),  # Qwen/Qwen3-32B model card: 32.8B
     ],
 )
 def test_total_params_match_published(name, published, rel):
