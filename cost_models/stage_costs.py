@@ -359,11 +359,15 @@ def layer_caps_outline(terms: StageCostTerms, memory_bytes: float) -> tuple[int,
     """The first and last stages' `max_layers_fitting` and the most any middle stage holds (None without
     middle stages): enough to rule a shape out without its whole row (middle stages share their memory
     without layers and differ only in microbatches in flight, the fewest of which gives the most layers)."""
-    last = terms.shape.pp - 1
-    row = terms.in_flight_row()
-    first_cap = _max_layers(terms, stage_memory(terms, 0, 0), memory_bytes, row[0])
-    last_cap = _max_layers(terms, stage_memory(terms, last, 0), memory_bytes, row[last])
-    middle_cap = _max_layers(terms, stage_memory(terms, 1, 0), memory_bytes, min(row[1:last])) if last > 1 else None
+    shape = terms.shape
+    last = shape.pp - 1
+    # Microbatches in flight never rise from one stage to the next (`in_flight_row`), so the middle stage
+    # with the fewest is the one before the last.
+    first, before_last, at_last = in_flight_row(shape.schedule, shape.pp, terms.num_microbatches,
+                                                shape.virtual_stages, (0, max(0, last - 1), last))
+    first_cap = _max_layers(terms, stage_memory(terms, 0, 0), memory_bytes, first)
+    last_cap = _max_layers(terms, stage_memory(terms, last, 0), memory_bytes, at_last)
+    middle_cap = _max_layers(terms, stage_memory(terms, 1, 0), memory_bytes, before_last) if last > 1 else None
     return first_cap, last_cap, middle_cap
 
 

@@ -144,6 +144,8 @@ class TermsCache:
         # Memory caps, a row of positions: (tp, mbs, recompute, v, stages, memory replicas).
         self._caps_key = (outer.micro_batch_size, outer.recompute, outer.virtual_stages, memory_replicas)
         self._cap_rows: dict[tuple, tuple[int, ...]] = shared.setdefault("cap_rows", {})
+        # Their first, last and roomiest middle stage alone (`layer_caps_outline`): the same key and memory.
+        self._cap_outlines: dict[tuple, tuple[int, int, int | None]] = shared.setdefault("cap_outlines", {})
         # Template splits: (stage types, whether sends stay in a node per TP size, mbs, recompute, v, memory
         # replicas).
         self._splits: dict[tuple, tuple[int, ...] | None] = shared.setdefault("splits", {})
@@ -191,7 +193,10 @@ class TermsCache:
         """Whether `layer_caps` could allow a split into `stages` stages of multiples of `unit` layers, told
         from the first, last and roomiest middle stage alone: False exactly where `best_split` would find
         nothing even with every middle stage as roomy as the roomiest."""
-        first, last, middle = layer_caps_outline(self.terms(tp, stages), memory_bytes)
+        key = (tp, stages, memory_bytes) + self._caps_key
+        if key not in self._cap_outlines:
+            self._cap_outlines[key] = layer_caps_outline(self.terms(tp, stages), memory_bytes)
+        first, last, middle = self._cap_outlines[key]
         units = layers // unit
         if layers % unit or units < stages or min(first, last) < unit:
             return False

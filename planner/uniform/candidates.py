@@ -24,6 +24,7 @@ from cost_models.stage_costs import (
 )
 from cost_models.context_parallel import load_balanced_chunks
 from cost_models.expert_parallel import expert_parallel_sizes
+from cost_models.sharded_dp import shards_every_microbatch
 from planner.budget import Budget
 from planner.devices import SlotInventory, nodes_per_group, slot_inventory
 from planner.numbers import divisors
@@ -126,17 +127,35 @@ def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float |
     hides finished chunks' sync: `planner.schedules.sync`) only some stage's last bucket is sure to, and
     every stage holds a layer at least.
     """
-    p, m, v = terms.shape.pp, terms.num_microbatches, terms.shape.virtual_stages
+    dp_floor, optimizer_floor = _sync_floor_ms(terms, layers, chunk_sync_overlap)
+    return _pipeline_floor_ms(terms, layers, *_work_ms(terms), prefix_share) + dp_floor + optimizer_floor
+
+
+def _work_ms(terms: StageCostTerms) -> tuple[float, float]:
+    """(one layer's, the embedding's and head's together) forward and backward at full speed: the same for
+    every shape of one `part_costs` key (and, under ZeRO-2/3, one dp)."""
     layer_ms = terms.layer.time.forward_ms + terms.layer.time.backward_ms
-    ends_ms = sum(part.time.forward_ms + part.time.backward_ms for part in (terms.embedding, terms.head))
+    return layer_ms, sum(part.time.forward_ms + part.time.backward_ms for part in (terms.embedding, terms.head))
+
+
+def _pipeline_floor_ms(terms: StageCostTerms, layers: int, layer_ms: float, ends_ms: float,
+                       prefix_share: float | None) -> float:
+    """The pipeline term of `_lower_bound_ms`."""
+    p, m, v = terms.shape.pp, terms.num_microbatches, terms.shape.virtual_stages
     work = layers * layer_ms + ends_ms + p * terms.p2p_ms
     slowest = max(work / p, -(-layers // p) * layer_ms + terms.p2p_ms)
     if prefix_share is None:
-        pipeline = m * slowest + (work - slowest) / v
-    elif prefix_share > 0:
-        pipeline = max(m * slowest, prefix_share * work / (1 - (1 - prefix_share / m) ** p))
-    else:
-        pipeline = m * slowest
+        return m * slowest + (work - slowest) / v
+    if prefix_share > 0:
+        return max(m * slowest, prefix_share * work / (1 - (1 - prefix_share / m) ** p))
+    return m * slowest
+
+
+def _sync_floor_ms(terms: StageCostTerms, layers: int, chunk_sync_overlap: bool = False) -> tuple[float, float]:
+    """(data-parallel sync, optimizer step) terms of `_lower_bound_ms`. They depend on tp, cp, ep, dp and pp
+    alone: weights per GPU do not change with the micro-batch size or recompute, nor do the sync's ranks,
+    links and bytes per weight."""
+    p = terms.shape.pp
     mean_params = (layers * terms.layer.params + terms.embedding.params + terms.head.params) / p
     dp_floor = 0.0
     if terms.shape.grad_sync_ranks > 1:
@@ -144,14 +163,41 @@ def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float |
         synced = min(terms.bucket_params, least_params) if terms.overlap_grad_reduce else least_params
         gathered = min(terms.bucket_params, least_params) if terms.overlap_param_gather else least_params
         dp_floor = terms.dp_sync_ms(synced) + terms.param_gather_ms(gathered)
-    return pipeline + dp_floor + mean_params * terms.optimizer_ms_per_param
+    return dp_floor, mean_params * terms.optimizer_ms_per_param
 
 
-def simulation_floor_ms(candidate: Candidate, layers: int, *, full_backward: bool, chunk_sync_overlap: bool = False) -> float:
+class LowerBounds:
+    """`_lower_bound_ms` of many shapes of one problem, each of its pieces computed once for the shapes that
+    share what it depends on: one layer's and the ends' work (the `part_costs` key, and under ZeRO-2/3 dp)
+    and the sync floors (tp, cp, ep, dp, pp: `_sync_floor_ms`)."""
+
+    def __init__(self, problem: PlanningProblem) -> None:
+        self._layers = problem.workload.model.num_layers
+        self._sharded_parts = shards_every_microbatch(problem.workload.zero_stage)  # part times depend on dp
+        self._works: dict[tuple, tuple[float, float]] = {}
+        self._syncs: dict[tuple, tuple[float, float]] = {}
+
+    def bound_ms(self, terms: StageCostTerms, prefix_share: float | None = None,
+                 chunk_sync_overlap: bool = False) -> float:
+        shape = terms.shape
+        work_key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.ep)
+        if self._sharded_parts:
+            work_key += (shape.dp,)
+        work = self._works.get(work_key) or self._works.setdefault(work_key, _work_ms(terms))
+        sync_key = (shape.tp, shape.cp, shape.ep, shape.dp, shape.pp, chunk_sync_overlap)
+        dp_floor, optimizer_floor = self._syncs.get(sync_key) or self._syncs.setdefault(
+            sync_key, _sync_floor_ms(terms, self._layers, chunk_sync_overlap))
+        return _pipeline_floor_ms(terms, self._layers, *work, prefix_share) + dp_floor + optimizer_floor
+
+
+def simulation_floor_ms(candidate: Candidate, layers: int, *, full_backward: bool, chunk_sync_overlap: bool = False,
+                        bounds: LowerBounds | None = None) -> float:
     """Below the reported (simulated) time of every split (`_lower_bound_ms` with a prefix share): 1/v when
     every allowed schedule runs whole backward ops, else 0; `chunk_sync_overlap` when a schedule that hides
-    finished chunks' sync (looped BFS) is allowed for this shape."""
+    finished chunks' sync (looped BFS) is allowed for this shape. `bounds`: shared pieces, for many shapes."""
     share = 1.0 / candidate.shape.virtual_stages if full_backward else 0.0
+    if bounds is not None:
+        return bounds.bound_ms(candidate.terms, share, chunk_sync_overlap)
     return _lower_bound_ms(candidate.terms, layers, prefix_share=share, chunk_sync_overlap=chunk_sync_overlap)
 
 
@@ -196,6 +242,7 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
     has looked at the shapes that use the cluster."""
     layers = problem.workload.model.num_layers
     batch = problem.workload.global_batch_size
+    modes, allowed, most_chunks = problem.recompute_modes, problem.allowed_schedules, problem.config.max_virtual_stages
     for tp in reversed(tensor_parallel_sizes(problem)):
         for cp in context_parallel_sizes(problem, tp):
             inventory = slot_inventory(problem.cluster, tp * cp)
@@ -210,11 +257,10 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
                     experts = [1] if cp > 1 else expert_parallel_sizes(
                         problem.workload.model, dp, problem.max_expert_parallel)
                     for pp in range(min(layers, inventory.total // dp), 0, -1):
-                        for schedule, v in _schedules(layers, pp, microbatches, problem.config.max_virtual_stages,
-                                                      problem.allowed_schedules):
+                        for schedule, v in _schedules(layers, pp, microbatches, most_chunks, allowed):
                             if not problem.allows_virtual_stages(v):
                                 continue
-                            for recompute in problem.recompute_modes:
+                            for recompute in modes:
                                 for ep in experts:
                                     yield ParallelShape(tp, pp, dp, mbs, recompute, schedule, v, cp, ep), inventory
 
@@ -247,8 +293,8 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
     Layer, embedding and head costs depend only on (tp, micro-batch size,
     recompute), so they are computed once per triple for this search.
     """
-    layers = problem.workload.model.num_layers
     parts: dict[tuple[int, int, int, str], PartSet] = {}
+    bounds = LowerBounds(problem)
     out: list[Candidate] = []
     complete = True
     per_check = problem.config.shapes_per_clock_check
@@ -264,11 +310,16 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
         terms = stage_cost_terms(
             problem.workload, problem.hardware, shape, problem.efficiency, problem.software, parts[key]
         )
-        out.append(Candidate(terms=terms, inventory=inventory, lower_bound_ms=_lower_bound_ms(terms, layers)))
+        out.append(Candidate(terms=terms, inventory=inventory, lower_bound_ms=bounds.bound_ms(terms)))
     # Equal bounds in the ascending order of tp, cp, micro-batch size, dp, pp, chunks and recompute mode.
-    modes = problem.recompute_modes
-    out.sort(key=lambda c: (c.lower_bound_ms, c.shape.tp, c.shape.cp, c.shape.micro_batch_size, c.shape.dp,
-                            c.shape.pp, c.shape.virtual_stages, modes.index(c.shape.recompute), c.shape.ep))
+    modes = {mode: index for index, mode in enumerate(problem.recompute_modes)}
+
+    def rank(candidate: Candidate) -> tuple:
+        shape = candidate.terms.shape
+        return (candidate.lower_bound_ms, shape.tp, shape.cp, shape.micro_batch_size, shape.dp, shape.pp,
+                shape.virtual_stages, modes[shape.recompute], shape.ep)
+
+    out.sort(key=rank)
     if budget is not None and complete:  # the shapes since the last look at the clock, and the sort
         budget.charge(Work.SHAPE, len(out) - per_check * ((len(out) - 1) // per_check) if out else 0)
     return out, complete

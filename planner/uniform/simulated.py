@@ -46,7 +46,7 @@ from planner.schedules.choose import best_run
 from planner.schedules.handcrafted import handcrafted_names, handcrafted_schedule
 from planner.schedules.ops import PipelineSpec, Schedule
 from planner.schedules.simulator import simulate, validate
-from planner.uniform.candidates import Candidate, ranked_candidates, simulation_floor_ms
+from planner.uniform.candidates import Candidate, LowerBounds, ranked_candidates, simulation_floor_ms
 from planner.uniform.launch import placement_grid
 from planner.uniform.placements import (
     Placement,
@@ -107,8 +107,10 @@ class StockSearch:
         self._stages: dict[tuple, tuple[StageResult, StageTime]] = {}  # (shape, position, layers, speed)
         self._tie = count()
         layers = problem.workload.model.num_layers
+        bounds = LowerBounds(problem)
         self._queue = [(simulation_floor_ms(c, layers, full_backward=not self._split_backward,
-                                            chunk_sync_overlap=self._overlaps_chunks(c)), next(self._tie), _FLOOR, i, None)
+                                            chunk_sync_overlap=self._overlaps_chunks(c), bounds=bounds),
+                        next(self._tie), _FLOOR, i, None)
                        for i, c in enumerate(self._candidates)]
         heapq.heapify(self._queue)
         budget.charge(Work.STOCK_FLOOR, len(self._queue))

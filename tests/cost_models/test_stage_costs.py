@@ -294,3 +294,26 @@ def test_pipeline_p2p_is_the_terms_p2p(tp, pp, dp):
         schedule = "interleaved" if virtual_stages > 1 else "1f1b"
         terms = terms_for(tp, pp, dp, schedule=schedule, virtual_stages=virtual_stages)
         assert pipeline_p2p_ms(Workload(MODEL, S, G, 1), HW, terms.shape, EFF, SW) == terms.p2p_ms
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "looped-bfs", "optimized"])
+def test_layer_caps_outline_is_the_whole_rows_first_last_and_roomiest_middle(schedule):
+    """The outline reads three stages only, relying on microbatches in flight never rising from stage to
+    stage; the whole row (`max_layers_fitting_all`) says whether it holds, for every pipeline length and
+    microbatch count tried."""
+    from cost_models.stage_costs import layer_caps_outline
+
+    chunked = schedule in ("interleaved", "looped-bfs")
+    checked = 0
+    for pp in range(1, 9):
+        for dp in (1, 2, 4, 8):
+            if G % dp:
+                continue
+            for v in ((2, 4) if chunked else (1,)):
+                terms = terms_for(1, pp, dp, mbs=1, schedule=schedule, virtual_stages=v)
+                for memory_gib in (8, 20, 40):
+                    row = max_layers_fitting_all(terms, memory_gib * GIB)
+                    expected = (row[0], row[-1], max(row[1:-1]) if pp > 2 else None)
+                    assert layer_caps_outline(terms, memory_gib * GIB) == expected, (pp, dp, v, memory_gib)
+                    checked += 1
+    assert checked > 50
