@@ -83,6 +83,11 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
     """Megatron-LM pretrain_gpt.py flags that build exactly `arch` (its experts split over `expert_parallel`
     replicas); ExportError for what it cannot build."""
     check_recorded(arch, target)
+    unexported = gpt_oss_features(arch)
+    if unexported:
+        raise ExportError(f"{target} cannot build this model as resiplan exports it: {', '.join(unexported)} "
+                          "(megatron-core 0.16 has them, resiplan does not emit their flags yet); export to "
+                          "torchtitan, or plan the architecture without them")
     args = _shape_args(arch)
     kv_heads = arch.num_kv_heads or arch.num_attention_heads
     if kv_heads != arch.num_attention_heads:
@@ -102,8 +107,8 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
         if arch.rotary_percent != 1.0:
             args += ["--rotary-percent", _number(arch.rotary_percent)]
         if arch.rope_scaling is not None:
-            scaling = arch.rope_scaling.model_dump(exclude={"rope_type"})
-            if scaling != MEGATRON_ROPE_SCALING:
+            scaling = arch.rope_scaling.model_dump(include=set(MEGATRON_ROPE_SCALING))
+            if arch.rope_scaling.rope_type != "llama3" or scaling != MEGATRON_ROPE_SCALING:
                 raise ExportError(
                     f"{target} cannot build this model: pretrain_gpt.py runs Llama 3.1 RoPE scaling only as "
                     f"megatron-core's {MEGATRON_ROPE_SCALING} (it does not pass --rope-scaling-factor on), "
@@ -118,6 +123,21 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
         if arch.qkv_bias:
             args.append("--add-qkv-bias")
     return args + _expert_args(arch, expert_parallel)
+
+
+def gpt_oss_features(arch: ModelArchitecture) -> list[str]:
+    """GPT-OSS's departures from a Llama/Mixtral-style decoder that `arch` has: attention sinks, sliding
+    windows, YaRN RoPE scaling, biased experts."""
+    found = []
+    if arch.attention_sinks:
+        found.append("attention sinks")
+    if arch.sliding_window is not None:
+        found.append(f"sliding-window attention (window {arch.sliding_window})")
+    if arch.rope_scaling is not None and arch.rope_scaling.rope_type == "yarn":
+        found.append("YaRN RoPE scaling")
+    if arch.num_experts and arch.linear_bias:
+        found.append("biases on the router and experts")
+    return found
 
 
 def _expert_args(arch: ModelArchitecture, expert_parallel: int) -> list[str]:
@@ -142,6 +162,8 @@ def megatron_deepspeed_model_args(arch: ModelArchitecture, seq_length: int) -> l
         problems.append("it has no Q, K, V-only biases (only --disable-bias-linear for all or none)")
     if arch.rope_scaling is not None:
         problems.append("it has no Llama 3.1 RoPE scaling")
+    if arch.attention_sinks or arch.sliding_window is not None:
+        problems.append("it has no attention sinks or sliding windows")
     if arch.num_experts:
         problems.append("its mixture-of-experts layers (DeepSpeed-MoE) are not exported by resiplan yet; "
                         "export to Megatron-LM instead")

@@ -96,12 +96,13 @@ Where torchtitan is not what the plan assumed:
   valid for all; only the slowest replica's is tuned for it.
 - Model. torchtitan builds the model from its config function: the
   command line cannot change its shape. Its llama3_8b and llama3_70b
-  (Llama 3.1, bf16), qwen3_32b and qwen3_30b_a3b are chosen when they are the
-  plan's architecture field for field (presets llama3.1-8b, llama3.1-70b,
-  qwen3-32b, qwen3-30b-a3b; its 405B one trains in float8). For any other model, `launch_command` leaves `--module` and
+  (Llama 3.1, bf16), qwen3_32b, qwen3_30b_a3b, gpt_oss_20b and gpt_oss_120b are
+  chosen when they are the plan's architecture field for field (presets
+  llama3.1-8b, llama3.1-70b, qwen3-32b, qwen3-30b-a3b, gpt-oss-20b,
+  gpt-oss-120b; its 405B one trains in float8). For any other model, `launch_command` leaves `--module` and
   `--config` to $TORCHTITAN_MODULE and $TORCHTITAN_CONFIG, a config_registry
   function of yours, whose model_spec `adapters.torchtitan_model.model_spec`
-  builds from the plan's architecture (torchtitan's Llama3 or Qwen3; for what
+  builds from the plan's architecture (torchtitan's Llama3, Qwen3 or GPT-OSS; for what
   neither builds, such as LayerNorm, learned positions or Mixtral, the launch
   comments say so). Tied embeddings under PP are refused (torchtitan's Decoder
   refuses them).
@@ -148,6 +149,8 @@ BUILTIN_CONFIGS = {
     ("llama3", "llama3_70b"): "llama3.1-70b",
     ("qwen3", "qwen3_32b"): "qwen3-32b",
     ("qwen3", "qwen3_30b_a3b"): "qwen3-30b-a3b",
+    ("gpt_oss", "gpt_oss_20b"): "gpt-oss-20b",
+    ("gpt_oss", "gpt_oss_120b"): "gpt-oss-120b",
 }
 # What torchtitan cannot start without and the plan cannot know; before the activation-checkpoint
 # subcommand, which takes every option after it as its own.

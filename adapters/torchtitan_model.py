@@ -45,11 +45,17 @@ TARGET = "torchtitan"
 ROPE_MAX_SEQ_LEN = 131_072
 
 
-LLAMA3, QWEN3 = "llama3", "qwen3"
+LLAMA3, QWEN3, GPT_OSS = "llama3", "qwen3", "gpt_oss"
+# What torchtitan 0.3's GPT-OSS layer builder fixes: its attention's heads and the window on every other layer.
+GPT_OSS_ATTENTION = {"num_attention_heads": 64, "num_kv_heads": 8, "head_dim": 64, "sliding_window": 128,
+                     "full_attention_every": 2}
 
 
 def model_family(arch: ModelArchitecture) -> str:
-    """The torchtitan model that builds `arch`: qwen3 where heads carry query/key norms, else llama3."""
+    """The torchtitan model that builds `arch`: gpt_oss where attention has sinks, qwen3 where heads carry
+    query/key norms, else llama3."""
+    if arch.attention_sinks:
+        return GPT_OSS
     return QWEN3 if arch.qk_norm else LLAMA3
 
 
@@ -57,8 +63,14 @@ def unsupported(arch: ModelArchitecture) -> list[str]:
     """What torchtitan's decoder for `arch` (`model_family`) cannot build of it (empty when it builds it
     exactly)."""
     family = model_family(arch)
+    if family == GPT_OSS:
+        return _gpt_oss_problems(arch)
     decoder = "Llama3" if family == LLAMA3 else "Qwen3"
     problems = []
+    if arch.sliding_window is not None:
+        problems.append(f"sliding-window attention (its {decoder} attention sees the whole sequence)")
+    if arch.rope_scaling is not None and arch.rope_scaling.rope_type == "yarn":
+        problems.append(f"YaRN RoPE scaling (its {decoder} RoPE is Llama 3.1-scaled or unscaled)")
     if arch.normalization != "rmsnorm":
         problems.append(f"{arch.normalization} (its {decoder} decoder normalizes with RMSNorm)")
     if arch.position_embedding != "rope":
@@ -84,10 +96,70 @@ def unsupported(arch: ModelArchitecture) -> list[str]:
     return problems
 
 
+def _gpt_oss_problems(arch: ModelArchitecture) -> list[str]:
+    """What torchtitan's GPT-OSS builder cannot build of `arch`: it builds GPT-OSS's attention (64 heads of
+    64, 8 KV heads, a 128-token window on every other layer) and biased SwiGLU experts."""
+    problems = []
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    attention = {"num_attention_heads": arch.num_attention_heads, "num_kv_heads": arch.num_kv_heads or
+                 arch.num_attention_heads, "head_dim": head_dim, "sliding_window": arch.sliding_window,
+                 "full_attention_every": arch.full_attention_every}
+    if attention != GPT_OSS_ATTENTION:
+        problems.append(f"attention other than GPT-OSS's {GPT_OSS_ATTENTION} (its GPT-OSS builder fixes it), "
+                        f"this model's is {attention}")
+    if not arch.num_experts or not arch.linear_bias or arch.shared_expert_ffn_hidden_size:
+        problems.append("an MLP other than GPT-OSS's routed, biased experts")
+    if arch.normalization != "rmsnorm" or arch.position_embedding != "rope" or not arch.swiglu or arch.qk_norm:
+        problems.append("norms, positions or activations other than GPT-OSS's")
+    if arch.rotary_percent != 1.0 or (arch.rope_scaling is not None and arch.rope_scaling.rope_type != "yarn"):
+        problems.append("RoPE other than GPT-OSS's (all of each head, YaRN-scaled or not)")
+    return problems
+
+
 def model_config(arch: ModelArchitecture) -> Any:
-    """torchtitan's model config for `arch` (Llama3Model.Config or Qwen3Model.Config, by `model_family`);
-    ExportError naming what torchtitan cannot build."""
-    return qwen3_model_config(arch) if model_family(arch) == QWEN3 else llama3_model_config(arch)
+    """torchtitan's model config for `arch` (Llama3Model.Config, Qwen3Model.Config or GptOssModel.Config, by
+    `model_family`); ExportError naming what torchtitan cannot build."""
+    family = model_family(arch)
+    if family == GPT_OSS:
+        return gpt_oss_model_config(arch)
+    return qwen3_model_config(arch) if family == QWEN3 else llama3_model_config(arch)
+
+
+def gpt_oss_model_config(arch: ModelArchitecture) -> Any:
+    """torchtitan's GptOssModel.Config for `arch`; ExportError naming what its GPT-OSS builder cannot build."""
+    _refuse_unbuildable(arch, GPT_OSS, "no attention sinks (not a GPT-OSS model)")
+    # torchtitan's own GPT-OSS layer builder (private names of torchtitan.models.gpt_oss, which its 20b and 120b
+    # configs are made of; tests/adapters/test_model_exports.py builds the result)
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.gpt_oss import (
+        _EMBEDDING_INIT,
+        _NORM_INIT,
+        _build_gptoss_layers,
+        _output_linear_init,
+    )
+    from torchtitan.models.gpt_oss.model import GptOssModel
+
+    dim, vocab = arch.hidden_size, arch.vocab_size
+    scaling = arch.rope_scaling
+    rope = CosSinRoPE.Config(
+        dim=GPT_OSS_ATTENTION["head_dim"], max_seq_len=ROPE_MAX_SEQ_LEN, theta=arch.rope_theta,
+        **({} if scaling is None else {
+            "scaling": "yarn", "rope_factor": scaling.factor, "beta_fast": scaling.beta_fast,
+            "beta_slow": scaling.beta_slow, "truncate": False,
+            "original_seq_len": scaling.original_max_position_embeddings}),
+    )
+    layers = _build_gptoss_layers(dim=dim, n_layers=arch.num_layers, hidden_dim=arch.ffn_hidden_size,
+                                  num_experts=arch.num_experts, top_k=arch.experts_per_token, load_balance_coeff=1e-3,
+                                  moe_comm_backend="standard", rope=rope)
+    for layer in layers:
+        layer.attention_norm.eps = layer.ffn_norm.eps = arch.norm_epsilon
+    norm = RMSNorm.Config(normalized_shape=dim, eps=arch.norm_epsilon, param_init=_NORM_INIT)
+    return GptOssModel.Config(
+        dim=dim, vocab_size=vocab, enable_weight_tying=arch.tied_embeddings, norm=norm,
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=_EMBEDDING_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_output_linear_init(dim)),
+        layers=layers,
+    )
 
 
 def model_spec(arch: ModelArchitecture, float8: bool = False, emulate: bool = False) -> Any:
@@ -95,11 +167,17 @@ def model_spec(arch: ModelArchitecture, float8: bool = False, emulate: bool = Fa
     adapter), with the plan's model. float8 and emulate as in `llama3_model_spec`; a mixture of experts in
     FP8 is refused (torchtitan's float8 converter swaps Linear layers; its grouped experts would stay in
     bf16, which the plan did not price)."""
-    if model_family(arch) == LLAMA3:
+    family = model_family(arch)
+    if family == LLAMA3:
         return llama3_model_spec(arch, float8=float8, emulate=emulate)
     if float8 and arch.num_experts:
         raise ExportError(f"{TARGET} cannot train this plan as priced: fp8 with a mixture of experts (its float8 "
                           "converter leaves the grouped experts in bf16); plan it in bf16")
+    if family == GPT_OSS:
+        from torchtitan.models.gpt_oss import model_registry as gpt_oss_registry
+
+        spec = gpt_oss_registry("debugmodel")
+        return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}", model=gpt_oss_model_config(arch))
     from torchtitan.models.qwen3 import model_registry
 
     spec = model_registry("debugmodel_moe" if arch.num_experts else "debugmodel")

@@ -15,7 +15,12 @@ from cost_models.comm import NVLINK_STEP_LATENCY_S, ring_all_reduce_s
 from cost_models.context_parallel import BACKWARD_EXCHANGE_FACTOR, exchange_ms, exposed_exchange_ms, kv_exchange_bytes
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.fp8 import CAST_BYTES_PER_ELEMENT, cast_elements_per_token
-from cost_models.flops import BACKWARD_TO_FORWARD, layer_attention_forward_flops, layer_projection_gemms
+from cost_models.flops import (
+    BACKWARD_TO_FORWARD,
+    attention_executed_fraction,
+    layer_attention_forward_flops,
+    layer_projection_gemms,
+)
 from cost_models.hardware import GpuSpec
 from cost_models.model_spec import ModelSpec
 
@@ -119,7 +124,8 @@ def _attention_core_forward_s(
     """One GPU's share: 1 / (tp cp) of the layer's attention (CP's causal chunks are load balanced)."""
     flops = layer_attention_forward_flops(model, seq_length, micro_batch) / (tp * cp)
     if software.flash_attention:
-        return gemm_time_s(flops * CAUSAL_EXECUTED_FRACTION, model.head_width, gpu, efficiency)
+        executed = attention_executed_fraction(model, seq_length, CAUSAL_EXECUTED_FRACTION)
+        return gemm_time_s(flops * executed, model.head_width, gpu, efficiency)
     score_elements = model.num_attention_heads * seq_length * seq_length * micro_batch / (tp * cp)
     score_bytes = SCORE_BYTES_NO_DROPOUT + (SCORE_BYTES_DROPOUT if software.dropout else 0.0)
     return gemm_time_s(flops, model.head_width, gpu, efficiency) + hbm_time_s(score_elements * score_bytes, gpu, efficiency)

@@ -40,8 +40,24 @@ def layer_projection_gemms(model: ModelSpec, tokens: float, tp: int) -> tuple[tu
 
 
 def layer_attention_forward_flops(model: ModelSpec, seq_length: int, micro_batch: int) -> float:
-    """Q K^T and scores x V of one layer, forward (quadratic in seq_length)."""
-    return float(4 * micro_batch * seq_length * seq_length * model.q_width)
+    """Q K^T and scores x V of one layer, forward (quadratic in seq_length): every query against every
+    key, or with sliding windows against the keys it may see, averaged over the layers
+    (`ModelSpec.attended_keys_fraction`)."""
+    flops = float(4 * micro_batch * seq_length * seq_length * model.q_width)
+    return flops if model.sliding_window is None else flops * model.attended_keys_fraction(seq_length)
+
+
+def attention_executed_fraction(model: ModelSpec, seq_length: int, causal_fraction: float) -> float:
+    """Share of `layer_attention_forward_flops` a causal kernel executes: `causal_fraction` of a whole layer's
+    matrix (the upper triangle skipped), and in a windowed layer the band of keys each query sees, all of
+    it but the first tokens' triangle (w s - w (w - 1) / 2 of w s pairs)."""
+    windowed = model.windowed_layers
+    if not windowed:
+        return causal_fraction
+    s, w = seq_length, min(model.sliding_window, seq_length)
+    full = model.num_layers - windowed
+    executed = full * causal_fraction * s * s + windowed * (w * s - w * (w - 1) / 2)
+    return executed / (full * s * s + windowed * w * s)
 
 
 def layer_forward_flops(model: ModelSpec, seq_length: int, micro_batch: int) -> float:

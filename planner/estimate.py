@@ -130,6 +130,10 @@ def _check_context_parallel(problem: PlanningProblem, layout: FixedLayout) -> No
     if layout.cp == 1:
         return
     seq = problem.workload.seq_length
+    window = problem.workload.model.sliding_window
+    if window is not None:
+        raise PlanningError(f"cp {layout.cp} with sliding-window attention (window {window}) is not modelled: "
+                            "resiplan prices a CP ring that exchanges every key and value; plan it with cp 1")
     if not problem.software.flash_attention:
         raise PlanningError(f"cp {layout.cp} needs flash attention (Megatron-Core runs context parallelism through "
                             "Transformer Engine's fused attention only); this request's software has it off")

@@ -11,11 +11,10 @@ from cost_models.efficiency import SoftwareConfig, fitted_efficiency
 from cost_models.hardware import GpuSpec, gpu_preset, gpu_preset_names
 from cost_models.layout import Hardware, Workload
 from cost_models.memory import DEFAULT_MEMORY_RESERVE_GIB
+from cost_models.hf_config import HfConfigError, model_from_hf_config
 from cost_models.model_spec import (
-    HfConfigError,
     ModelSpec,
     RopeScaling,
-    model_from_hf_config,
     model_preset,
     model_preset_names,
 )
@@ -113,6 +112,9 @@ def resolve_model(model: str | ModelArchitecture | HfConfigModel) -> ModelSpec:
         shared_expert_ffn_hidden_size=model.shared_expert_ffn_hidden_size,
         head_dim=model.head_dim,
         qk_norm=model.qk_norm,
+        attention_sinks=model.attention_sinks,
+        sliding_window=model.sliding_window,
+        full_attention_every=model.full_attention_every,
     )
     _check_shape(spec)
     return spec

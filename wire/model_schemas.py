@@ -8,30 +8,36 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from cost_models.hf_config import HfConfigError, model_from_hf_config
 from cost_models.model_spec import (
     ARCHITECTURE_LIMITS,
     MAX_MODEL_NAME_CHARS,
     MAX_ROPE_THETA,
-    HfConfigError,
-    model_from_hf_config,
 )
 from wire.strict import _Strict
 
 
 class RopeScalingModel(_Strict):
-    """Llama 3.1-style RoPE frequency scaling (Hugging Face `"rope_type": "llama3"`)."""
+    """RoPE frequency scaling: Llama 3.1's (Hugging Face `"rope_type": "llama3"`) or YaRN's (`"yarn"`, GPT-OSS)."""
 
-    rope_type: Literal["llama3"] = "llama3"
-    factor: float = Field(gt=0, le=1024, description="Long wavelengths are divided by this (8 in Llama 3.1).")
-    low_freq_factor: float = Field(default=1.0, gt=0, le=1024)
-    high_freq_factor: float = Field(default=4.0, gt=0, le=1024)
+    rope_type: Literal["llama3", "yarn"] = "llama3"
+    factor: float = Field(gt=0, le=1024, description="Long wavelengths are divided by this (8 in Llama 3.1, 32 in "
+                                                     "GPT-OSS).")
+    low_freq_factor: float = Field(default=1.0, gt=0, le=1024, description="llama3 only.")
+    high_freq_factor: float = Field(default=4.0, gt=0, le=1024, description="llama3 only.")
     original_max_position_embeddings: int = Field(
         default=8192, ge=1, le=ARCHITECTURE_LIMITS["max_position_embeddings"],
         description="Context length the scaling starts from.",
     )
+    beta_fast: float = Field(default=32.0, gt=0, le=1024, description="yarn only: rotations where the ramp starts.")
+    beta_slow: float = Field(default=1.0, gt=0, le=1024, description="yarn only: rotations where it ends.")
 
     @model_validator(mode="after")
     def _bands(self) -> RopeScalingModel:
+        if self.rope_type == "yarn":
+            if self.beta_slow >= self.beta_fast:
+                raise ValueError(f"rope_scaling beta_fast {self.beta_fast:g} must exceed beta_slow {self.beta_slow:g}")
+            return self
         if self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(f"rope_scaling high_freq_factor {self.high_freq_factor:g} must exceed "
                              f"low_freq_factor {self.low_freq_factor:g}")
@@ -65,7 +71,8 @@ class ModelArchitecture(_Strict):
         description="Rows of the learned position table; required with position_embedding learned.",
     )
     qkv_bias: bool = Field(default=False, description="Biases on Q, K and V only (Qwen2).")
-    linear_bias: bool = Field(default=False, description="Biases on every linear layer of a transformer layer (GPT-3).")
+    linear_bias: bool = Field(default=False, description="Biases on every linear layer of a transformer layer (GPT-3; with "
+                                                         "experts, the router's and every expert's too, GPT-OSS).")
     num_experts: int = Field(
         default=0, ge=0, le=ARCHITECTURE_LIMITS["num_experts"],
         description="Routed experts per layer (mixture of experts; 0: a dense MLP). Each expert is an MLP of "
@@ -81,6 +88,15 @@ class ModelArchitecture(_Strict):
         description="Each attention head's width when it is not hidden_size / num_attention_heads (Qwen3, "
                     "Mistral-Nemo): Q and the attention output are then num_attention_heads x head_dim wide.")
     qk_norm: bool = Field(default=False, description="An RMSNorm on each head's query and key (Qwen3).")
+    attention_sinks: bool = Field(default=False, description="A learned softmax logit per head and layer (GPT-OSS).")
+    sliding_window: int | None = Field(
+        default=None, ge=1, le=ARCHITECTURE_LIMITS["max_position_embeddings"],
+        description="Tokens a windowed layer's query attends to (itself included), or null: every layer attends "
+                    "to the whole sequence.")
+    full_attention_every: int = Field(
+        default=1, ge=0, le=ARCHITECTURE_LIMITS["num_layers"],
+        description="With sliding_window: every k-th layer (layers k-1, 2k-1, ...) attends to the whole sequence, "
+                    "the others within the window (GPT-OSS 2; 0: every layer windowed).")
 
     @model_validator(mode="after")
     def _experts(self) -> ModelArchitecture:
@@ -92,9 +108,13 @@ class ModelArchitecture(_Strict):
         if not 1 <= self.experts_per_token <= self.num_experts:
             raise ValueError(f"experts_per_token must be from 1 to num_experts ({self.num_experts}), "
                              f"got {self.experts_per_token}")
-        if self.linear_bias:
-            raise ValueError("linear_bias with num_experts is not supported: resiplan prices mixture-of-experts "
-                             "layers without MLP biases, as Mixtral and Qwen-MoE are built")
+        return self
+
+    @model_validator(mode="after")
+    def _windows(self) -> ModelArchitecture:
+        if self.sliding_window is None and self.full_attention_every != 1:
+            raise ValueError("full_attention_every says which layers attend beyond a sliding window: give "
+                             "sliding_window too (null: every layer attends to the whole sequence)")
         return self
 
     @model_validator(mode="after")

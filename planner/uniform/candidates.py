@@ -66,11 +66,12 @@ def tensor_parallel_sizes(problem: PlanningProblem) -> list[int]:
 
 def context_parallel_sizes(problem: PlanningProblem, tp: int) -> list[int]:
     """CP sizes the search tries with `tp`: 1, and with flash attention every cp up to the problem's
-    `max_context_parallel` that cuts the sequence into 2 cp equal chunks and makes a stage group that fits
+    `max_context_parallel` (none with sliding-window attention) that cuts the sequence into 2 cp equal chunks
+    and makes a stage group that fits
     in one node or spans whole nodes the cluster has (`cost_models.context_parallel`), the latter only
     when tp divides a node (every node then holds whole CP ranks)."""
-    if not problem.software.flash_attention:
-        return [1]
+    if not problem.software.flash_attention or problem.workload.model.sliding_window is not None:
+        return [1]  # sliding windows: the ring would exchange keys no query sees, which is not priced
     cluster = problem.cluster
     seq = problem.workload.seq_length
     return [

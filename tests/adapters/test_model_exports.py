@@ -292,7 +292,7 @@ def test_torchtitan_builds_the_planned_model_or_refuses(name):
 
 
 @pytest.mark.parametrize("name", ["llama3-8b", "llama3.1-70b", "qwen2.5-7b", "qwen3-8b", "qwen3-30b-a3b",
-                                  "qwen3-235b-a22b"])
+                                  "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b"])
 def test_torchtitan_builds_each_presets_parameter_count(name):
     config = model_config(preset_plan(name).architecture)
     with torch.device("meta"):

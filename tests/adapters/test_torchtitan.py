@@ -572,14 +572,16 @@ def test_builtin_configs_build_the_preset_they_are_chosen_for(selection, preset)
     assert {name: p.shape for name, p in built.named_parameters()} == {
         name: p.shape for name, p in planned.named_parameters()}
     assert sum(p.numel() for p in built.parameters()) == spec.total_params
-    assert not any(name.endswith(".bias") for name, _ in built.named_parameters())
+    assert any(name.endswith(".bias") for name, _ in built.named_parameters()) == (spec.linear_bias or spec.qkv_bias)
     assert (len(model.layers), model.dim, model.vocab_size, model.enable_weight_tying) == (
         spec.num_layers, spec.hidden_size, spec.vocab_size, spec.tied_embeddings)
     rope, our_rope = model.layers[0].attention.rope, ours.layers[0].attention.rope
     assert rope.theta == spec.rope_theta
-    for field in ("scaling", "scaling_factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+    for field in ("scaling", "scaling_factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+                  "rope_factor", "beta_fast", "beta_slow", "original_seq_len", "truncate"):
         assert getattr(rope, field, None) == getattr(our_rope, field, None), field
-    assert (spec.rope_scaling is not None) == (getattr(rope, "scaling", "none") == "llama")
+    assert getattr(rope, "scaling", "none") == {None: "none", "llama3": "llama", "yarn": "yarn"}[
+        spec.rope_scaling and spec.rope_scaling.rope_type]
     norms = {model.layers[0].attention_norm.eps, model.norm.eps}
     if spec.qk_norm:
         norms.add(model.layers[0].attention.qk_norm.eps)

@@ -115,3 +115,22 @@ def test_selective_recompute_is_attention_core_only(L, h, a, V, s, B):
     # Korthikanti et al.: only Q K^T, softmax, scores x V are recomputed: B L 4 s^2 h
     assert recompute_extra_flops(model, s, B, "selective") == pytest.approx(B * L * 4 * s**2 * h, rel=1e-12)
     assert recompute_extra_flops(model, s, B, "none") == 0.0
+
+
+def test_sliding_windows_count_the_keys_each_query_sees():
+    """GPT-OSS-120B at 8k tokens: 18 of its 36 layers see every key, 18 a window of 128; the executed work of a
+    causal kernel is half of a full layer's matrix and, in a windowed layer, 128 keys per query but for the first
+    127 queries' triangle. Written from those numbers, not from the code."""
+    from cost_models.compute import CAUSAL_EXECUTED_FRACTION
+    from cost_models.flops import attention_executed_fraction
+
+    spec = model_preset("gpt-oss-120b")
+    s, w, b, q = 8192, 128, 2, 64 * 64
+    full_matrix = 4 * b * s * s * q
+    assert layer_attention_forward_flops(spec, s, b) == pytest.approx(full_matrix * (18 * s + 18 * w) / (36 * s))
+    executed = (18 * s * s / 2 + 18 * (w * s - w * (w - 1) / 2)) / (18 * s * s + 18 * w * s)
+    assert attention_executed_fraction(spec, s, CAUSAL_EXECUTED_FRACTION) == pytest.approx(executed)
+    # a window at least as long as the sequence is no window; a model without windows is untouched
+    assert layer_attention_forward_flops(spec, w, b) == pytest.approx(4 * b * w * w * q)
+    dense = model_preset("llama3-8b")
+    assert attention_executed_fraction(dense, s, CAUSAL_EXECUTED_FRACTION) == CAUSAL_EXECUTED_FRACTION

@@ -9,13 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cost_models.hf_config import HfConfigError, model_from_hf_config
 from cost_models.model_spec import (
     ARCHITECTURE_LIMITS,
     MAX_MODEL_NAME_CHARS,
-    HfConfigError,
     ModelSpec,
     RopeScaling,
-    model_from_hf_config,
     model_preset,
     model_preset_names,
 )
@@ -294,8 +293,8 @@ def test_hf_transformers5_rope_parameters():
     assert m.rope_theta == 500000.0 and m.rope_scaling.factor == 8.0
 
 
-@pytest.mark.parametrize("kind", ["yarn", "linear", "dynamic"])
-def test_hf_rope_scaling_other_than_llama3_is_refused_by_name(kind):
+@pytest.mark.parametrize("kind", ["linear", "dynamic", "longrope"])
+def test_hf_rope_scaling_other_than_llama3_or_yarn_is_refused_by_name(kind):
     config = {**LLAMA3_8B_CONFIG, "rope_scaling": {"rope_type": kind, "factor": 4.0}}
     with pytest.raises(HfConfigError, match=rf"rope_scaling type '{kind}' is not supported"):
         model_from_hf_config(config)
@@ -530,8 +529,6 @@ def test_hf_dense_head_dim_other_than_hidden_over_heads_is_read():
          "moe_intermediate_size must be a whole number from 1 to 1,048,576"),
         # experts of other kinds
         ({**MIXTRAL_8X7B_CONFIG, "hidden_act": "gelu"}, "hidden_act 'gelu' with experts is not supported"),
-        ({**MIXTRAL_8X7B_CONFIG, "bias": True}, "biases on every linear layer (bias, or attention_bias with mlp_bias) "
-                                                "with experts are not supported"),
     ],
 )
 def test_hf_moe_configs_resiplan_does_not_model_are_refused_naming_the_field(config, named):
@@ -648,3 +645,89 @@ def test_hf_moe_configs_give_a_consistent_spec_or_a_named_error(base, changes):
     assert spec.swiglu and not spec.linear_bias
     if config.get("head_dim") is not None:
         assert config["head_dim"] * spec.num_attention_heads == spec.q_width
+
+
+# openai/gpt-oss-120b config.json, verbatim architecture fields (quantization_config left out: it describes the
+# released MXFP4 inference weights, not the trained model)
+GPT_OSS_120B_CONFIG = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "experts_per_token": 4,
+    "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
+    "intermediate_size": 2880, "layer_types": ["sliding_attention", "full_attention"] * 18,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4,
+    "num_hidden_layers": 36, "num_key_value_heads": 8, "num_local_experts": 128, "output_router_logits": False,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                            "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                                            "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": False, "vocab_size": 201088,
+}
+
+
+def test_gpt_oss_config_is_the_preset():
+    spec = model_from_hf_config({**GPT_OSS_120B_CONFIG, "_name_or_path": "gpt-oss-120b"})
+    assert spec == model_preset("gpt-oss-120b")
+    assert (spec.attention_sinks, spec.linear_bias, spec.sliding_window, spec.full_attention_every) == (True, True, 128, 2)
+    assert (spec.rope_scaling.rope_type, spec.rope_scaling.factor, spec.rope_scaling.original_max_position_embeddings) \
+        == ("yarn", 32.0, 4096)
+
+
+@pytest.mark.parametrize("name,total,active", [("gpt-oss-120b", 116.83e9, 5.13e9), ("gpt-oss-20b", 20.91e9, 3.61e9)])
+def test_gpt_oss_presets_match_the_published_counts(name, total, active):
+    """OpenAI's gpt-oss model card, Table 1: 116.83B total and 5.13B active parameters, 20.91B and 3.61B. Its
+    active count leaves out the input embedding (the unembedding is counted): so does this one."""
+    spec = model_preset(name)
+    assert spec.total_params == pytest.approx(total, rel=5e-4)  # published to 10M
+    assert spec.active_params - spec.embedding_params == pytest.approx(active, rel=1e-3)  # published to 10M
+
+
+def test_gpt_oss_layer_weights_by_hand():
+    """Q, K, V and output with biases, a sink per head, a biased router and 128 biased SwiGLU experts, two norms."""
+    h, f, q, kv, experts = 2880, 2880, 64 * 64, 8 * 64, 128
+    attention = h * (q + 2 * kv) + (q + 2 * kv) + q * h + h + 64
+    one_expert = 3 * h * f + 2 * f + h
+    router = h * experts + experts
+    spec = model_preset("gpt-oss-120b")
+    assert spec.routed_expert_params_per_layer == experts * one_expert
+    assert spec.params_per_layer == attention + router + experts * one_expert + 2 * h
+
+
+@pytest.mark.parametrize("kinds,named", [
+    (["sliding_attention", "full_attention", "full_attention", "sliding_attention"], "not this pattern"),
+    (["sliding_attention", "local"], "must list"),
+])
+def test_hf_layer_types_other_than_every_kth_full_are_refused(kinds, named):
+    config = {**GPT_OSS_120B_CONFIG, "num_hidden_layers": len(kinds), "layer_types": kinds}
+    with pytest.raises(HfConfigError, match=named):
+        model_from_hf_config(config)
+
+
+def test_hf_layer_types_all_full_or_all_windowed():
+    full = model_from_hf_config({**LLAMA3_8B_CONFIG, "layer_types": ["full_attention"] * 32, "sliding_window": 4096})
+    assert full.sliding_window is None and full == model_from_hf_config(LLAMA3_8B_CONFIG)
+    windowed = model_from_hf_config({**LLAMA3_8B_CONFIG, "layer_types": ["sliding_attention"] * 32,
+                                     "sliding_window": 4096})
+    assert (windowed.sliding_window, windowed.full_attention_every, windowed.windowed_layers) == (4096, 0, 32)
+    # without layer_types a config's sliding_window is not read (Qwen2's carries one it does not use)
+    assert model_from_hf_config({**LLAMA3_8B_CONFIG, "sliding_window": 4096}).sliding_window is None
+
+
+def test_biases_on_every_linear_layer_with_experts_are_the_routers_and_experts_too():
+    spec = model_from_hf_config({**MIXTRAL_8X7B_CONFIG, "bias": True})
+    plain = model_from_hf_config(MIXTRAL_8X7B_CONFIG)
+    h, f, experts = 4096, 14336, 8
+    assert spec.linear_bias
+    # Q, K, V (h + 2 x 1,024 wide) and output biases, the router's, every expert's gate, up and down
+    assert spec.params_per_layer - plain.params_per_layer == (h + 2 * 1024) + h + experts + experts * (2 * f + h)
+
+
+def test_gpt_oss_needs_its_biases():
+    with pytest.raises(HfConfigError, match="attention_bias false with model_type gpt_oss"):
+        model_from_hf_config({**GPT_OSS_120B_CONFIG, "attention_bias": False})
+
+
+def test_yarn_scaling_is_read_and_a_truncated_one_refused():
+    scaling = model_from_hf_config(GPT_OSS_120B_CONFIG).rope_scaling
+    assert (scaling.beta_fast, scaling.beta_slow) == (32.0, 1.0)
+    truncated = {**GPT_OSS_120B_CONFIG, "rope_scaling": {**GPT_OSS_120B_CONFIG["rope_scaling"], "truncate": True}}
+    with pytest.raises(HfConfigError, match="truncate true is not supported"):
+        model_from_hf_config(truncated)
