@@ -21,8 +21,15 @@ CASES = [
     ("64 x H100, mixtral-8x7b, 256 x 4k", 8, "mixtral-8x7b", 256, 4096),
     ("256 x H100, mixtral-8x7b, 1,024 x 4k", 32, "mixtral-8x7b", 1024, 4096),
     ("256 x H100, qwen2-57b-a14b, 1,024 x 4k", 32, "qwen2-57b-a14b", 1024, 4096),
+    ("16 x H100, qwen3-30b-a3b, 64 x 4k", 2, "qwen3-30b-a3b", 64, 4096),
+    ("64 x H100, gpt-oss-120b, 256 x 8k", 8, "gpt-oss-120b", 256, 8192),
 ]
-SLOW = [{"device": "3:2", "speed": 0.5}]
+SLOW_SPEED = 0.5
+
+
+def slow_gpu(nodes: int) -> list[dict]:
+    """One GPU at half speed: GPU 2 of node 3, or of the last node on smaller clusters."""
+    return [{"device": f"{min(3, nodes - 1)}:2", "speed": SLOW_SPEED}]
 
 
 def _plan(nodes: int, model: str, batch: int, seq: int, max_ep: int | None, slow: list):
@@ -48,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for label, *case in CASES:
-        for damage, slow in (("healthy", []), ("one GPU at 0.5", SLOW)):
+        for damage, slow in (("healthy", []), (f"one GPU at {SLOW_SPEED}", slow_gpu(case[0]))):
             without, with_ep = _plan(*case, 1, slow), _plan(*case, None, slow)
             speedup = (without.predicted.iteration_time_s / with_ep.predicted.iteration_time_s
                        if without is not None and with_ep is not None else None)
