@@ -269,7 +269,7 @@ def _yarn(scaling: dict[str, Any], where: str) -> RopeScaling:
             scaling, ("original_max_position_embeddings",), ARCHITECTURE_LIMITS["max_position_embeddings"], 4096))
 
 
-def _windows(config: dict[str, Any]) -> dict[str, Any]:
+def _windows(config: dict[str, Any], num_layers: int) -> dict[str, Any]:
     """`sliding_window` and `full_attention_every` from `layer_types` (transformers' per-layer list of
     "full_attention" and "sliding_attention"): every layer full, or a window on all but every k-th layer (the
     last of each k). Without `layer_types` a config's `sliding_window` is not read (Mistral and Qwen2 configs
@@ -280,6 +280,8 @@ def _windows(config: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(kinds, list) or not all(kind in (_FULL_ATTENTION, _SLIDING_ATTENTION) for kind in kinds):
         raise HfConfigError(f"hf_config layer_types must list \"{_FULL_ATTENTION}\" or \"{_SLIDING_ATTENTION}\" per "
                             f"layer, got {_shown(kinds)}")
+    if len(kinds) != num_layers:
+        raise HfConfigError(f"hf_config layer_types lists {len(kinds):,} layers, num_hidden_layers says {num_layers:,}")
     full = [index for index, kind in enumerate(kinds) if kind == _FULL_ATTENTION]
     if len(full) == len(kinds):
         return {}
@@ -382,7 +384,7 @@ def model_from_hf_config(config: dict[str, Any]) -> ModelSpec:
         epsilon_key = "layer_norm_eps" if "layer_norm_eps" in config else "layer_norm_epsilon"
     epsilon = _float_field(config, epsilon_key, 1e-5, 0.0, 1.0)
     qkv_bias, linear_bias = _biases(config, family)
-    fields: dict[str, Any] = {**_windows(config)}
+    fields: dict[str, Any] = {**_windows(config, num_layers)}
     if family in _ATTENTION_SINK_FAMILIES:
         fields["attention_sinks"] = True
     if expert_fields and config.get("experts_per_token") not in (None, expert_fields["experts_per_token"]):

@@ -701,6 +701,11 @@ def test_hf_layer_types_other_than_every_kth_full_are_refused(kinds, named):
         model_from_hf_config(config)
 
 
+def test_hf_layer_types_must_list_every_layer():
+    with pytest.raises(HfConfigError, match="layer_types lists 4 layers, num_hidden_layers says 36"):
+        model_from_hf_config({**GPT_OSS_120B_CONFIG, "layer_types": ["sliding_attention", "full_attention"] * 2})
+
+
 def test_hf_layer_types_all_full_or_all_windowed():
     full = model_from_hf_config({**LLAMA3_8B_CONFIG, "layer_types": ["full_attention"] * 32, "sliding_window": 4096})
     assert full.sliding_window is None and full == model_from_hf_config(LLAMA3_8B_CONFIG)
