@@ -44,8 +44,9 @@ def test_an_estimate_with_cp_on_sliding_windows_is_a_422(client):
 
 
 def test_the_gpt_oss_config_plans_and_exports_to_torchtitans_own_model(client):
-    request = {"cluster": CLUSTER, "model": {"hf_config": {**GPT_OSS_120B_CONFIG, "num_local_experts": 32,
-                                                            "num_hidden_layers": 24}},
+    twenty_b = {**GPT_OSS_120B_CONFIG, "num_local_experts": 32, "num_hidden_layers": 24,
+                "layer_types": ["sliding_attention", "full_attention"] * 12}
+    request = {"cluster": CLUSTER, "model": {"hf_config": twenty_b},
                "training": {"global_batch_size": 32, "seq_length": 4096},
                "layout": {"tp": 1, "pp": 2, "ep": 8}}
     response = client.post("/v1/estimate", json=request)
