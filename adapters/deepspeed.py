@@ -27,6 +27,8 @@ What maps to what (DeepSpeed 0.19.8):
     zero_stage 2 / 3 (pp = 1 only)     zero_optimization.stage 2 / 3, and no PipelineModule: the PipelineEngine
                                        refuses ZeRO-2/3, so `resiplan.pipeline_module` is null and the script
                                        hands deepspeed.initialize its plain model (DeepSpeedEngine)
+    dp_shard < dp (hybrid sharding)    refused: DeepSpeed 0.19 removed MiCS (mics_shard_size), its only hybrid
+                                       sharding of all ZeRO state
     precision bf16                     bf16.enabled; with ZeRO-1 also data_types.grad_accum_dtype fp32, which
                                        makes DeepSpeed use its BF16_Optimizer (fp32 gradient accumulation)
     precision fp16                     fp16.enabled with dynamic loss scaling (loss_scale 0)
@@ -304,6 +306,10 @@ def _layout(plan: Plan) -> StockLayout:
     if layout.zero_stage >= 2 and layout.pp > 1:
         problems.append(f"zero_stage {layout.zero_stage} with pp {layout.pp} (DeepSpeed's PipelineEngine runs ZeRO "
                         "stage 0 or 1; ZeRO-2/3 run without pipeline parallelism)")
+    if layout.zero_stage >= 1 and layout.shard_groups > 1:
+        problems.append(f"hybrid sharding (dp_shard {layout.shard_replicas} of {layout.dp} replicas): DeepSpeed "
+                        "0.19 removed MiCS, its hybrid sharding (DeepSpeedConfig refuses mics_shard_size); export to "
+                        'megatron or torchtitan, or plan with "options": {"allow_hybrid_sharding": false}')
     if layout.cp > 1:
         problems.append(f"context parallelism cp {layout.cp} (DeepSpeed's config splits sequences only with "
                         "Ulysses sequence parallelism, an all-to-all over attention heads the plan did not price; "

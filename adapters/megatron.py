@@ -38,6 +38,9 @@ What the plan sets, and how:
                              --ckpt-format fsdp_dtensor (validate_args requires it), with
                              --use-distributed-optimizer (Megatron-FSDP v1 runs under it) and
                              both overlaps
+    dp_shard s < dp (hybrid)     --num-distributed-optimizer-instances dp / s (megatron-core's partial
+                                 distributed optimizer: dp / s instances of s consecutive replicas); with
+                                 Megatron-FSDP also --outer-dp-sharding-strategy no_shard (HSDP)
     precision                --bf16 / --fp16; fp8: --bf16 with Transformer Engine's FP8
                              (--fp8-format hybrid --fp8-recipe delayed
                              --fp8-amax-history-len 1024 --fp8-amax-compute-algo max, the
@@ -257,6 +260,12 @@ def _args(layout: StockLayout, order: str) -> list[str]:
     if layout.zero_stage >= 2:
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_SHARDING[layout.zero_stage],
                  "--ckpt-format", "fsdp_dtensor"]
+    if layout.zero_stage >= 1 and layout.shard_groups > 1:
+        # Hybrid sharding: megatron-core cuts each data-parallel group into this many consecutive instances
+        # (parallel_state's intra-partial groups), the plan's shard groups; Megatron-FSDP replicates across them.
+        args += ["--num-distributed-optimizer-instances", str(layout.shard_groups)]
+        if layout.zero_stage >= 2:
+            args += ["--outer-dp-sharding-strategy", "no_shard"]
     args.append("--overlap-grad-reduce")
     if layout.zero_stage >= 1:
         # The weight all-gather under the next forward, as priced (cost_models.iteration.exposed_param_gather_ms;

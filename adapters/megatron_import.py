@@ -21,6 +21,8 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
     --use-distributed-optimizer                        training.zero_stage 1 (else 0)
     --use-megatron-fsdp --data-parallel-sharding-strategy  training.zero_stage 0-3 (no_shard, optim, optim_grads,
                                                        optim_grads_params; Megatron-LM's default the last)
+    --num-distributed-optimizer-instances n            layout.dp_shard = dp / n (hybrid sharding; dp from the
+                                                       launcher's ranks)
     --overlap-grad-reduce, --overlap-param-gather      what the cost model assumes (their absence is reported)
     --bf16 / --fp16                                    training.precision
     model shape, GQA, --swiglu, untied embeddings,     model (an architecture object)
@@ -246,6 +248,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         if world % (tp * cp * pp):
             raise CommandLineError(f"torchrun starts {world} ranks, not a multiple of tp {tp}{cp_text} x pp {pp}")
         layout["dp"] = world // (tp * cp * pp)
+    _hybrid_sharding(flags, layout, not_modelled)
     training = {"global_batch_size": _required(flags, "--global-batch-size"), "seq_length": seq_length,
                 "zero_stage": _zero_stage(flags),
                 "precision": _precision(flags)}
@@ -262,7 +265,8 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--seq-length",
         "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
         "--bf16", "--fp16", "--fp8-format", "--sequence-parallel", "--overlap-grad-reduce", "--overlap-param-gather",
-        "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format", *_NOT_MODELLED,
+        "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format", "--num-distributed-optimizer-instances",
+        "--outer-dp-sharding-strategy", *_NOT_MODELLED,
     }
     for name in sorted(flags):
         if name not in known and name not in ignored:
@@ -280,6 +284,33 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         notes.append(f"words that are not flags, left out: {' '.join(stray[:8])}")
     request = {"model": arch, "training": training, "layout": layout}
     return Imported(request=request, not_modelled=not_modelled, ignored=ignored, notes=notes)
+
+
+def _hybrid_sharding(flags: dict, layout: dict, not_modelled: list[str]) -> None:
+    """layout.dp_shard from --num-distributed-optimizer-instances: dp / instances consecutive replicas shard
+    the state, replicated across instances (Megatron-FSDP: with --outer-dp-sharding-strategy no_shard)."""
+    instances = _int(flags, "--num-distributed-optimizer-instances") or 1
+    outer = flags.get("--outer-dp-sharding-strategy") or "no_shard"
+    if instances < 1:
+        raise CommandLineError(f"--num-distributed-optimizer-instances {instances} is not a count (1 or more)")
+    if outer != "no_shard" and instances > 1:
+        not_modelled.append(f"--outer-dp-sharding-strategy {outer}: sharding across the instances too is not in the "
+                            "cost model; estimated as replicated across them (no_shard)")
+    if instances == 1:
+        return
+    if "--use-distributed-optimizer" not in flags and "--use-megatron-fsdp" not in flags:
+        not_modelled.append(f"--num-distributed-optimizer-instances {instances} without a distributed optimizer: "
+                            "nothing is sharded; estimated as replicated")
+        return
+    dp = layout.get("dp")
+    if dp is None:
+        not_modelled.append(f"--num-distributed-optimizer-instances {instances}: without a launcher's rank count the "
+                            "replica count is unknown; estimated as sharding over every replica")
+        return
+    if dp % instances:
+        raise CommandLineError(f"--num-distributed-optimizer-instances {instances} must divide the {dp} data-parallel "
+                               "replicas (megatron-core asserts it)")
+    layout["dp_shard"] = dp // instances
 
 
 # What an architecture without experts or a head width of its own holds.

@@ -46,6 +46,20 @@ class StockLayout:
     nodes: tuple[int, ...]
     cp: int = 1  # context-parallel ranks per stage
     ep: int = 1  # expert parallelism: replicas 0..ep-1, ep..2ep-1, ... share each stage's routed experts
+    dp_shard: int | None = None  # replicas of a ZeRO shard group (None: all of them; with ZeRO-0, nothing is sharded)
+
+    @property
+    def shard_replicas(self) -> int:
+        """Replicas sharding the ZeRO state together: 1 with ZeRO-0, else dp_shard or all of them."""
+        if self.zero_stage == 0:
+            return 1
+        return self.dp if self.dp_shard is None else self.dp_shard
+
+    @property
+    def shard_groups(self) -> int:
+        """Groups holding the same shards (torchtitan's dp_replicate, Megatron's distributed-optimizer instances):
+        dp with ZeRO-0, 1 with full sharding, more with hybrid sharding."""
+        return self.dp // self.shard_replicas
 
     @property
     def group_size(self) -> int:
@@ -143,6 +157,7 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
         tp=first.stages[0].tp,
         cp=first.stages[0].cp,
         ep=plan.ep,
+        dp_shard=plan.dp_shard,
         pp=pp,
         dp=len(replicas),
         virtual_stages=plan.virtual_stages,

@@ -22,6 +22,9 @@ What maps to what (torchtitan 0.3.0, PyTorch 2.13):
     dp, zero_stage 2 (pp = 1)          the same as zero_stage 1 (FSDP2 has no gradient-only sharding)
     dp, zero_stage 3 (pp = 1)          --parallelism.data_parallel_shard_degree dp,
                                        --parallelism.fsdp_reshard_after_forward always (FULL_SHARD)
+    dp_shard s < dp (hybrid, ZeRO>=1)  --parallelism.data_parallel_shard_degree s, _replicate_degree dp / s
+                                       (HSDP: FSDP2 over torchtitan's (dp_replicate, dp_shard) mesh, whose
+                                       shard groups are s consecutive replicas, the plan's)
     micro_batch_size                   --parallelism.pipeline_parallel_microbatch_size
     num_microbatches m (pp > 1)        --training.local_batch_size m * mbs (torchtitan cuts it into m)
     num_microbatches m (pp = 1)        --training.local_batch_size mbs; global / (mbs * dp) = m
@@ -85,7 +88,8 @@ Where torchtitan is not what the plan assumed:
 - Gradient accumulation without PP. torchtitan syncs (reduce-scatters or
   all-reduces) gradients after every accumulation step, so with pp = 1 and
   m > 1 microbatches it moves m times the data-parallel traffic the plan
-  counted once. With pp > 1 the pipeline runtime syncs once per step.
+  counted once (with hybrid sharding, the all-reduce across shard groups
+  too). With pp > 1 the pipeline runtime syncs once per step.
 - Selective recompute. torchtitan's selective policy is per operator: it
   saves matmul, attention and collective outputs but recomputes every second
   matmul, which is more recomputation (and less memory) than Megatron-style
@@ -177,7 +181,7 @@ def torchtitan_overrides(plan: Plan, schedule_csv_path: str = SCHEDULE_CSV) -> l
     (after `--module M --config C`). ExportError when torchtitan cannot run the plan.
     """
     layout = _layout(plan)
-    dp_replicate, dp_shard = (layout.dp, 1) if layout.zero_stage == 0 else (1, layout.dp)
+    dp_replicate, dp_shard = layout.shard_groups, layout.shard_replicas
     microbatch = layout.micro_batch_size
     local_batch = microbatch * layout.num_microbatches if layout.pp > 1 else microbatch
     options: list[tuple[str, ...]] = [

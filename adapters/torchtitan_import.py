@@ -8,6 +8,7 @@ torchtitan's TOML job file, with every setting that changes time or memory mappe
                                                          least zero_stage 1)
     --parallelism.expert_parallel_degree                 layout.ep (with tp > 1: ep / tp, experts split over TP)
     data_parallel_replicate_degree x _shard_degree       layout.dp (shard -1: what torchrun's ranks leave)
+    both > 1 (HSDP)                                      layout.dp_shard = data_parallel_shard_degree
     data_parallel_shard_degree > 1                       training.zero_stage 3 (FSDP2 resharding after forward:
                                                          fsdp_reshard_after_forward always, or default with pp 1),
                                                          else 1 (never; default with pp > 1, where torchtitan keeps
@@ -133,9 +134,12 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
         rest = world // (tp * cp * pp * replicate) if world else None
         shard = rest
     dp = replicate * shard if shard else None
-    if shard and shard > 1 and replicate > 1:
-        not_modelled.append(f"hybrid sharding (replicate {replicate} x shard {shard}): estimated as sharding over all "
-                            f"{dp} replicas, which holds less per GPU than sharding over {shard}")
+    hybrid_shard = shard if shard and shard > 1 and replicate > 1 else None
+    if hybrid_shard and ep > 1:
+        not_modelled.append(f"hybrid sharding (replicate {replicate} x shard {shard}) with expert parallelism: "
+                            f"estimated as sharding over all {dp} replicas, which holds less per GPU than sharding "
+                            f"over {shard}")
+        hybrid_shard = None
     local = _int(options, "--training.local_batch_size", None)
     mbs = _int(options, "--parallelism.pipeline_parallel_microbatch_size", 1) if pp > 1 else (local or 1)
     seq = _int(options, "--training.seq_len", None)
@@ -154,6 +158,8 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
         layout["cp"] = cp
     if ep != 1:
         layout["ep"] = ep
+    if hybrid_shard:
+        layout["dp_shard"] = hybrid_shard
     layout["recompute"] = _recompute(mode, notes)
     precision = (options.get("--training.mixed_precision_param") or ["bfloat16"])[0]
     if precision not in _PRECISIONS:

@@ -36,8 +36,10 @@ def _cell(plan) -> str:
     if plan is None:
         return "no layout fits"
     stages = plan.replicas[0].stages
-    return (f"{plan.predicted.iteration_time_s:.3f} s (tp {stages[0].tp} pp {len(stages)} dp {len(plan.replicas)}, "
-            f"mbs {plan.micro_batch_size}, {plan.recompute}; {max(s.memory_gib for s in stages):.0f} GiB)")
+    hybrid = plan.zero_stage >= 1 and plan.dp_shard is not None and plan.dp_shard < len(plan.replicas)
+    shard = f" shard {plan.dp_shard}" if hybrid else ""
+    return (f"{plan.predicted.iteration_time_s:.3f} s (tp {stages[0].tp} pp {len(stages)} dp {len(plan.replicas)}"
+            f"{shard}, mbs {plan.micro_batch_size}, {plan.recompute}; {max(s.memory_gib for s in stages):.0f} GiB)")
 
 
 def main() -> None:
@@ -57,7 +59,9 @@ def main() -> None:
             "`auto` answers. ZeRO-2 and 3 free the memory ZeRO-1 spends on whole gradients (and weights), which "
             "buys smaller TP or PP, larger micro-batches or less recompute; they pay a reduce-scatter in every "
             "microbatch (and ZeRO-3 two gathers per layer), hidden while a layer's compute outlasts its "
-            "collectives.\n\n"
+            "collectives. `shard s`: hybrid sharding, the state sharded over a node's s replicas and replicated "
+            "across nodes, which keeps those collectives on NVLink for more memory (it loses where the step-end "
+            "all-reduce across nodes costs more than the per-layer collectives it moves).\n\n"
             "| case | ZeRO-1 | ZeRO-2 | ZeRO-3 | auto picks |\n|---|---|---|---|---:|\n" + "\n".join(rows))
     if args.write:
         write_section("ZeRO stages and zero_stage auto", "python -m benchmarks.zero_stages --write", body)

@@ -36,6 +36,9 @@ class ParallelShape:
     per pipeline rank. num_microbatches is per replica. cp: context-parallel ranks that split each
     sequence (`cost_models.context_parallel`); a stage runs on tp x cp GPUs. ep: expert-parallel size of a
     mixture of experts, its routed experts split over ep consecutive replicas (`cost_models.expert_parallel`).
+    dp_shard: replicas whose ZeRO state is sharded together, dp_shard consecutive replicas to a shard group
+    and dp / dp_shard groups holding the same shards (hybrid sharding, `cost_models.sharded_dp`); None: all
+    dp replicas, one group.
     """
 
     tp: int
@@ -47,6 +50,7 @@ class ParallelShape:
     virtual_stages: int = 1
     cp: int = 1
     ep: int = 1
+    dp_shard: int | None = None
 
     def num_microbatches(self, global_batch_size: int) -> int:
         return global_batch_size // (self.dp * self.micro_batch_size)
@@ -60,6 +64,16 @@ class ParallelShape:
     def grad_sync_ranks(self) -> int:
         """Ranks holding the same weights, whose gradients are reduced together: replicas times CP ranks."""
         return self.dp * self.cp
+
+    @property
+    def shard_replicas(self) -> int:
+        """Replicas of one ZeRO shard group."""
+        return self.dp if self.dp_shard is None else self.dp_shard
+
+    @property
+    def hybrid_sharded(self) -> bool:
+        """Whether shard groups are replicated: the ZeRO state is sharded over fewer than all replicas."""
+        return self.shard_replicas < self.dp
 
     @property
     def devices(self) -> int:

@@ -31,6 +31,20 @@ low). The step's first gather and last reduce-scatter have nothing to hide under
 ZeRO-1-style step-end terms (`cost_models.stage_costs.sync_bytes_per_param`, `gather_bytes_per_param`),
 which leave at least a bucket of each exposed.
 
+Hybrid sharding (HSDP: PyTorch FSDP's HYBRID_SHARD and FSDP2 on a 2-D (replicate, shard) mesh, torchtitan's
+`data_parallel_replicate_degree` x `_shard_degree`; Megatron's `--num-distributed-optimizer-instances`,
+with Megatron-FSDP `--outer-dp-sharding-strategy no_shard`; DeepSpeed's MiCS `mics_shard_size`, Zhang et
+al., "MiCS", VLDB'23): the state is sharded over a group of s = `ParallelShape.shard_replicas` replicas
+(consecutive, so inside a node while they fit) and the dp / s groups hold the same shards. Per GPU the
+table's 1/d becomes 1/s; the per-microbatch collectives run over the s ranks of the group; the gradient
+sync is the group's reduce-scatter, then an all-reduce of each 1/s shard across the groups, once a step
+(gradients accumulate in the shard until the last microbatch: FSDP2's `set_requires_all_reduce(False)`
+before it, PyTorch's documented HSDP accumulation; MiCS's all-reduce at the accumulation boundary); the
+updated weights are all-gathered inside the group alone (`StageCostTerms.dp_sync_ms`, `param_gather_ms`).
+Across nodes it moves the 1/s shard twice (all-reduce) where full sharding moves the 1/n shard of
+gradients and of weights once each: with s the replicas of a node, no fewer bytes cross the network.
+What it buys is ZeRO-2/3's per-layer traffic on NVLink, paid for with s/n more state per GPU.
+
 Memory of ZeRO-3's working set: the layer being computed and the one prefetched are whole, 2 x 2 bytes
 per parameter of the largest part a stage holds (DeepSpeed's `largest_layer_memory = 4 *
 largest_layer_params`).
@@ -39,6 +53,7 @@ largest_layer_params`).
 from __future__ import annotations
 
 from dataclasses import replace
+from math import gcd
 
 from cost_models.compute import LayerTime
 from cost_models.memory import WEIGHT_BYTES_PER_PARAM
@@ -50,6 +65,16 @@ GATHERED_PARTS = 2
 def gathered_bytes_per_param(zero_stage: int) -> float:
     """Bytes per parameter of the largest part of a stage that ZeRO-3 holds gathered (0 below stage 3)."""
     return GATHERED_PARTS * WEIGHT_BYTES_PER_PARAM if zero_stage >= 3 else 0.0
+
+
+def node_shard_replicas(dp: int, group_gpus: int, gpus_per_node: int) -> int | None:
+    """Replicas of a hybrid shard group that fills a node with stages of `group_gpus` GPUs: the most that
+    divide both dp and the node's stages (so groups never straddle nodes). None where that is not a hybrid
+    layout: one replica (nothing sharded) or all of them (full sharding)."""
+    if group_gpus > gpus_per_node:
+        return None
+    replicas = gcd(dp, gpus_per_node // group_gpus)
+    return replicas if 1 < replicas < dp else None
 
 
 def shards_every_microbatch(zero_stage: int) -> bool:

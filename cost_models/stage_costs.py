@@ -70,6 +70,9 @@ class StageCostTerms:
     bucket_params: float
     overlap_grad_reduce: bool
     overlap_param_gather: bool
+    # Hybrid sharding: shard groups holding the same shards, whose gradient shards are all-reduced
+    # (`cost_models.sharded_dp`); 1 when one group spans every replica.
+    replicate_ranks: int = 1
 
     def in_flight(self, stage: int) -> float:
         """Microbatches whose activations `stage` holds at its peak, in layer-set units."""
@@ -84,12 +87,28 @@ class StageCostTerms:
     def dp_sync_ms(self, params: float, ranks: int | None = None) -> float:
         """The data-parallel sync of `params` gradients per GPU that overlaps the backward: their all-reduce,
         or with ZeRO-1 their reduce-scatter (`sync_bytes_per_param`), over `ranks` replicas (default: the
-        shape's dp), peers sharing a node while they fit."""
+        shape's dp), peers sharing a node while they fit. Hybrid sharding (`ranks` None): the reduce-scatter
+        over the shard group, then the all-reduce of each shard across the groups holding it."""
+        if ranks is None and self.replicate_ranks > 1:
+            # sync_bytes_per_param prices a reduce-scatter as half an all-reduce: twice it is the buffer
+            gradient_bytes = params * 2 * self.sync_bytes_per_param
+            shard_ranks = self.shape.shard_replicas * self.shape.cp
+            return self._shard_group_gather_ms(gradient_bytes) + 1e3 * hierarchical_all_reduce_s(
+                gradient_bytes / shard_ranks, self.replicate_ranks, max(1, self.groups_per_node // shard_ranks),
+                self.dp_bandwidth_intra_gb_s, self.dp_bandwidth_inter_gb_s)
         return self._all_reduce_equivalent_ms(params * self.sync_bytes_per_param, ranks)
 
     def param_gather_ms(self, params: float, ranks: int | None = None) -> float:
-        """ZeRO-1's all-gather of `params` updated weights per GPU (`gather_bytes_per_param`); 0 without ZeRO-1."""
+        """ZeRO-1's all-gather of `params` updated weights per GPU (`gather_bytes_per_param`); 0 without ZeRO-1.
+        Hybrid sharding (`ranks` None): over the shard group alone, which every group updates the same."""
+        if ranks is None and self.replicate_ranks > 1:
+            return self._shard_group_gather_ms(params * 2 * self.gather_bytes_per_param)
         return self._all_reduce_equivalent_ms(params * self.gather_bytes_per_param, ranks)
+
+    def _shard_group_gather_ms(self, bytes_total: float) -> float:
+        ranks = self.shape.shard_replicas * self.shape.cp
+        return 1e3 * hierarchical_all_gather_s(bytes_total, ranks, min(ranks, self.groups_per_node),
+                                               self.dp_bandwidth_intra_gb_s, self.dp_bandwidth_inter_gb_s)
 
     def _all_reduce_equivalent_ms(self, bytes_total: float, ranks: int | None) -> float:
         ranks = self.shape.grad_sync_ranks if ranks is None else ranks
@@ -213,7 +232,9 @@ def stage_cost_terms(
     dp_inter_gb_s = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction
     # Optimizer state (and ZeRO-2/3's shards) over the ranks holding the same weights: with expert
     # parallelism the experts' fewer, which is costed for the whole layer (`cost_models.expert_parallel`).
-    state_ranks = expert_data_parallel(shape.grad_sync_ranks, shape.ep)
+    # Hybrid sharding shards over its group's replicas alone (with ep 1: `planner.estimate` refuses both).
+    state_ranks = (shape.shard_replicas * shape.cp if shape.hybrid_sharded
+                   else expert_data_parallel(shape.grad_sync_ranks, shape.ep))
     if shards_every_microbatch(workload.zero_stage):
         ranks = state_ranks
         group = (ranks, min(ranks, groups_per_node), dp_intra_gb_s, dp_inter_gb_s)
@@ -243,6 +264,7 @@ def stage_cost_terms(
         bucket_params=float(software.ddp_bucket_params),
         overlap_grad_reduce=software.overlap_grad_reduce,
         overlap_param_gather=software.overlap_param_gather,
+        replicate_ranks=shape.dp // shape.shard_replicas,
     )
 
 

@@ -150,7 +150,7 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
     return finish_plan(
         problem, tuple(replicas), used, found.objective_ms, found.estimate.breakdown_s, solver,
         micro_batch_size=shape.micro_batch_size, schedule=shape.schedule,
-        virtual_stages=shape.virtual_stages, recompute=shape.recompute, ep=shape.ep,
+        virtual_stages=shape.virtual_stages, recompute=shape.recompute, ep=shape.ep, dp_shard=shape.shard_replicas,
     )
 
 
@@ -191,8 +191,10 @@ def finish_plan(
     virtual_stages: int,
     recompute: str,
     ep: int = 1,
+    dp_shard: int | None = None,
 ) -> PlanResult:
-    """Everything a plan reports beyond its replicas: device accounting, predictions, solver status."""
+    """Everything a plan reports beyond its replicas: device accounting, predictions, solver status.
+    `dp_shard`: replicas of a ZeRO shard group (uniform plans; ZeRO-0 shards nothing: 1)."""
     cluster = problem.cluster
     excluded = sorted(cluster.failed)
     unused = [
@@ -224,4 +226,5 @@ def finish_plan(
         gpu_memory_gib=problem.hardware.gpu.memory_gib,
         memory_reserve_gib=problem.memory_reserve_gib,
         ep=ep,
+        dp_shard=1 if problem.workload.zero_stage == 0 else dp_shard,
     )

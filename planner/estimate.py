@@ -38,11 +38,16 @@ class FixedLayout:
     dp: int | None = None
     cp: int = 1
     ep: int = 1
+    dp_shard: int | None = None  # replicas of a ZeRO shard group; None: all of them
 
     @property
     def group_size(self) -> int:
         """GPUs of one stage."""
         return self.tp * self.cp
+
+    def shape_dp_shard(self, dp: int, zero_stage: int) -> int | None:
+        """`ParallelShape.dp_shard`: None unless some replicas hold the same shards (hybrid sharding)."""
+        return self.dp_shard if zero_stage >= 1 and self.dp_shard is not None and self.dp_shard < dp else None
 
 
 def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, tuple[int, ...]]:
@@ -95,6 +100,7 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
         raise PlanningError(f"dp {dp} needs {dp * layout.pp} {group} healthy GPUs; the cluster has {slots}")
     counts = microbatch_counts(problem, layout, dp, max_dp)
     _check_expert_parallel(problem, layout, dp, counts)
+    _check_shard_group(problem, layout, dp, counts)
     if layout.cp > 1 and len(set(counts)) > 1:
         raise PlanningError(f"context parallelism (cp {layout.cp}) is estimated with equal microbatch counts per "
                             f"replica; these replicas would take {_counts_text(counts)}: choose a dp that divides "
@@ -122,6 +128,30 @@ def _check_expert_parallel(problem: PlanningProblem, layout: FixedLayout, dp: in
     if len(set(counts)) > 1:
         raise PlanningError(f"expert parallelism (ep {layout.ep}) runs its replicas in step: these replicas would take "
                             f"{_counts_text(counts)} microbatches; choose a dp that divides the {sum(counts)} microbatches")
+
+
+def _check_shard_group(problem: PlanningProblem, layout: FixedLayout, dp: int, counts: tuple[int, ...]) -> None:
+    """PlanningError unless `dp_shard` replicas can form the shard groups: a divisor of dp, something to
+    shard (ZeRO >= 1), and replicas that run in step (hybrid sharding is priced for equal microbatch counts
+    and without expert parallelism, whose experts shard over other groups)."""
+    shard, zero_stage = layout.dp_shard, problem.workload.zero_stage
+    if shard is None:
+        return
+    if zero_stage == 0 and shard != 1:
+        raise PlanningError(f"dp_shard {shard} shards nothing with zero_stage 0 (every replica holds all of its "
+                            "stage's state): leave dp_shard out, set it to 1, or choose zero_stage 1, 2 or 3")
+    if dp % shard:
+        raise PlanningError(f"dp_shard {shard} must divide the {dp} replicas: choose one of "
+                            f"{', '.join(map(str, _divisors(dp)))}")
+    if shard == dp or zero_stage == 0:
+        return
+    if layout.ep > 1:
+        raise PlanningError(f"hybrid sharding (dp_shard {shard} of {dp} replicas) with ep {layout.ep} is not "
+                            "modelled: leave dp_shard out or use ep 1")
+    if len(set(counts)) > 1:
+        raise PlanningError(f"hybrid sharding (dp_shard {shard}) is estimated with equal microbatch counts per "
+                            f"replica; these replicas would take {_counts_text(counts)}: choose a dp that divides "
+                            f"the {sum(counts)} microbatches")
 
 
 def _check_context_parallel(problem: PlanningProblem, layout: FixedLayout) -> None:
@@ -236,7 +266,7 @@ def _priced(problem: PlanningProblem, layout: FixedLayout, dp: int, split: tuple
     """The layout (equal microbatch counts) priced by the bubble model, every stage checked to fit."""
     shape = ParallelShape(
         layout.tp, layout.pp, dp, layout.micro_batch_size, layout.recompute, layout.schedule, layout.virtual_stages,
-        layout.cp, layout.ep,
+        layout.cp, layout.ep, layout.shape_dp_shard(dp, problem.workload.zero_stage),
     )
     terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
     capacity = problem.usable_memory_bytes

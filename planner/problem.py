@@ -105,6 +105,7 @@ class PlanningProblem:
     memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB  # per GPU, left free for what the model does not count
     max_context_parallel: int = DEFAULT_MAX_CONTEXT_PARALLEL  # most CP ranks per stage searched; 1: none
     max_expert_parallel: int | None = None  # most replicas a mixture of experts' experts are split over; None: any
+    allow_hybrid_sharding: bool = True  # ZeRO-2/3 may shard over a node's replicas, replicated across nodes
     calibration_id: str | None = None  # the stored calibration `efficiency` comes from; None: the built-in fit
     efficiency: EfficiencyParams = field(default_factory=EfficiencyParams)
     software: SoftwareConfig = field(default_factory=SoftwareConfig)

@@ -84,6 +84,7 @@ class PlanResult:
     gpu_memory_gib: float | None = None  # one GPU's capacity
     memory_reserve_gib: float | None = None  # left free per GPU: every stage's memory_gib fits capacity less this
     ep: int = 1  # expert parallelism: replicas 0..ep-1, ep..2ep-1, ... share each stage's routed experts
+    dp_shard: int | None = None  # replicas of a ZeRO shard group, consecutive; None: not one size (non-uniform)
 
 
 def stage_schedule_fields(timing: StageTime) -> dict[str, float]:

@@ -241,6 +241,9 @@ def _header(plan: Plan) -> str:
         facts.append(("Memory reserve", f"{plan.memory_reserve_gib:g} GiB per GPU left free"))
     if plan.ep > 1:
         facts.append(("Expert parallelism", f"experts split over {plan.ep} replicas; each group runs at its slowest GPU"))
+    if plan.zero_stage >= 1 and plan.dp_shard is not None and plan.dp_shard < len(plan.replicas):
+        facts.append(("Hybrid sharding", f"ZeRO state sharded over groups of {plan.dp_shard} replicas, "
+                                         f"{len(plan.replicas) // plan.dp_shard} groups holding the same shards"))
     stages = sorted({len(r.stages) for r in plan.replicas})
     sub = (f"plan {plan.plan_id} · {'uniform' if plan.uniform else 'non-uniform'} layout · "
            f"{'/'.join(map(str, stages))} pipeline stages · micro-batch {plan.micro_batch_size} · "

@@ -192,6 +192,7 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
         max_context_parallel=(request.options.max_context_parallel if request.options.max_context_parallel is not None
                               else default_max_context_parallel(training.seq_length)),
         max_expert_parallel=request.options.max_expert_parallel,
+        allow_hybrid_sharding=request.options.allow_hybrid_sharding,
         efficiency=calibration.parameters if calibration is not None else fitted_efficiency(),
         calibration_id=calibration.calibration_id if calibration is not None else None,
         software=software,
@@ -236,6 +237,7 @@ def to_fixed_layout(layout: Layout) -> FixedLayout | ReplicaLayout:
         dp=layout.dp,
         cp=layout.cp,
         ep=layout.ep,
+        dp_shard=layout.dp_shard,
     )
 
 

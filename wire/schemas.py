@@ -193,6 +193,11 @@ class Options(_Strict):
         default=None, ge=1, le=4096,
         description="Mixture-of-experts models: the most replicas the search may split the routed experts over "
         "(1: no expert parallelism, for trainers without it). Default: no limit beyond the experts and replicas.")
+    allow_hybrid_sharding: bool = Field(
+        default=True,
+        description="Whether ZeRO-2/3 plans may shard their state over a node's replicas and replicate it across "
+        "nodes (hybrid sharding, HSDP: `dp_shard` below the replica count), which keeps their per-layer collectives "
+        "on NVLink. false for trainers without it (DeepSpeed 0.19 removed MiCS).")
     amortize_iterations: int = Field(
         default=500, ge=1, le=10_000_000,
         description="Replanning only: iterations a new layout is expected to run; its migration time is divided "
@@ -272,6 +277,11 @@ class Layout(_Strict):
     ep: int = Field(default=1, ge=1, le=4096, description="Expert parallelism of a mixture-of-experts model: each "
                     "stage's routed experts split over ep consecutive replicas; ep divides the experts and dp, with "
                     "cp 1.")
+    dp_shard: int | None = Field(
+        default=None, ge=1, le=1_048_576, description="Replicas whose ZeRO state (zero_stage 1-3) is sharded together: "
+        "dp_shard consecutive replicas form a shard group and the dp / dp_shard groups hold the same shards and "
+        "all-reduce them (hybrid sharding, HSDP). Divides dp; omitted: all dp replicas (full sharding). With "
+        "zero_stage 0, 1 or omitted.")
     replicas: list[LayoutReplica] | None = Field(
         default=None, min_length=1, max_length=MAX_LIST_LENGTH,
         description="Every replica spelled out (a plan's `replicas` fit here as they are: extra stage fields are "
@@ -284,6 +294,7 @@ class Layout(_Strict):
         if self.replicas is not None:
             given = [name for name in ("tp", "pp", "dp", "layers_per_stage") if getattr(self, name) is not None]
             given += [name for name in ("cp", "ep") if getattr(self, name) != 1]
+            given += ["dp_shard"] if self.dp_shard is not None else []
             if given:
                 raise ValueError(f"give either replicas or {', '.join(given)}, not both: replicas fix every stage")
         elif self.tp is None or self.pp is None:
@@ -479,6 +490,11 @@ class Plan(BaseModel):
     ep: int = Field(default=1, ge=1, description="Expert parallelism (mixture-of-experts models): replicas 0..ep-1, "
                     "ep..2ep-1, ... each hold 1/ep of every stage's routed experts and exchange tokens all-to-all; "
                     "a stage runs at the pace of the slowest of its EP group (its `speed`).")
+    dp_shard: int | None = Field(
+        default=None, ge=1, description="Replicas of one ZeRO shard group (consecutive replica ids): each GPU holds "
+        "1/(dp_shard x cp) of its stage's sharded state, and replicas r and r + dp_shard hold the same shards "
+        "(hybrid sharding when below the replica count; the replica count: full sharding; 1 with zero_stage 0). "
+        "Null where replicas differ in shape (non-uniform plans shard over the replicas holding each layer).")
     stored: bool | None = Field(
         default=None, description="Only in an answer, and only false: the plan store was unavailable, so this plan "
         "was not kept; reading it back by id (GET, exports, replan, detect) answers 404.")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from api.tasks.importing import import_for
 from api.tasks.planning import PlanAnswer, estimate_for, plan_for
+from cost_models.sharded_dp import node_shard_replicas
 from planner.errors import PlanningError
 from wire.calibration import AppliedCalibration
 from wire.comparison import CompareResponse
@@ -32,12 +33,38 @@ def _shape(plan: Plan) -> dict:
     split = [stage.layers[1] - stage.layers[0] for stage in stages]
     shape = {"tp": max(stage.tp for stage in stages), "cp": max(stage.cp for stage in stages), "pp": len(stages), "layers_per_stage": split,
              "micro_batch_size": plan.micro_batch_size, "recompute": plan.recompute,
-             "schedule": plan.schedule, "virtual_stages": plan.virtual_stages, "ep": plan.ep}
+             "schedule": plan.schedule, "virtual_stages": plan.virtual_stages, "ep": plan.ep,
+             "dp_shard": _hybrid_shard(plan)}
     # CP-SAT's order is built for this plan: the best named schedule it was chosen over is one a user can apply.
     named = {name: ms for name, ms in (plan.pipeline_schedule.candidates_ms if plan.pipeline_schedule else {}).items()
              if name != "optimized"}
     shape["named_schedule"] = min(named, key=named.get) if named else None
     return shape
+
+
+def _hybrid_shard(plan: Plan) -> int | None:
+    """The plan's `dp_shard` as a layout states it: None unless shard groups are replicated (hybrid sharding)."""
+    shard = plan.dp_shard
+    return shard if plan.zero_stage >= 1 and shard is not None and shard < len(plan.replicas) else None
+
+
+def _searched_shard(plan: Plan, gpus_per_node: int) -> int | None:
+    """The hybrid shard group the planner searches for the plan's shape: a node's replicas, under ZeRO-2/3."""
+    stage = plan.replicas[0].stages[0]
+    return node_shard_replicas(len(plan.replicas), stage.tp * stage.cp, gpus_per_node) if plan.zero_stage >= 2 else None
+
+
+def _check_searched_shard(yours: Plan, gpus_per_node: int | None) -> None:
+    """PlanningError when the user's shard groups lie outside the space the planner searches
+    (`planner.uniform.candidates.shard_group_sizes`; `gpus_per_node` None: no hybrid sharding searched): the
+    best plan could then be slower than the user's."""
+    shard = _hybrid_shard(yours)
+    searched = _searched_shard(yours, gpus_per_node) if gpus_per_node is not None else None
+    if shard is not None and shard != searched:
+        also = f" or {searched}, a node's replicas" if searched is not None else ""
+        raise PlanningError(f"dp_shard {shard} (hybrid sharding under zero_stage {yours.zero_stage}) is estimated but "
+                            "not searched by the planner, so the best plan would not weigh it: compare with dp_shard "
+                            f"left out{also}, or estimate it alone with /v1/estimate")
 
 
 def _split(layout: dict, layers: int) -> list[int]:
@@ -56,6 +83,11 @@ def _candidate_changes(yours: dict, best: dict, layers: int) -> list[tuple[str, 
         out.append((f"cp {yours['cp']} → {best['cp']}", {**yours, "cp": best["cp"], "dp": None}))
     if yours["ep"] != best["ep"]:
         out.append((f"ep {yours['ep']} → {best['ep']}", {**yours, "ep": best["ep"]}))
+    if yours["dp_shard"] != best["dp_shard"]:
+        def shards(value: int | None) -> str:
+            return "all replicas" if value is None else f"{value} replicas"
+        out.append((f"dp_shard {shards(yours['dp_shard'])} → {shards(best['dp_shard'])}",
+                    {**yours, "dp_shard": best["dp_shard"]}))
     even = len(set(best["layers_per_stage"])) == 1
     split = None if even else best["layers_per_stage"]
     if yours["pp"] != best["pp"]:
@@ -111,9 +143,11 @@ def compare_for(request: EstimateRequest, calibration: AppliedCalibration | None
         raise PlanningError("compare takes a layout by shape (tp, pp, ...); a replica-by-replica layout is already "
                             "a plan: estimate it with /v1/estimate")
     yours = estimate_for(request, calibration)
+    _check_searched_shard(yours, request.cluster.gpus_per_node if request.options.allow_hybrid_sharding else None)
     best = plan_for(_best_request(request), calibration=calibration)
     stated = request.layout.model_dump(include={"tp", "cp", "ep", "pp", "dp", "micro_batch_size", "recompute",
-                                                "schedule", "virtual_stages", "layers_per_stage"})
+                                                "schedule", "virtual_stages", "layers_per_stage", "dp_shard"})
+    stated["dp_shard"] = _hybrid_shard(yours)
     your_s, best_s = yours.predicted.iteration_time_s, best.predicted.iteration_time_s
     changes = []
     for description, layout in _candidate_changes(stated, _shape(best), yours.architecture.num_layers):

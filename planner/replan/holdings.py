@@ -66,6 +66,7 @@ class PlacedLayout:
     num_layers: int
     ep: int = 1  # expert parallelism: replicas 0..ep-1, ep..2ep-1, ... split each layer's routed experts
     expert_share: float = 0.0  # the routed experts' share of a layer's weights (0: a dense model)
+    dp_shard: int | None = None  # replicas of a ZeRO shard group (hybrid sharding); None: all of them
 
 
 def placed_layout(result: PlanShape) -> PlacedLayout:
@@ -77,7 +78,7 @@ def placed_layout(result: PlanShape) -> PlacedLayout:
     )
     num_layers = replicas[0][-1].layers[1] if replicas else 0
     return PlacedLayout(replicas, result.virtual_stages, result.zero_stage, num_layers, getattr(result, "ep", 1),
-                        _expert_share(getattr(result, "architecture", None)))
+                        _expert_share(getattr(result, "architecture", None)), getattr(result, "dp_shard", None))
 
 
 def _expert_share(architecture: object) -> float:
@@ -143,9 +144,13 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
     so a TP rank's slice holds its part of each expert, in expert order), each slice in ep equal blocks.
     Replica r holds block r mod ep of its TP slice and shards its optimizer state with the replicas
     holding the same block, as megatron-core's expert-data-parallel group does. Changing ep alone then
-    keeps a GPU's experts inside what it held. Embedding and head are dense."""
+    keeps a GPU's experts inside what it held. Embedding and head are dense.
+
+    Hybrid sharding (`dp_shard` s below the replica count): the ZeRO state is sharded over replicas
+    0..s-1, s..2s-1, ... alone, so replica r holds the (r mod s)-th share, as replica r + s does."""
     holdings: dict[str, Holding] = {}
     replicas = len(layout.replicas)
+    shard = layout.dp_shard if layout.dp_shard and layout.dp_shard < replicas else replicas
     finest = math.lcm(*(len(stage.devices) // stage.cp for stages in layout.replicas for stage in stages)) if replicas else 1
     share, ep = layout.expert_share, max(1, layout.ep)
     for index, stages in enumerate(layout.replicas):
@@ -159,7 +164,7 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
             pieces = finest // tp if layout.zero_stage >= 1 else 1
             for position, device in enumerate(stage.devices):
                 cp_rank, rank = divmod(position, tp)
-                dense = _Region(0.0, 1.0 - share, replicas * stage.cp, index * stage.cp + cp_rank)
+                dense = _Region(0.0, 1.0 - share, shard * stage.cp, index % shard * stage.cp + cp_rank)
                 if not share:
                     parts = [(dense, _merged(layer_units + end_units))]
                 else:

@@ -24,7 +24,7 @@ from cost_models.stage_costs import (
 )
 from cost_models.context_parallel import load_balanced_chunks
 from cost_models.expert_parallel import expert_parallel_sizes
-from cost_models.sharded_dp import shards_every_microbatch
+from cost_models.sharded_dp import node_shard_replicas, shards_every_microbatch
 from planner.budget import Budget
 from planner.devices import SlotInventory, nodes_per_group, slot_inventory
 from planner.numbers import divisors
@@ -183,9 +183,9 @@ class LowerBounds:
         shape = terms.shape
         work_key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.ep)
         if self._sharded_parts:
-            work_key += (shape.dp,)
+            work_key += (shape.dp, shape.dp_shard)
         work = self._works.get(work_key) or self._works.setdefault(work_key, _work_ms(terms))
-        sync_key = (shape.tp, shape.cp, shape.ep, shape.dp, shape.pp, chunk_sync_overlap)
+        sync_key = (shape.tp, shape.cp, shape.ep, shape.dp, shape.dp_shard, shape.pp, chunk_sync_overlap)
         dp_floor, optimizer_floor = self._syncs.get(sync_key) or self._syncs.setdefault(
             sync_key, _sync_floor_ms(terms, self._layers, chunk_sync_overlap))
         return _pipeline_floor_ms(terms, self._layers, *work, prefix_share) + dp_floor + optimizer_floor
@@ -257,13 +257,27 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
                     # Expert parallelism splits a mixture of experts over replicas, not over a stage's CP ranks.
                     experts = [1] if cp > 1 else expert_parallel_sizes(
                         problem.workload.model, dp, problem.max_expert_parallel)
+                    shards = shard_group_sizes(problem, tp * cp, dp)
                     for pp in range(min(layers, inventory.total // dp), 0, -1):
                         for schedule, v in _schedules(layers, pp, microbatches, most_chunks, allowed):
                             if not problem.allows_virtual_stages(v):
                                 continue
                             for recompute in modes:
                                 for ep in experts:
-                                    yield ParallelShape(tp, pp, dp, mbs, recompute, schedule, v, cp, ep), inventory
+                                    for dp_shard in shards if ep == 1 else (None,):
+                                        yield ParallelShape(tp, pp, dp, mbs, recompute, schedule, v, cp, ep,
+                                                            dp_shard), inventory
+
+
+def shard_group_sizes(problem: PlanningProblem, group_gpus: int, dp: int) -> tuple[int | None, ...]:
+    """`ParallelShape.dp_shard` choices: every replica (None) and, under ZeRO-2/3, a node's replicas (hybrid
+    sharding), whose per-microbatch collectives then stay on NVLink. ZeRO-1 shards over every replica only:
+    hybrid, it sends no fewer bytes across nodes (`cost_models.sharded_dp`) and holds more state, so it is
+    estimated (`layout.dp_shard`) but not searched; neither are shard groups of other sizes."""
+    if not (problem.allow_hybrid_sharding and shards_every_microbatch(problem.workload.zero_stage)):
+        return (None,)
+    node = node_shard_replicas(dp, group_gpus, problem.cluster.gpus_per_node)
+    return (None,) if node is None else (None, node)
 
 
 def uniform_shape_count(problem: PlanningProblem) -> int:
@@ -312,13 +326,14 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
             problem.workload, problem.hardware, shape, problem.efficiency, problem.software, parts[key]
         )
         out.append(Candidate(terms=terms, inventory=inventory, lower_bound_ms=bounds.bound_ms(terms)))
-    # Equal bounds in the ascending order of tp, cp, micro-batch size, dp, pp, chunks and recompute mode.
+    # Equal bounds in the ascending order of tp, cp, micro-batch size, dp, pp, chunks, recompute mode and ep,
+    # full sharding before hybrid.
     modes = {mode: index for index, mode in enumerate(problem.recompute_modes)}
 
     def rank(candidate: Candidate) -> tuple:
         shape = candidate.terms.shape
         return (candidate.lower_bound_ms, shape.tp, shape.cp, shape.micro_batch_size, shape.dp, shape.pp,
-                shape.virtual_stages, modes[shape.recompute], shape.ep)
+                shape.virtual_stages, modes[shape.recompute], shape.ep, -shape.shard_replicas)
 
     out.sort(key=rank)
     if budget is not None and complete:  # the shapes since the last look at the clock, and the sort

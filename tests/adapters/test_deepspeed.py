@@ -658,3 +658,21 @@ def test_adapter_refuses_zero_2_with_pipeline_parallelism():
         {"tp": 1, "pp": 2, "dp": 16}, training={"global_batch_size": 64, "seq_length": 4096, "zero_stage": 2})))
     with pytest.raises(ExportError, match="zero_stage 2 with pp 2 .DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1"):
         ds_export.render(plan)
+
+
+def test_adapter_refuses_hybrid_sharding_which_deepspeed_removed(world):
+    """Shard groups replicated across nodes (dp_shard < dp) have no DeepSpeed 0.19 equivalent: MiCS, its
+    hybrid sharding of all ZeRO state, is gone, and DeepSpeedConfig itself refuses its setting."""
+    plan = estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 1, "pp": 1, "dp": 32, "dp_shard": 8},
+        training={"global_batch_size": 64, "seq_length": 4096, "zero_stage": 3})))
+    assert plan.dp_shard == 8
+    with pytest.raises(ExportError, match=r"hybrid sharding \(dp_shard 8 of 32 replicas\): DeepSpeed 0.19 removed MiCS"):
+        ds_export.render(plan)
+    full = estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 1, "pp": 1, "dp": 32}, training={"global_batch_size": 64, "seq_length": 4096, "zero_stage": 3})))
+    document = exported(full)
+    document["zero_optimization"]["mics_shard_size"] = 8
+    world.enter(32, 0)
+    with pytest.raises(Exception, match="MiCS ZeRO-3 sharding has been removed"):
+        DeepSpeedConfig(copy.deepcopy(document))

@@ -133,6 +133,12 @@ PLANS = {
     "zero3-fsdp": lambda: plan_for(PlanRequest.model_validate(small_request(
         cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
         training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 3}, options=STOCK))),
+    # hybrid sharding: ZeRO-3 on 32 H100s sharded inside each node (the search's choice, HSDP through Megatron-FSDP),
+    # and a fixed layout of Megatron's partial distributed optimizer (ZeRO-1 over 2 groups of 4 replicas, cp 2)
+    "zero3-hybrid": lambda: plan_for(PlanRequest.model_validate(small_request(
+        cluster={"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
+        training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 3}, options=STOCK))),
+    "zero1-partial-instances": lambda: _estimate({"tp": 1, "cp": 2, "pp": 2, "dp": 8, "dp_shard": 4}),
     # context parallelism: a fixed tp 2 x cp 2 layout, and a 64k-token plan the search gives CP (llama3-8b, 16 H100s)
     "context-parallel-layout": lambda: _estimate({"tp": 2, "cp": 2, "pp": 2, "recompute": "selective"}),
     "context-parallel-64k": lambda: plan_for(PlanRequest.model_validate(small_request(
@@ -221,6 +227,8 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--data-parallel-sharding-strategy", type=str, default="optim_grads_params",
         choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
     add("--ckpt-format", default="torch_dist", choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"])
+    add("--outer-dp-sharding-strategy", type=str, default="no_shard", choices=["no_shard", "optim"])
+    add("--num-distributed-optimizer-instances", type=int, default=1)
     add("--overlap-grad-reduce", action="store_true", default=False)
     add("--overlap-param-gather", action="store_true", default=False)
     add("--bf16", action="store_true")
@@ -415,6 +423,16 @@ def check_rank(plan: Plan, ns: argparse.Namespace, config: TransformerConfig, de
     assert sorted(group_devices(parallel_state.get_data_parallel_group(with_context_parallel=True))) == sorted(
         rep.stages[s].devices[cc * tp + t_rank] for rep in replicas for cc in range(cp))
 
+    # hybrid sharding: megatron-core's distributed-optimizer instance holding this rank shards its state over the
+    # plan's shard group (dp_shard consecutive replicas, with their CP ranks), the group priced and counted
+    shard = plan.dp_shard if plan.zero_stage >= 1 and plan.dp_shard else dp
+    if shard < dp:
+        group = replicas[(r // shard) * shard:(r // shard + 1) * shard]
+        assert sorted(group_devices(parallel_state.get_data_parallel_group(
+            with_context_parallel=True, partial_data_parallel=True))) == sorted(
+            rep.stages[s].devices[cc * tp + t_rank] for rep in group for cc in range(cp))
+        assert len(group_devices(parallel_state.get_inter_distributed_optimizer_instance_group())) == dp // shard
+
     # expert parallelism: this stage's rank in ep consecutive replicas share the experts (the groups priced)
     ep = plan.ep
     assert parallel_state.get_expert_model_parallel_world_size() == ep
@@ -463,6 +481,7 @@ def run_megatron_core(plan: Plan, ns: argparse.Namespace, devices: list[str], ra
                 context_parallel_size=ns.context_parallel_size,
                 expert_model_parallel_size=ns.expert_model_parallel_size,
                 virtual_pipeline_model_parallel_size=ns.virtual_pipeline_model_parallel_size,
+                num_distributed_optimizer_instances=ns.num_distributed_optimizer_instances,
                 order=order,
                 create_gloo_process_groups=False,
             )
@@ -526,6 +545,8 @@ def test_megatron_core_runs_the_plan(name):
     # ZeRO-2/3 as Megatron-FSDP: megatron-core's own DDP config takes the strategy, and its
     # ShardingStrategy numbers it as the plan's stage
     assert ns.use_megatron_fsdp == (plan.zero_stage >= 2)
+    hybrid = plan.zero_stage >= 1 and plan.dp_shard is not None and plan.dp_shard < len(plan.replicas)
+    assert ns.num_distributed_optimizer_instances == (len(plan.replicas) // plan.dp_shard if hybrid else 1)
     if ns.use_megatron_fsdp:
         ddp = DistributedDataParallelConfig(
             use_megatron_fsdp=True, use_distributed_optimizer=True, overlap_grad_reduce=ns.overlap_grad_reduce,
@@ -558,8 +579,15 @@ def test_cases_cover_the_flag_variants():
     assert "NPROC_PER_NODE=6" in megatron.launch_command(real_plan("failed-gpu"))
     assert "--fp8-format" in flags["fp8-h100"] and all("--fp8-format" not in f for n, f in flags.items() if n != "fp8-h100")
     fsdp = {name for name, f in flags.items() if "--use-megatron-fsdp" in f}
-    assert fsdp == {"zero2-fsdp", "zero3-fsdp"}
+    assert fsdp >= {"zero2-fsdp", "zero3-fsdp", "zero3-hybrid"}
     assert {real_plan(name).zero_stage for name in fsdp} == {2, 3}
+    # hybrid sharding: Megatron-FSDP's HSDP (searched) and the partial distributed optimizer (a fixed layout)
+    instances = {name for name, f in flags.items() if "--num-distributed-optimizer-instances" in f}
+    assert instances >= {"zero3-hybrid", "zero1-partial-instances"}
+    assert real_plan("zero3-hybrid").dp_shard == 8 and len(real_plan("zero3-hybrid").replicas) == 32
+    assert {name for name, f in flags.items() if "--outer-dp-sharding-strategy" in f} == instances & fsdp
+    assert real_plan("zero1-partial-instances").zero_stage == 1
+    assert real_plan("zero1-partial-instances").replicas[0].stages[0].cp == 2
     moe = {name for name, f in flags.items() if "--num-experts" in f}
     assert moe == {"moe-experts-over-tp", "moe-expert-parallel", "qwen3-moe"}
     assert {"--kv-channels", "--qk-layernorm"} <= set(flags["qwen3-moe"])

@@ -139,6 +139,27 @@ def test_a_context_parallel_launch_command_estimates_to_the_plans_prediction():
     assert estimate.predicted.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=2e-3)
 
 
+@pytest.mark.parametrize("name", ["zero3-hybrid", "zero1-partial-instances"])
+def test_hybrid_sharding_launch_command_estimates_to_the_plans_prediction(name):
+    """--num-distributed-optimizer-instances travels back as layout.dp_shard (dp / instances, dp from torchrun's
+    ranks): the imported layout predicts what the plan predicted, Megatron-FSDP's HSDP and the partial
+    distributed optimizer alike."""
+    plan, args = _stock_plan(name)
+    assert plan.dp_shard < len(plan.replicas)
+    imported = import_megatron(launch_command(plan), vocab_size=plan.architecture.vocab_size)
+    assert imported.request["layout"]["dp_shard"] == plan.dp_shard
+    assert not [entry for entry in imported.not_modelled if "instances" in entry or "outer" in entry]
+    gpu = "H100-SXM" if name == "zero3-hybrid" else "A100-80GB"
+    cluster = {"num_nodes": 4, "gpus_per_node": 8, "gpu": gpu}
+    estimate = estimate_for(EstimateRequest.model_validate({**imported.request, "cluster": cluster}))
+    assert estimate.dp_shard == plan.dp_shard
+    assert estimate.predicted.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=2e-3)
+    # without a launcher the replica count, and so the shard group, is unknown: said, not guessed
+    bare = import_megatron(shlex.join(["pretrain_gpt.py", *args]), vocab_size=plan.architecture.vocab_size)
+    assert "dp_shard" not in bare.request["layout"]
+    assert any("replica count is unknown" in entry for entry in bare.not_modelled)
+
+
 def test_shell_quoting_continuations_and_equals_forms():
     text = ("python pretrain_gpt.py --num-layers=4 --hidden-size 256 \\\n --num-attention-heads '4' "
             '--seq-length "128" --global-batch-size 8 --bf16 --vocab-size 1000  # --fp16 is a comment')

@@ -128,6 +128,14 @@ EXPERT_PARALLEL = {
     "ep-pp": estimate_request({"tp": 1, "pp": 2, "ep": 4}, model="qwen3-30b-a3b", cluster=H100,
                               training={"global_batch_size": 32, "seq_length": 4096}),
 }
+# Hybrid sharding (HSDP): FSDP2 over torchtitan's (dp_replicate, dp_shard) mesh, shard groups of a node's replicas:
+# ZeRO-3 without PP (llama3-8b, 32 A100s, what the search picks on them), and ZeRO-1 under a tp 2 x pp 2 pipeline
+HYBRID = {
+    "hsdp-zero3": estimate_request({"tp": 1, "pp": 1, "dp": 32, "dp_shard": 8}, model="llama3-8b",
+                                   training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 3}),
+    "hsdp-zero1-pp": estimate_request({"tp": 2, "pp": 2, "dp": 8, "dp_shard": 4}, model="llama3-8b",
+                                      training={"global_batch_size": 32, "seq_length": 8192}),
+}
 NON_UNIFORM = _request("llama3-8b", 32, 4096, {"schedules": ["1f1b"], "allow_non_uniform": True}, failures=FAILED)
 
 
@@ -139,11 +147,13 @@ def real_plan(name: str) -> Plan:
         return estimate_for(EstimateRequest.model_validate(CONTEXT_PARALLEL[name]))
     if name in EXPERT_PARALLEL:
         return estimate_for(EstimateRequest.model_validate(EXPERT_PARALLEL[name]))
+    if name in HYBRID:
+        return estimate_for(EstimateRequest.model_validate(HYBRID[name]))
     body = NON_UNIFORM if name == "non-uniform" else REQUESTS[name]
     return plan_for(PlanRequest.model_validate(body))
 
 
-CASES = [*sorted(REQUESTS), "zero3-no-pp", *CONTEXT_PARALLEL, *EXPERT_PARALLEL]
+CASES = [*sorted(REQUESTS), "zero3-no-pp", *CONTEXT_PARALLEL, *EXPERT_PARALLEL, *HYBRID]
 
 
 @pytest.fixture(params=CASES)
@@ -312,6 +322,7 @@ def test_the_cases_cover_every_mapping():
     assert any(layout.uneven and layout.layers_per_stage[-1] != layout.layers_per_stage[-2] for layout in layouts.values())
     assert any(len(layout.nodes) > 1 for layout in layouts.values())
     assert any(layout.ep > 1 and layout.pp > 1 for layout in layouts.values())
+    assert {layout.zero_stage for layout in layouts.values() if layout.shard_groups > 1 and layout.zero_stage} == {1, 3}
 
 
 def test_render_is_the_overrides_one_per_line(plan):
@@ -329,8 +340,9 @@ def test_config_manager_parses_the_plans_values(case, plan):
     par, training = parsed.parallelism, parsed.training
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (layout.tp, layout.pp)
     assert (par.context_parallel_degree, par.expert_parallel_degree) == (layout.cp, layout.ep)
-    if layout.zero_stage >= 1:  # FSDP over every dp rank: parameters whole within a step (ZeRO-1) or not (ZeRO-3)
-        assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (layout.dp, 1)
+    if layout.zero_stage >= 1:  # FSDP over the shard group: parameters whole within a step (ZeRO-1) or not (ZeRO-3)
+        shard = plan.dp_shard or layout.dp
+        assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (shard, layout.dp // shard)
     else:
         assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (1, layout.dp)
     if layout.zero_stage >= 1 or layout.cp > 1:  # torchtitan runs FSDP (over dp_shard x cp) whenever cp > 1
@@ -384,6 +396,16 @@ def test_parallel_dims_and_mesh_place_every_rank_where_the_plan_did(case, plan, 
         dp_i = rank // strides["dp"] % layout.dp if layout.dp > 1 else 0
         pp_i = rank // strides["pp"] % layout.pp if layout.pp > 1 else 0
         assert replicas[dp_i].stages[pp_i].devices[cp_i * layout.tp + tp_i] == device, f"rank {rank}"
+    shard = plan.dp_shard if layout.zero_stage >= 1 and plan.dp_shard else layout.dp
+    if layout.zero_stage >= 1 and shard < layout.dp:
+        # hybrid sharding: FSDP shards over dp_shard (x cp, whose axis is checked above) and replicates over
+        # dp_replicate (torchtitan.distributed.full_dtensor.resolve_fsdp_mesh): rank 0's dp_shard group is the
+        # first stage's TP rank 0 of the plan's first shard group, replicas 0..dp_shard-1; its replicate group
+        # the same place in every shard group
+        group = [layout.rank_devices[rank] for rank in dims.get_mesh("dp_shard").mesh.tolist()]
+        assert group == [replicas[i].stages[0].devices[0] for i in range(shard)]
+        replicate = [layout.rank_devices[rank] for rank in dims.get_mesh("dp_replicate").mesh.tolist()]
+        assert replicate == [replicas[i].stages[0].devices[0] for i in range(0, layout.dp, shard)]
     if layout.ep > 1:
         # torchtitan's EP group of rank 0 holds the first stage of the plan's first ep replicas, which share its
         # experts; the experts' FSDP group is the dp / ep ranks holding the same experts
@@ -620,6 +642,47 @@ def test_torchtitans_expert_parallelism_holds_the_experts_the_memory_model_count
     experts = sum(n for name, n in local.items() if ".routed_experts." in name)
     assert experts == spec.routed_expert_params_per_layer / ep
     assert sum(local.values()) == layer_params_per_gpu(spec, 1, ep)
+
+
+def test_torchtitans_hybrid_sharding_holds_the_share_the_memory_model_counts(fake_world, monkeypatch):
+    """torchtitan's own llama3 parallelize function (FSDP2 included) on 8 ranks as a hybrid-sharded plan exports
+    them (replicate 2 x shard 4, ZeRO-3): each rank holds a quarter of every layer, replicated over the other
+    group, the 1/dp_shard share `cost_models.memory` counts for sharded state (`state_bytes_per_param(3, 4)`:
+    weights 2/4 bytes each), not the 1/8 full sharding would give. On a CPU fake process group torchtitan's
+    default SPMD backend wants every parameter a DTensor before FSDP (which its GPU path makes); its
+    `partial_dtensor` backend shards the same FSDP2 way over the same (dp_replicate, dp_shard) ranks."""
+    import torchtitan.distributed.parallel_dims as parallel_dims_module
+    from torch.distributed.tensor import Replicate, Shard
+
+    from cost_models.memory import WEIGHT_BYTES_PER_PARAM, state_bytes_per_param
+
+    parsed = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel",
+                                         "--parallelism.data_parallel_replicate_degree", "2",
+                                         "--parallelism.data_parallel_shard_degree", "4",
+                                         "--parallelism.fsdp_reshard_after_forward", "always",
+                                         "--parallelism.spmd_backend", "partial_dtensor",
+                                         "--training.seq_len", "256"])
+    dims = ParallelDims.from_config(parsed.parallelism, world_size=8)
+    fake_world(8)
+    monkeypatch.setattr(parallel_dims_module, "device_type", "cpu")  # FSDP2 takes its device from the mesh's
+    dims.build_mesh()
+    config = parsed.model_spec.model
+    config.update_from_config(config=parsed)
+    with torch.device("meta"):
+        model = config.build()
+    whole = {name: p.numel() for name, p in dict(model.layers.named_children())["0"].named_parameters()}
+    model = parsed.model_spec.parallelize_fn(
+        model, parallel_dims=dims, training=parsed.training, parallelism=parsed.parallelism,
+        compile_config=parsed.compile, ac_config=parsed.activation_checkpoint, dump_folder=parsed.dump_folder)
+    layer = dict(model.layers.named_children())["0"]
+    placements = {tuple(p.placements) for p in layer.parameters()}
+    assert placements == {(Replicate(), Shard(0))}  # replicated across groups, sharded inside each
+    local = {name: p.to_local().numel() for name, p in layer.named_parameters()}
+    assert local.keys() == whole.keys()
+    assert sum(local.values()) == sum(whole.values()) / 4
+    share = sum(local.values()) / sum(whole.values())
+    # what ZeRO-3 saves over ZeRO-2 on a shard group of 4: the weights beyond the held share
+    assert state_bytes_per_param(2, 4) - state_bytes_per_param(3, 4) == WEIGHT_BYTES_PER_PARAM * (1 - share)
 
 
 def test_llama3_without_scaling_is_not_torchtitans_llama3_1():

@@ -12,7 +12,7 @@ from adapters.command_line import CommandLineError
 from adapters.torchtitan import CSV_SCHEDULES, launch_command, model_selection, override_argv
 from adapters.torchtitan_import import import_torchtitan
 from api.tasks.planning import estimate_for
-from tests.adapters.test_torchtitan import EXPERT_PARALLEL, REQUESTS, real_plan
+from tests.adapters.test_torchtitan import EXPERT_PARALLEL, HYBRID, REQUESTS, real_plan
 from wire.schemas import EstimateRequest
 
 NAMED = sorted(name for name in REQUESTS if not any(s in name for s in ("zb-h1", "optimized")))
@@ -114,6 +114,20 @@ def test_expert_parallelism_round_trips_and_estimates_to_the_plans_prediction():
     body = {**imported.request, "cluster": EXPERT_PARALLEL["ep-pp"]["cluster"]}
     estimate = estimate_for(EstimateRequest.model_validate(body))
     assert estimate.ep == plan.ep
+    assert estimate.predicted.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=2e-3)
+
+
+@pytest.mark.parametrize("name", sorted(HYBRID))
+def test_hybrid_sharding_round_trips_and_estimates_to_the_plans_prediction(name):
+    """data_parallel_replicate_degree x _shard_degree, both > 1, travel back as layout.dp_shard."""
+    plan = real_plan(name)
+    imported = import_torchtitan(launch_command(plan), model=plan.model)
+    layout = imported.request["layout"]
+    assert (layout["dp"], layout["dp_shard"]) == (len(plan.replicas), plan.dp_shard)
+    assert not [entry for entry in imported.not_modelled if "hybrid" in entry]
+    body = {**imported.request, "cluster": HYBRID[name]["cluster"]}
+    estimate = estimate_for(EstimateRequest.model_validate(body))
+    assert estimate.dp_shard == plan.dp_shard
     assert estimate.predicted.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=2e-3)
 
 

@@ -14,7 +14,7 @@ from cost_models.layout import Hardware, ParallelShape, Workload
 from cost_models.memory import state_bytes_per_param
 from cost_models.model_spec import ModelSpec, model_preset
 from cost_models.stage_costs import gathered_bytes, stage_cost_terms, stage_memory
-from tests.cost_models.test_stage_costs import EFF, GIB, HW, NVLINK_BPS
+from tests.cost_models.test_stage_costs import EFF, GIB, HW, NET_BPS, NVLINK_BPS
 
 SW = SoftwareConfig(flash_attention=True, sequence_parallel=True, dropout=False, overlap_grad_reduce=True,
                     overlap_param_gather=True, grad_reduce_bytes=4)
@@ -23,8 +23,9 @@ NVLINK_STEP_S = 3e-6  # NCCL's per-hop NVLink latency, as cost_models.comm state
 
 
 def terms(zero: int, dp: int, mbs: int = 2, model: ModelSpec = MODEL, hw: Hardware = HW, pp: int = 1,
-          seq: int = 512, batch: int | None = None, recompute: str = "none", efficiency=EFF):
-    shape = ParallelShape(tp=1, pp=pp, dp=dp, micro_batch_size=mbs, recompute=recompute)
+          seq: int = 512, batch: int | None = None, recompute: str = "none", efficiency=EFF,
+          dp_shard: int | None = None):
+    shape = ParallelShape(tp=1, pp=pp, dp=dp, micro_batch_size=mbs, recompute=recompute, dp_shard=dp_shard)
     workload = Workload(model, seq, batch or dp * mbs * 4, zero)
     return stage_cost_terms(workload, hw, shape, efficiency, SW)
 
@@ -205,3 +206,49 @@ def test_zero3_working_set_is_the_largest_part_on_the_stage_twice():
     middle = terms(3, 8, pp=4)
     assert gathered_bytes(middle, 1) == pytest.approx(2 * 2 * layer)
     assert gathered_bytes(terms(2, 8, pp=2), 0) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hybrid sharding (HSDP): shard groups of a node's 8 replicas, 4 nodes holding the same shards
+
+NETWORK_STEP_S = 10e-6  # NCCL's per-hop network latency, as cost_models.comm states it
+
+
+def ring_all_reduce_across_nodes_ms(buffer_bytes: float, nodes: int) -> float:
+    """A ring all-reduce with one rank per node: 2 (n-1) steps of 1/n of the buffer over the network."""
+    return 1e3 * (2 * (nodes - 1) / nodes * buffer_bytes / NET_BPS + 2 * (nodes - 1) * NETWORK_STEP_S)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_hybrid_sharding_holds_a_shard_of_the_group_not_of_every_replica(zero):
+    full, hybrid = terms(zero, 32), terms(zero, 32, dp_shard=8)
+    assert hybrid.state_bytes_per_param == pytest.approx(state_bytes_per_param(zero, 8))
+    assert full.state_bytes_per_param == pytest.approx(state_bytes_per_param(zero, 32))
+    assert hybrid.replicate_ranks == 4 and full.replicate_ranks == 1
+    # the optimizer steps over its 1/8 shard
+    assert hybrid.optimizer_ms_per_param == pytest.approx(4 * full.optimizer_ms_per_param, rel=1e-12)
+
+
+def test_hybrid_gradient_sync_is_the_groups_reduce_scatter_then_the_shards_all_reduce_across_nodes():
+    hybrid = terms(1, 32, dp_shard=8)
+    params = 1e8
+    gradient_bytes = params * SW.grad_reduce_bytes
+    expected = ring_all_gather_ms(gradient_bytes, 8) + ring_all_reduce_across_nodes_ms(gradient_bytes / 8, 4)
+    assert hybrid.dp_sync_ms(params) == pytest.approx(expected, rel=1e-9)
+    # the updated weights are gathered inside the group alone: NVLink only
+    assert hybrid.param_gather_ms(params) == pytest.approx(ring_all_gather_ms(params * 2, 8), rel=1e-9)
+
+
+def test_hybrid_zero3_gathers_each_layer_over_nvlink_instead_of_the_network():
+    full, hybrid = terms(3, 32), terms(3, 32, dp_shard=8)
+    base = terms(1, 32).layer.time
+    params = full.layer.params
+    in_node_gather_ms = ring_all_gather_ms(params * 2, 8)
+    in_node_reduce_ms = ring_all_gather_ms(params * 4, 8)
+    assert hybrid.layer.time.forward_shard_comm_ms == pytest.approx(max(0.0, in_node_gather_ms - base.forward_ms))
+    assert hybrid.layer.time.backward_shard_comm_ms == pytest.approx(
+        max(0.0, in_node_gather_ms + in_node_reduce_ms - base.backward_ms))
+    # across 4 nodes the same collectives take the network: at least as long (here the network is 7.5x slower)
+    assert full.layer.time.forward_ms >= hybrid.layer.time.forward_ms
+    slow = replace(HW, intra_node_bandwidth_gb_s=20.0, inter_node_bandwidth_gb_s=2.0)
+    assert terms(3, 32, hw=slow).layer.time.backward_ms > terms(3, 32, hw=slow, dp_shard=8).layer.time.backward_ms

@@ -3,7 +3,8 @@
 It builds requests and asks `/v1/estimate` (the cost model applied to one fully specified layout, no
 search) for every uniform layout `allow_non_uniform: false` declares: every tp dividing the heads (at
 most a node), every context-parallel size up to `options.max_context_parallel` (the estimate refuses
-the ones the contract rules out), every expert-parallel size of a mixture of experts, pp, dp, micro-batch size dividing the batch, recompute mode the planner may pick, allowed
+the ones the contract rules out), every expert-parallel size of a mixture of experts, every shard group
+the README declares for ZeRO-2/3 (all replicas, or a node's), pp, dp, micro-batch size dividing the batch, recompute mode the planner may pick, allowed
 handcrafted schedule (1F1B, GPipe, ZB-H1, ZB-H2, interleaved with every v) and stock layer split (first
 and last stage free, middle stages equal). It imports no planner search code: only the wire schemas, the
 service's estimate and plan entry points, and the planner's error type (what an impossible layout raises).
@@ -93,6 +94,18 @@ def _expert_parallel_sizes(model: dict, dp: int, cp: int) -> list[int]:
     return [ep for ep in range(1, dp + 1) if dp % ep == 0 and experts % ep == 0]
 
 
+def _shard_groups(body: dict, tp: int, cp: int, dp: int) -> list[int | None]:
+    """`layout.dp_shard` as the README declares the search: every replica (None) and, for ZeRO-2/3 unless
+    `options.allow_hybrid_sharding` is false, the replicas of one node (the most that divide both dp and
+    the stage groups a node holds, when that is neither 1 nor dp)."""
+    zero = body["training"].get("zero_stage", 1)
+    if zero not in (2, 3) or body["options"].get("allow_hybrid_sharding") is False:
+        return [None]
+    per_node = body["cluster"]["gpus_per_node"] // (tp * cp)
+    node = max((k for k in range(1, dp + 1) if dp % k == 0 and per_node % k == 0), default=1)
+    return [None, node] if 1 < node < dp else [None]
+
+
 def _layouts(body: dict):
     model, cluster = body["model"], body["cluster"]
     layers, batch = model["num_layers"], body["training"]["global_batch_size"]
@@ -106,10 +119,15 @@ def _layouts(body: dict):
             for dp in range(1, gpus // (tp * cp * pp) + 1):
                 for mbs in (m for m in range(1, batch + 1) if batch % (m * dp) == 0):
                     microbatches = batch // (mbs * dp)
-                    for recompute, ep in itertools.product(RECOMPUTE, _expert_parallel_sizes(model, dp, cp)):
+                    for recompute, ep, shard in itertools.product(RECOMPUTE, _expert_parallel_sizes(model, dp, cp),
+                                                                   _shard_groups(body, tp, cp, dp)):
                         base = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "micro_batch_size": mbs, "recompute": recompute}
                         if ep > 1:
+                            if shard is not None:
+                                continue  # hybrid sharding is declared for ep 1
                             base["ep"] = ep
+                        if shard is not None:
+                            base["dp_shard"] = shard
                         for split in _stock_splits(layers, pp):
                             for schedule in SINGLE_CHUNK if pp > 1 else ("1f1b",):
                                 if schedule in allowed or pp == 1:

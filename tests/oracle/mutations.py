@@ -27,6 +27,7 @@ FLOORS = "tests/planner/test_floor_pieces.py"
 PLACED = "tests/oracle/test_placed_oracle.py"
 WITNESS = "tests/planner/test_failure_aware_witness.py"
 EXPERTS = "tests/oracle/test_expert_parallel_oracle.py"
+ZERO = "tests/oracle/test_zero_stage_oracle.py"
 
 # (name, file, text, replacement[, tests]); tests default to the uniform oracle.
 MUTATIONS = [
@@ -55,6 +56,8 @@ MUTATIONS = [
     ("no expert parallelism in the search", "planner/uniform/candidates.py",
      "experts = [1] if cp > 1 else expert_parallel_sizes(", "experts = [1] if True else expert_parallel_sizes(",
      (EXPERTS,)),
+    ("no hybrid sharding in the search", "planner/uniform/candidates.py",
+     "    return (None,) if node is None else (None, node)", "    return (None,)", (ZERO,)),
     ("floors count the backward chain under zero-bubble schedules", "planner/nonuniform/templates.py",
      "before = sum(forwards[:s]) + (sum(backwards[:s]) if full_backward else 0.0)",
      "before = sum(forwards[:s]) + sum(backwards[:s])", (FLOORS, FAILURE_AWARE, ORACLE)),

@@ -245,3 +245,13 @@ def test_an_expert_parallel_plan_says_so_and_a_dense_one_does_not():
     assert "Expert parallelism" not in plan_page_html(plan, None, SLOW_SPEEDS)
     html = plan_page_html(plan.model_copy(update={"ep": 2}), None, SLOW_SPEEDS)
     assert "experts split over 2 replicas" in html
+
+
+def test_a_hybrid_sharded_plan_says_so_and_a_fully_sharded_one_does_not():
+    plan = small_plan()
+    assert plan.zero_stage >= 1
+    for every_replica in (None, len(plan.replicas)):
+        html = plan_page_html(plan.model_copy(update={"dp_shard": every_replica}), None, SLOW_SPEEDS)
+        assert "Hybrid sharding" not in html
+    html = plan_page_html(plan.model_copy(update={"dp_shard": 1}), None, SLOW_SPEEDS)
+    assert f"sharded over groups of 1 replicas, {len(plan.replicas)} groups holding the same shards" in html
