@@ -31,6 +31,7 @@ What maps to what (DeepSpeed 0.19.8):
                                        sharding of all ZeRO state
     precision bf16                     bf16.enabled; with ZeRO-1 also data_types.grad_accum_dtype fp32, which
                                        makes DeepSpeed use its BF16_Optimizer (fp32 gradient accumulation)
+    grad_precision bf16                data_types.grad_accum_dtype bf16, communication_data_type bf16
     precision fp16                     fp16.enabled with dynamic loss scaling (loss_scale 0)
     tp / pp / dp                       PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp) for the
                                        PipelineModule; its rank order (pipe, data, model; model fastest) is
@@ -340,7 +341,10 @@ def _config(layout: StockLayout) -> dict[str, Any]:
         config["zero_optimization"]["overlap_comm"] = True
     if layout.precision == "bf16":
         config["bf16"] = {"enabled": True}
-        if layout.zero_stage == 1:
+        if layout.grad_precision == "bf16":
+            config["data_types"] = {"grad_accum_dtype": "bf16"}
+            config["communication_data_type"] = "bf16"
+        elif layout.zero_stage == 1:
             config["data_types"] = {"grad_accum_dtype": "fp32"}
     else:
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,

@@ -34,7 +34,7 @@ _SPELLINGS = {
 }
 _KNOWN_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                "zero_optimization", "bf16", "fp16", "pipeline", "activation_checkpointing", "resiplan", "data_types",
-               "gradient_clipping"}
+               "gradient_clipping", "communication_data_type"}
 _NO_EFFECT_KEYS = {"optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown", "tensorboard", "wandb",
                    "csv_monitor", "flops_profiler", "comms_logger", "gradient_clipping", "prescale_gradients",
                    "seed"}
@@ -110,6 +110,8 @@ def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size:
         layout["recompute"] = (exported.get("recompute") or {}).get("plan", "none")
     training = {"global_batch_size": batch, "seq_length": seq, "zero_stage": stage,
                 "precision": _precision(config)}
+    if training["precision"] == "bf16" and (config.get("data_types") or {}).get("grad_accum_dtype") == "bf16":
+        training["grad_precision"] = "bf16"
     for key in sorted(config):
         if key in _NO_EFFECT_KEYS:
             ignored.append(key)

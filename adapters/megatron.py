@@ -41,6 +41,7 @@ What the plan sets, and how:
     dp_shard s < dp (hybrid)     --num-distributed-optimizer-instances dp / s (megatron-core's partial
                                  distributed optimizer: dp / s instances of s consecutive replicas); with
                                  Megatron-FSDP also --outer-dp-sharding-strategy no_shard (HSDP)
+    grad_precision bf16      --grad-reduce-in-bf16 (fp32, the default, sets nothing)
     precision                --bf16 / --fp16; fp8: --bf16 with Transformer Engine's FP8
                              (--fp8-format hybrid --fp8-recipe delayed
                              --fp8-amax-history-len 1024 --fp8-amax-compute-algo max, the
@@ -272,6 +273,8 @@ def _args(layout: StockLayout, order: str) -> list[str]:
         # ZeRO-3's per-layer gathers, cost_models.sharded_dp).
         args.append("--overlap-param-gather")
     args.append("--fp16" if layout.precision == "fp16" else "--bf16")
+    if layout.grad_precision == "bf16":
+        args.append("--grad-reduce-in-bf16")  # the gradient buffer in bf16 too (megatron-core grad_reduce_in_fp32)
     if layout.precision == "fp8":
         args += ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", *FP8_AMAX]
     return args

@@ -25,6 +25,8 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
                                                        launcher's ranks)
     --overlap-grad-reduce, --overlap-param-gather      what the cost model assumes (their absence is reported)
     --bf16 / --fp16                                    training.precision
+    --grad-reduce-in-bf16                              training.grad_precision bf16 (--accumulate-allreduce-
+                                                       grads-in-fp32, the bf16 default, fp32)
     model shape, GQA, --swiglu, untied embeddings,     model (an architecture object)
       normalization, RoPE or learned positions,
       biases, --vocab-size, --kv-channels (head_dim),
@@ -139,8 +141,6 @@ _NOT_MODELLED = {
     "--fp8-param-gather": "FP8 primary weights (all-gathered in FP8, no bf16 copy) are not in the cost model: "
                           "priced with bf16 weights and FP8 copies",
     "--tp-comm-overlap": "TP communication overlap is not a request field: estimated without it",
-    "--grad-reduce-in-bf16": "the gradient reduce precision is not a request field",
-    "--accumulate-allreduce-grads-in-fp32": "the gradient reduce precision is not a request field",
     "--cpu-offloading": "CPU offloading is not in the cost model",
     "--apply-layernorm-1p": "a LayerNorm variant: timed as LayerNorm",
     "--cross-entropy-loss-fusion": "a fused loss kernel: its speed is not modelled",
@@ -252,6 +252,8 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     training = {"global_batch_size": _required(flags, "--global-batch-size"), "seq_length": seq_length,
                 "zero_stage": _zero_stage(flags),
                 "precision": _precision(flags)}
+    if "--grad-reduce-in-bf16" in flags and training["precision"] != "fp16":
+        training["grad_precision"] = "bf16"  # arguments.py: it turns accumulate_allreduce_grads_in_fp32 off
     ignored = sorted(name for name in flags if name.startswith(_NO_EFFECT_PREFIXES))
     known = {
         "--num-layers", "--num-attention-heads", "--hidden-size", "--ffn-hidden-size", "--group-query-attention",
@@ -266,7 +268,8 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
         "--bf16", "--fp16", "--fp8-format", "--sequence-parallel", "--overlap-grad-reduce", "--overlap-param-gather",
         "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format", "--num-distributed-optimizer-instances",
-        "--outer-dp-sharding-strategy", *_NOT_MODELLED,
+        "--outer-dp-sharding-strategy", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
+        *_NOT_MODELLED,
     }
     for name in sorted(flags):
         if name not in known and name not in ignored:

@@ -47,6 +47,7 @@ class StockLayout:
     cp: int = 1  # context-parallel ranks per stage
     ep: int = 1  # expert parallelism: replicas 0..ep-1, ep..2ep-1, ... share each stage's routed experts
     dp_shard: int | None = None  # replicas of a ZeRO shard group (None: all of them; with ZeRO-0, nothing is sharded)
+    grad_precision: str | None = None  # "bf16": gradients accumulate and reduce in bf16; else fp32 (fp16: its own)
 
     @property
     def shard_replicas(self) -> int:
@@ -158,6 +159,7 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
         cp=first.stages[0].cp,
         ep=plan.ep,
         dp_shard=plan.dp_shard,
+        grad_precision=plan.grad_precision,
         pp=pp,
         dp=len(replicas),
         virtual_stages=plan.virtual_stages,

@@ -42,6 +42,8 @@ What maps to what (torchtitan 0.3.0, PyTorch 2.13):
                                        FQN list per model part (virtual stage), in virtual-stage order
     recompute none/selective/full      activation_checkpoint:none / selective / full
     precision bf16                     --training.mixed_precision_param bfloat16, --training.dtype float32
+    grad_precision fp32                --training.mixed_precision_reduce float32 (FSDP2's reduce dtype; the only
+                                       one torchtitan 0.3 accepts, so bf16 gradients are refused)
     precision fp8                      the same, with the model's Linear layers swapped by torchtitan's
                                        float8 converter (in the config function: torchtitan 0.3 sets
                                        converters in Python, not on the command line; see
@@ -339,6 +341,10 @@ def _layout(plan: Plan) -> StockLayout:
     if layout.precision not in ("bf16", "fp8"):
         problems.append(f'torchtitan 0.3 trains in bfloat16 or float32, not {layout.precision} (ask with '
                         '"training": {"precision": "bf16"}, or "fp8" for its float8 linears)')
+    if layout.grad_precision == "bf16":
+        problems.append('bf16 gradients: torchtitan 0.3 reduces gradients in float32 only (its '
+                        'training.mixed_precision_reduce accepts nothing else), twice the traffic and gradient memory '
+                        'the plan priced; plan with "training": {"grad_precision": "fp32"}')
     expected = layout.dp * layout.num_microbatches * layout.micro_batch_size
     if layout.global_batch_size != expected:
         problems.append(f"global_batch_size {layout.global_batch_size} is not dp {layout.dp} x "

@@ -20,6 +20,7 @@ torchtitan's TOML job file, with every setting that changes time or memory mappe
     module_fqns_per_model_part                           layout.layers_per_stage and virtual_stages
     activation_checkpoint:<mode>                         layout.recompute
     --training.mixed_precision_param                     training.precision (bfloat16; float32 is refused)
+    --training.mixed_precision_reduce float32            fp32 gradients, the default (torchtitan 0.3 takes no other)
     --module M --config C                                model: torchtitan's own config functions that are a
                                                          resiplan preset field for field; any other needs `model`
 """
@@ -47,7 +48,6 @@ _NOT_MODELLED = {
     "--model.converters": "converters are not read: the request's precision decides (fp8 for float8 linears, as the "
                           "notes say)",
     "--parallelism.enable_async_tensor_parallel": "asynchronous TP overlap is not in the cost model (issue 17)",
-    "--training.mixed_precision_reduce": "the gradient reduce precision is not a request field",
     "--parallelism.fsdp_reshard_after_forward": "FSDP resharding after forward under pipeline parallelism (weights "
                                                 "gathered every microbatch, gradients whole until the last) is "
                                                 "estimated as ZeRO-1",
@@ -64,7 +64,7 @@ _MAPPED = {
     "--parallelism.pipeline_parallel_layers_per_stage", "--parallelism.pipeline_parallel_first_stage_less_layers",
     "--parallelism.pipeline_parallel_last_stage_less_layers", "--parallelism.module_fqns_per_model_part",
     "--training.local_batch_size", "--training.global_batch_size", "--training.seq_len", "--training.dtype",
-    "--training.mixed_precision_param", "--activation_checkpoint.mode", "--module", "--config", "--model.name",
+    "--training.mixed_precision_param", "--training.mixed_precision_reduce", "--activation_checkpoint.mode", "--module", "--config", "--model.name",
     "--model.flavor",
 }
 
@@ -172,6 +172,10 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
     fully_sharded = bool(shard and shard > 1) and pp == 1 and reshard in ("always", "default")
     training = {"global_batch_size": batch, "seq_length": seq, "zero_stage": 3 if fully_sharded else (1 if sharded else 0),
                 "precision": _PRECISIONS[precision]}
+    reduce = (options.get("--training.mixed_precision_reduce") or ["float32"])[0]
+    if reduce != "float32":  # torchtitan 0.3's own config allows nothing else
+        raise CommandLineError(f"--training.mixed_precision_reduce {reduce}: torchtitan 0.3 reduces gradients in "
+                               "float32 only")
     notes.append("float8 linears are set in torchtitan's config function, not on its command line: the request "
                  'says bf16; make it "precision": "fp8" if your config converts the linears to float8')
     ignored = sorted(key for key in options if key.startswith(_NO_EFFECT))

@@ -95,7 +95,12 @@ class SoftwareConfig:
         runs under the next iteration's forward, bucket by bucket
         (Megatron's --overlap-param-gather), not after the optimizer step.
     grad_reduce_bytes: bytes per gradient element on the wire (4 when bf16
-        training reduces in fp32, Megatron's default; 2 for fp16).
+        training reduces in fp32, Megatron's default; 2 for fp16, or for bf16
+        gradients: Megatron's --grad-reduce-in-bf16).
+    grad_bytes: bytes per element of the gradient buffer the backward accumulates
+        into (4: fp32 main gradients, Megatron's default for bf16 and fp16
+        training; 2 with bf16 gradients, whose buffer is in the weights' dtype:
+        megatron-core DDP `grad_reduce_in_fp32=False`).
     scatter_gather_p2p: pipeline sends split over the TP group (SC'21 sec. 4.1).
     tp_comm_overlap: tensor-parallel collectives decomposed and pipelined with the
         GEMMs that consume or produce them (Megatron's --tp-comm-overlap,
@@ -112,6 +117,7 @@ class SoftwareConfig:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     grad_reduce_bytes: int = 4
+    grad_bytes: int = 4
     scatter_gather_p2p: bool = True
     ddp_bucket_params: int = 40_000_000
     tp_comm_overlap: bool = False

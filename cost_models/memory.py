@@ -18,7 +18,6 @@ from cost_models.pipeline import interleaved_group_sizes
 # bf16/fp16 weights (2) + fp32 gradients (4) + fp32 master weights, Adam m, v (12).
 WEIGHT_BYTES_PER_PARAM = 2.0
 GRAD_BYTES_PER_PARAM = 4.0
-WEIGHT_AND_GRAD_BYTES_PER_PARAM = WEIGHT_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM
 OPTIMIZER_BYTES_PER_PARAM = 12.0
 
 # Memory per GPU a plan leaves free for what this model does not count, unless the request says
@@ -36,13 +35,14 @@ DEFAULT_MEMORY_RESERVE_GIB = 3.0
 ACTIVATION_FRAGMENTATION = 0.10
 
 
-def state_bytes_per_param(zero_stage: int, data_parallel: int) -> float:
+def state_bytes_per_param(zero_stage: int, data_parallel: int, grad_bytes: float = GRAD_BYTES_PER_PARAM) -> float:
     """Weights, gradients and optimizer state per parameter on one GPU: 18 bytes, with ZeRO stage 1, 2, 3
     the optimizer state, then the gradients, then the weights sharded over d replicas (the table in
-    `cost_models.sharded_dp`)."""
+    `cost_models.sharded_dp`). `grad_bytes`: the gradient buffer's element size, 4 (fp32, Megatron-LM's
+    default) or 2 (bf16 gradients: `--grad-reduce-in-bf16`, 16 bytes in all)."""
     d = max(1, data_parallel)
     weights = WEIGHT_BYTES_PER_PARAM / d if zero_stage >= 3 else WEIGHT_BYTES_PER_PARAM
-    grads = GRAD_BYTES_PER_PARAM / d if zero_stage >= 2 else GRAD_BYTES_PER_PARAM
+    grads = grad_bytes / d if zero_stage >= 2 else grad_bytes
     optimizer = OPTIMIZER_BYTES_PER_PARAM / d if zero_stage >= 1 else OPTIMIZER_BYTES_PER_PARAM
     return weights + grads + optimizer
 

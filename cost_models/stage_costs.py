@@ -253,7 +253,7 @@ def stage_cost_terms(
         embedding=embedding,
         head=head,
         p2p_ms=p2p_ms,
-        state_bytes_per_param=state_bytes_per_param(workload.zero_stage, state_ranks),
+        state_bytes_per_param=state_bytes_per_param(workload.zero_stage, state_ranks, software.grad_bytes),
         sync_bytes_per_param=sync_bytes_per_param(workload.zero_stage, software.grad_reduce_bytes),
         gather_bytes_per_param=gather_bytes_per_param(workload.zero_stage),
         gathered_bytes_per_param=gathered_bytes_per_param(workload.zero_stage),

@@ -227,4 +227,5 @@ def finish_plan(
         memory_reserve_gib=problem.memory_reserve_gib,
         ep=ep,
         dp_shard=1 if problem.workload.zero_stage == 0 else dp_shard,
+        grad_precision=None if problem.precision == "fp16" else ("bf16" if problem.software.grad_bytes == 2 else "fp32"),
     )

@@ -8,7 +8,7 @@ from cost_models.expert_parallel import expert_parallel_sizes
 from cost_models.layout import ParallelShape
 from cost_models.memory import (
     OPTIMIZER_BYTES_PER_PARAM,
-    WEIGHT_AND_GRAD_BYTES_PER_PARAM,
+    WEIGHT_BYTES_PER_PARAM,
 )
 from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
 from planner.devices import slot_inventory
@@ -65,12 +65,13 @@ def obvious_infeasibility(problem: PlanningProblem) -> str | None:
             f"no tensor-parallel size fits: sizes dividing {model.num_attention_heads} attention heads and "
             f"{model.num_kv_heads} KV heads are {tps}, but no node has that many healthy GPUs"
         )
-    state = model.total_params * (WEIGHT_AND_GRAD_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM)
+    state_bytes = WEIGHT_BYTES_PER_PARAM + problem.software.grad_bytes + OPTIMIZER_BYTES_PER_PARAM
+    state = model.total_params * state_bytes
     capacity = surviving * problem.usable_memory_bytes
     if state > capacity:
         return (
             f"{problem.model_name} needs at least {format_bytes(state)} for weights, gradients and optimizer state "
-            f"({model.total_params / 1e9:.1f}B parameters x 18 bytes); the {surviving} surviving {gpu.name} GPUs "
+            f"({model.total_params / 1e9:.1f}B parameters x {state_bytes:g} bytes); the {surviving} surviving {gpu.name} GPUs "
             f"hold {format_bytes(capacity)} after the {problem.memory_reserve_gib:g} GiB memory reserve each"
         )
     return None

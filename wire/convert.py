@@ -161,10 +161,11 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
         with_fp8 = ", ".join(name for name in gpu_preset_names() if gpu_preset(name).peak_fp8_tflops is not None)
         raise PlanningError(f"training.precision fp8 needs FP8 tensor cores; the {hardware.gpu.name} has none "
                             f"(presets with FP8: {with_fp8}; a custom GPU object gives peak_fp8_tflops)")
-    # fp16 training reduces fp16 gradients; bf16 and fp8 (whose gradients leave the GEMMs in bf16) reduce
-    # them in fp32, Megatron's default.
-    software = SoftwareConfig(grad_reduce_bytes=2 if training.precision == "fp16" else 4,
-                              fp8=training.precision == "fp8")
+    # fp16 training reduces fp16 gradients accumulated in fp32; bf16 and fp8 (whose gradients leave the GEMMs in
+    # bf16) accumulate and reduce them in fp32, Megatron's default, or in bf16 when asked.
+    bf16_grads = training.grad_precision == "bf16"
+    software = SoftwareConfig(grad_reduce_bytes=2 if training.precision == "fp16" or bf16_grads else 4,
+                              grad_bytes=2 if bf16_grads else 4, fp8=training.precision == "fp8")
     reserve_gib = request.options.memory_reserve_gib
     if reserve_gib is None:
         reserve_gib = DEFAULT_MEMORY_RESERVE_GIB

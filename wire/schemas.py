@@ -160,6 +160,20 @@ class Training(_Strict):
                     "for estimates). Stages 2 and 3 are planned on stock layouts.",
     )
     recompute: Recompute = "auto"
+    grad_precision: Literal["fp32", "bf16"] | None = Field(
+        default=None,
+        description="The dtype gradients accumulate and are reduced in, with bf16 or fp8 training: fp32 (the "
+                    "default, Megatron-LM's: 4 bytes a parameter) or bf16 (Megatron-LM's --grad-reduce-in-bf16, "
+                    "NVIDIA's performance recipes: 2 bytes, half the data-parallel traffic). fp16 training keeps "
+                    "its own (fp32 accumulation, fp16 reduction).",
+    )
+
+    @model_validator(mode="after")
+    def _grad_precision(self) -> Training:
+        if self.grad_precision == "bf16" and self.precision == "fp16":
+            raise ValueError("grad_precision bf16 with precision fp16: fp16 training accumulates its gradients in "
+                             "fp32 and reduces them in fp16; use precision bf16 for bf16 gradients")
+        return self
 
     @model_validator(mode="after")
     def _tokens(self) -> Training:
@@ -490,6 +504,9 @@ class Plan(BaseModel):
     ep: int = Field(default=1, ge=1, description="Expert parallelism (mixture-of-experts models): replicas 0..ep-1, "
                     "ep..2ep-1, ... each hold 1/ep of every stage's routed experts and exchange tokens all-to-all; "
                     "a stage runs at the pace of the slowest of its EP group (its `speed`).")
+    grad_precision: Literal["fp32", "bf16"] | None = Field(
+        default=None, description="The dtype gradients accumulate and are reduced in (training.grad_precision); "
+        "null for fp16 training (fp32 accumulation, fp16 reduction) and plans stored before it was recorded (fp32).")
     dp_shard: int | None = Field(
         default=None, ge=1, description="Replicas of one ZeRO shard group (consecutive replica ids): each GPU holds "
         "1/(dp_shard x cp) of its stage's sharded state, and replicas r and r + dp_shard hold the same shards "

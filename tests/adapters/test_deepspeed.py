@@ -676,3 +676,21 @@ def test_adapter_refuses_hybrid_sharding_which_deepspeed_removed(world):
     world.enter(32, 0)
     with pytest.raises(Exception, match="MiCS ZeRO-3 sharding has been removed"):
         DeepSpeedConfig(copy.deepcopy(document))
+
+
+def test_bf16_gradients_accumulate_and_reduce_in_bf16_in_deepspeeds_own_config(world):
+    """grad_precision bf16: DeepSpeed's parsed config accumulates gradients in bf16 and communicates in bf16, and
+    the config reads back as bf16 gradients; fp32 gradients with ZeRO-1 keep its fp32 accumulation."""
+    from adapters.deepspeed_import import import_deepspeed
+
+    for grad_precision in ("bf16", "fp32"):
+        plan = estimate_for(EstimateRequest.model_validate(estimate_request(
+            {"tp": 1, "pp": 1, "dp": 32}, training={"global_batch_size": 64, "seq_length": 4096,
+                                                     "grad_precision": grad_precision})))
+        document = exported(plan)
+        world.enter(32, 0)
+        config = DeepSpeedConfig(copy.deepcopy(document))
+        assert config.grad_accum_dtype == grad_precision
+        assert config.communication_data_type == (torch.bfloat16 if grad_precision == "bf16" else None)
+        imported = import_deepspeed(document)
+        assert imported.request["training"].get("grad_precision", "fp32") == grad_precision

@@ -139,6 +139,9 @@ PLANS = {
         cluster={"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
         training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 3}, options=STOCK))),
     "zero1-partial-instances": lambda: _estimate({"tp": 1, "cp": 2, "pp": 2, "dp": 8, "dp_shard": 4}),
+    # bf16 gradients (--grad-reduce-in-bf16): the gradient buffer and its reduction in bf16
+    "bf16-grads": lambda: estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 2, "pp": 2}, training={"global_batch_size": 256, "seq_length": 4096, "grad_precision": "bf16"}))),
     # context parallelism: a fixed tp 2 x cp 2 layout, and a 64k-token plan the search gives CP (llama3-8b, 16 H100s)
     "context-parallel-layout": lambda: _estimate({"tp": 2, "cp": 2, "pp": 2, "recompute": "selective"}),
     "context-parallel-64k": lambda: plan_for(PlanRequest.model_validate(small_request(
@@ -232,6 +235,8 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--overlap-grad-reduce", action="store_true", default=False)
     add("--overlap-param-gather", action="store_true", default=False)
     add("--bf16", action="store_true")
+    add("--grad-reduce-in-bf16", action="store_true")
+    add("--accumulate-allreduce-grads-in-fp32", action="store_true")
     add("--fp16", action="store_true")
     add("--fp8-format", default=None, choices=["e4m3", "hybrid"], dest="fp8")
     add("--fp8-recipe", default="delayed", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"])
@@ -294,6 +299,8 @@ def validate_like_megatron_lm(ns: argparse.Namespace) -> None:
             "--overlap-param-gather only supported with distributed optimizer, megatron fsdp"
         assert ns.overlap_grad_reduce, "--overlap-grad-reduce should be turned on when using --overlap-param-gather"
     assert not (ns.bf16 and ns.fp16)
+    if ns.bf16:  # bf16 gradients only when asked; fp32 accumulation and reduction otherwise
+        ns.accumulate_allreduce_grads_in_fp32 = not ns.grad_reduce_in_bf16
     assert ns.max_position_embeddings >= ns.seq_length
     if ns.recompute_granularity == "selective":
         assert ns.recompute_method is None
@@ -545,6 +552,12 @@ def test_megatron_core_runs_the_plan(name):
     # ZeRO-2/3 as Megatron-FSDP: megatron-core's own DDP config takes the strategy, and its
     # ShardingStrategy numbers it as the plan's stage
     assert ns.use_megatron_fsdp == (plan.zero_stage >= 2)
+    # the gradient buffer's dtype: megatron-core's DDP keeps it in fp32 when grad_reduce_in_fp32 (Megatron-LM passes
+    # accumulate_allreduce_grads_in_fp32), else in the weights' bf16 (distributed_data_parallel.py `grad_dtype`):
+    # the 4 or 2 bytes a parameter the memory model counts for the plan's grad_precision
+    ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=ns.accumulate_allreduce_grads_in_fp32)
+    if plan.precision != "fp16":
+        assert ddp.grad_reduce_in_fp32 == (plan.grad_precision != "bf16")
     hybrid = plan.zero_stage >= 1 and plan.dp_shard is not None and plan.dp_shard < len(plan.replicas)
     assert ns.num_distributed_optimizer_instances == (len(plan.replicas) // plan.dp_shard if hybrid else 1)
     if ns.use_megatron_fsdp:
@@ -593,6 +606,7 @@ def test_cases_cover_the_flag_variants():
     assert {"--kv-channels", "--qk-layernorm"} <= set(flags["qwen3-moe"])
     assert real_plan("moe-experts-over-tp").replicas[0].stages[0].tp > 1
     assert real_plan("moe-expert-parallel").ep > 1
+    assert {name for name, f in flags.items() if "--grad-reduce-in-bf16" in f} == {"bf16-grads"}
 
 
 @pytest.mark.parametrize("tp,ep,shared,head_dim", [(1, 1, 0, None), (2, 1, 128, None), (4, 1, 0, 64), (1, 4, 0, None),

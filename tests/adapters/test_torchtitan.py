@@ -876,3 +876,28 @@ def test_adapter_refuses_fp16_and_unknown_replicas():
         render(plan.model_copy(update={"precision": "fp16"}))
     with pytest.raises(ExportError, match="no replica 99"):
         render(plan, 99)
+
+
+def test_bf16_gradients_are_refused_as_torchtitans_config_refuses_them():
+    """torchtitan 0.3 reduces gradients in float32 only: its own config rejects bfloat16 (so the export cannot
+    say it), and a plan priced with bf16 gradients is refused naming the fix; fp32 gradients export as its
+    float32 reduce dtype and read back as the default."""
+    from torchtitan.config import TORCH_DTYPE_MAP
+
+    from adapters.torchtitan_import import import_torchtitan
+
+    def plan_with(grad_precision: str) -> Plan:
+        return estimate_for(EstimateRequest.model_validate(estimate_request(
+            {"tp": 1, "pp": 1, "dp": 32}, model="llama3-8b",
+            training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 3,
+                      "grad_precision": grad_precision})))
+
+    fp32 = plan_with("fp32")
+    parsed = parse(fp32, override_argv(fp32))
+    assert TORCH_DTYPE_MAP[parsed.training.mixed_precision_reduce] == torch.float32
+    assert "grad_precision" not in import_torchtitan(launch_command(fp32), model=fp32.model).request["training"]
+    with pytest.raises(SystemExit):  # tyro: invalid choice 'bfloat16' for --training.mixed-precision-reduce
+        parse(fp32, [*override_argv(fp32)[:-1], "--training.mixed_precision_reduce", "bfloat16",
+                     override_argv(fp32)[-1]])
+    with pytest.raises(ExportError, match="bf16 gradients: torchtitan 0.3 reduces gradients in float32 only"):
+        render(plan_with("bf16"))
