@@ -30,7 +30,9 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
     model shape, GQA, --swiglu, untied embeddings,     model (an architecture object)
       normalization, RoPE or learned positions,
       biases, --vocab-size, --kv-channels (head_dim),
-      --qk-layernorm, --num-experts, --moe-router-topk,
+      --qk-layernorm, --softmax-type learnable (attention
+      sinks), --window-size, --window-attn-skip-freq,
+      --num-experts, --moe-router-topk,
       --moe-ffn-hidden-size, --moe-shared-expert-
       intermediate-size
 
@@ -209,6 +211,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         raise CommandLineError(f"--position-embedding-type {positions}: resiplan models rope and learned_absolute")
     arch["linear_bias"] = "--disable-bias-linear" not in flags
     arch["qkv_bias"] = not arch["linear_bias"] and "--add-qkv-bias" in flags
+    arch.update(_attention_variant(flags, layers, not_modelled))
     arch["vocab_size"] = _vocab(flags, arch, vocab_size, notes)
 
     tp = _int(flags, "--tensor-model-parallel-size", 1)
@@ -269,6 +272,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--bf16", "--fp16", "--fp8-format", "--sequence-parallel", "--overlap-grad-reduce", "--overlap-param-gather",
         "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format", "--num-distributed-optimizer-instances",
         "--outer-dp-sharding-strategy", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
+        "--softmax-type", "--window-size", "--window-attn-skip-freq",
         *_NOT_MODELLED,
     }
     for name in sorted(flags):
@@ -314,6 +318,40 @@ def _hybrid_sharding(flags: dict, layout: dict, not_modelled: list[str]) -> None
         raise CommandLineError(f"--num-distributed-optimizer-instances {instances} must divide the {dp} data-parallel "
                                "replicas (megatron-core asserts it)")
     layout["dp_shard"] = dp // instances
+
+
+def _attention_variant(flags: dict, layers: int, not_modelled: list[str]) -> dict:
+    """Attention sinks (--softmax-type learnable) and sliding windows (--window-size left,0: left + 1 keys, every
+    k-th layer full with --window-attn-skip-freq k), the export's `_attention_variant_args` read back."""
+    out: dict = {}
+    softmax = flags.get("--softmax-type") or "vanilla"
+    if softmax == "learnable":
+        out["attention_sinks"] = True
+    elif softmax != "vanilla":
+        not_modelled.append(f"--softmax-type {softmax}: only megatron-core's learnable offset (attention sinks) is "
+                            "in the cost model; estimated as plain softmax")
+    window = flags.get("--window-size")
+    if window is None:
+        return out
+    try:
+        left, right = (int(part) for part in window.strip("()").split(","))
+    except ValueError:
+        raise CommandLineError(f"--window-size {window}: expected two whole numbers, left,right") from None
+    if right != 0 or left < 0:
+        not_modelled.append(f"--window-size {window}: only causal windows (left,0) are in the cost model; estimated "
+                            "with full attention")
+        return out
+    out["sliding_window"] = left + 1
+    skip = flags.get("--window-attn-skip-freq")
+    if skip is None:
+        out["full_attention_every"] = 0  # megatron-core: every layer windowed
+    elif skip.strip().isdigit() and int(skip) >= 1:
+        out["full_attention_every"] = int(skip)
+    else:
+        out["full_attention_every"] = 0
+        not_modelled.append(f"--window-attn-skip-freq {skip}: a layer pattern is not in the cost model; estimated with "
+                            f"every one of the {layers} layers windowed")
+    return out
 
 
 # What an architecture without experts or a head width of its own holds.

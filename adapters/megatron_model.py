@@ -20,6 +20,9 @@ microsoft/Megatron-DeepSpeed's main branch):
                                  --max-position-embeddings (the table)       --max-position-embeddings
     no biases                    --disable-bias-linear (both)
     Q, K, V biases only          --disable-bias-linear --add-qkv-bias        (none: refused)
+    attention sinks              --softmax-type learnable                    (none: refused)
+    sliding window W, every k    --window-size W-1,0 --window-attn-skip-freq k  (none: refused)
+      layers full
 
 Megatron-LM 0.16.1's gpt_builder passes `rope_scaling` to GPTModel but not `--rope-scaling-factor`,
 so megatron-core's own factor 8 (and its low/high frequency factors 1 and 4 from a context of 8192)
@@ -86,8 +89,9 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
     unexported = gpt_oss_features(arch)
     if unexported:
         raise ExportError(f"{target} cannot build this model as resiplan exports it: {', '.join(unexported)} "
-                          "(megatron-core 0.16 has them, resiplan does not emit their flags yet); export to "
-                          "torchtitan, or plan the architecture without them")
+                          "(Megatron-LM 0.16.1's pretrain_gpt.py has no flag for YaRN on a GPT model, and "
+                          "resiplan does not emit biased experts); export to torchtitan, or plan the architecture "
+                          "without them")
     args = _shape_args(arch)
     kv_heads = arch.num_kv_heads or arch.num_attention_heads
     if kv_heads != arch.num_attention_heads:
@@ -122,17 +126,27 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
         args.append("--disable-bias-linear")
         if arch.qkv_bias:
             args.append("--add-qkv-bias")
-    return args + _expert_args(arch, expert_parallel)
+    return args + _attention_variant_args(arch) + _expert_args(arch, expert_parallel)
+
+
+def _attention_variant_args(arch: ModelArchitecture) -> list[str]:
+    """Attention sinks as megatron-core's learnable softmax offset (one logit per head and layer), sliding windows
+    as its window_size (left, 0): a query sees itself and `left` keys before it, so a window of W keys is W - 1
+    (megatron/core/transformer/utils.py get_sliding_window_causal_mask); every k-th layer full as
+    --window-attn-skip-freq k (is_layer_window_attention: 1-based layer numbers divisible by k are full, the last
+    of each k as the plan's full_attention_every counts them)."""
+    args = ["--softmax-type", "learnable"] if arch.attention_sinks else []
+    if arch.sliding_window is not None:
+        args += ["--window-size", f"{arch.sliding_window - 1},0"]
+        if arch.full_attention_every:
+            args += ["--window-attn-skip-freq", str(arch.full_attention_every)]
+    return args
 
 
 def gpt_oss_features(arch: ModelArchitecture) -> list[str]:
-    """GPT-OSS's departures from a Llama/Mixtral-style decoder that `arch` has: attention sinks, sliding
-    windows, YaRN RoPE scaling, biased experts."""
+    """GPT-OSS's departures from a Llama/Mixtral-style decoder that `arch` has and the export cannot say: YaRN
+    RoPE scaling, biased experts (its attention sinks and sliding windows it can: `_attention_variant_args`)."""
     found = []
-    if arch.attention_sinks:
-        found.append("attention sinks")
-    if arch.sliding_window is not None:
-        found.append(f"sliding-window attention (window {arch.sliding_window})")
     if arch.rope_scaling is not None and arch.rope_scaling.rope_type == "yarn":
         found.append("YaRN RoPE scaling")
     if arch.num_experts and arch.linear_bias:

@@ -5,14 +5,19 @@
 
 Each case is planned with stock layouts (`allow_non_uniform: false`) at ZeRO-1, 2 and 3, and with `auto`
 (`planner/zero_choice.py`), which must answer the fastest of the three. Predicted times, not timings:
-the figures do not depend on the machine.
+the figures do not depend on the machine. A second table is a timing: what searching hybrid shard groups
+costs, ZeRO-3 planned with and without them side by side in one run (shapes ranked, solve CPU seconds).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 from benchmarks.planning import plan_or_none
+from planner.uniform.candidates import ranked_candidates
+from wire.convert import to_problem
+from wire.schemas import PlanRequest
 from benchmarks.report import write_section
 
 # (label, nodes, gpu, model, global batch, seq)
@@ -42,6 +47,32 @@ def _cell(plan) -> str:
             f"{shard}, mbs {plan.micro_batch_size}, {plan.recompute}; {max(s.memory_gib for s in stages):.0f} GiB)")
 
 
+# (label, nodes, model, global batch): ZeRO-3 at 4k tokens on H100s, where a node's replicas are a shard group
+SEARCH_COST_CASES = [("32 x H100, llama3-8b, 64 x 4k", 4, "llama3-8b", 64),
+                     ("256 x H100, llama2-13b, 512 x 4k", 32, "llama2-13b", 512)]
+
+
+def _search_cost_row(label: str, nodes: int, model: str, batch: int) -> str:
+    """Shapes and solve CPU seconds of ZeRO-3 with hybrid shard groups searched and without (best of 3 each)."""
+    cells = []
+    for allow in (True, False):
+        body = {"cluster": {"num_nodes": nodes, "gpus_per_node": 8, "gpu": "H100-SXM"}, "model": model,
+                "training": {"global_batch_size": batch, "seq_length": 4096, "zero_stage": 3},
+                "options": {"allow_non_uniform": False, "time_limit_s": 30, "allow_hybrid_sharding": allow}}
+        shapes = len(ranked_candidates(to_problem(PlanRequest.model_validate(body)))[0])
+        cpu_s, plan = float("inf"), None
+        for _ in range(3):
+            began = time.process_time()
+            plan = plan_or_none(body)
+            cpu_s = min(cpu_s, time.process_time() - began)
+        shard = plan.dp_shard if plan is not None else "-"
+        time_s = f"{plan.predicted.iteration_time_s:.3f} s" if plan is not None else "no layout fits"
+        cells.append((shapes, cpu_s, f"{time_s}, dp_shard {shard}"))
+    (with_shapes, with_cpu, with_plan), (without_shapes, without_cpu, without_plan) = cells
+    return (f"| {label} | {with_shapes:,} / {without_shapes:,} ({with_shapes / without_shapes:.2f}x) | "
+            f"{with_cpu:.2f} / {without_cpu:.2f} ({with_cpu / without_cpu:.2f}x) | {with_plan} | {without_plan} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
@@ -63,6 +94,13 @@ def main() -> None:
             "across nodes, which keeps those collectives on NVLink for more memory (it loses where the step-end "
             "all-reduce across nodes costs more than the per-layer collectives it moves).\n\n"
             "| case | ZeRO-1 | ZeRO-2 | ZeRO-3 | auto picks |\n|---|---|---|---|---:|\n" + "\n".join(rows))
+    cost_rows = [_search_cost_row(*case) for case in SEARCH_COST_CASES]
+    print("\n".join(cost_rows), flush=True)
+    body += ("\n\nWhat searching hybrid shard groups costs (ZeRO-3, stock layouts; timings of this run, best of 3, "
+             "side by side): shapes ranked and solve CPU seconds with / without "
+             "(`options.allow_hybrid_sharding`), and the plans.\n\n"
+             "| case | shapes | solve CPU s | plan with | plan without |\n|---|---|---|---|---|\n"
+             + "\n".join(cost_rows))
     if args.write:
         write_section("ZeRO stages and zero_stage auto", "python -m benchmarks.zero_stages --write", body)
 

@@ -207,6 +207,9 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--moe-ffn-hidden-size", type=int, default=None)
     add("--moe-shared-expert-intermediate-size", type=int, default=None)
     add("--expert-model-parallel-size", type=int, default=1)
+    add("--softmax-type", type=str, default="vanilla", choices=["vanilla", "off-by-one", "learnable"])  # factory
+    add("--window-size", type=lambda x: tuple(int(i) for i in x.strip("()").split(",")), default=None)  # tuple_type
+    add("--window-attn-skip-freq", type=int, default=None)  # moe_freq_type, for a whole number
     # these four come from TransformerConfig's fields through Megatron-LM's ArgumentGroupFactory
     add("--normalization", type=str, default="LayerNorm", choices=("LayerNorm", "RMSNorm"))
     add("--norm-epsilon", type=float, default=1e-5, dest="layernorm_epsilon")

@@ -198,3 +198,22 @@ def test_a_data_parallel_overlap_the_command_leaves_off_is_reported(overlaps, mi
 def test_what_cannot_be_imported_says_why(text, fragment):
     with pytest.raises(CommandLineError, match=fragment):
         import_megatron(text)
+
+
+def test_attention_sinks_and_windows_round_trip():
+    """--softmax-type learnable, --window-size W-1,0 and --window-attn-skip-freq k read back as the plan's attention
+    sinks, W-key windows and every k-th layer full; other softmax types and windows are reported, not guessed."""
+    from tests.adapters.test_model_exports import tiny_plan
+
+    plan = tiny_plan("sinks-windows-like")
+    arch = plan.architecture
+    imported = import_megatron(shlex.join(["pretrain_gpt.py", *megatron_args(plan)]), vocab_size=arch.vocab_size)
+    model = imported.request["model"]
+    assert (model["attention_sinks"], model["sliding_window"], model["full_attention_every"]) == (
+        True, arch.sliding_window, arch.full_attention_every)
+    assert not imported.not_modelled
+    base = shlex.join(["pretrain_gpt.py", *megatron_args(plan)])
+    other = import_megatron(base.replace("--softmax-type learnable", "--softmax-type off-by-one")
+                            .replace("--window-size 127,0", "--window-size 127,4"), vocab_size=arch.vocab_size)
+    assert "attention_sinks" not in other.request["model"] and "sliding_window" not in other.request["model"]
+    assert {entry.split(" ")[0] for entry in other.not_modelled} >= {"--softmax-type", "--window-size"}

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import json
 import warnings
+from unittest import mock
 
 import pytest
 import torch
@@ -66,6 +67,9 @@ ARCHITECTURES = {
     # GPT-NeoX-like: LayerNorm, RoPE on a quarter of each head, biases everywhere, untied
     "neox-like": {**TINY, "ffn_hidden_size": 1024, "swiglu": False, "normalization": "layernorm",
                   "rotary_percent": 0.25, "linear_bias": True},
+    # GPT-OSS's attention without YaRN: a learned sink logit per head, 128-token windows, every 2nd layer full
+    "sinks-windows-like": {**TINY, "ffn_hidden_size": 688, "num_kv_heads": 2, "rope_theta": 150000,
+                           "attention_sinks": True, "sliding_window": 128, "full_attention_every": 2},
 }
 PRESETS = ["llama3-8b", "llama3.1-70b", "qwen2.5-7b", "gpt3-175b"]
 
@@ -102,8 +106,9 @@ def one_rank():
 def megatron_core_model(config: TransformerConfig, vocab_size: int, max_positions: int, untie: bool,
                         position_embedding_type: str, rotary_percent: float, rotary_base: int,
                         rope_scaling: bool) -> GPTModel:
-    """The GPTModel of Megatron-LM's gpt_builder (local spec), on the meta device."""
-    with torch.device("meta"):
+    """The GPTModel of Megatron-LM's gpt_builder (local spec), on the meta device (megatron-core puts a learnable
+    softmax offset on `torch.cuda.current_device()` explicitly: the meta device there too)."""
+    with torch.device("meta"), mock.patch("torch.cuda.current_device", return_value="meta"):
         return GPTModel(
             config=config,
             transformer_layer_spec=get_gpt_layer_local_spec(normalization=config.normalization),
@@ -261,7 +266,8 @@ def test_megatron_deepspeed_flags_build_the_planned_model_or_say_why_not(one_ran
     plan = tiny_plan(name)
     section = ds_export.document(plan)[ds_export.RESIPLAN_KEY]["megatron_deepspeed"]
     arch = plan.architecture
-    if arch.rope_scaling is not None or (arch.qkv_bias and not arch.linear_bias):
+    if (arch.rope_scaling is not None or (arch.qkv_bias and not arch.linear_bias) or arch.attention_sinks
+            or arch.sliding_window is not None):
         assert section["args"] is None
         assert "Megatron-DeepSpeed cannot build this model" in section["cannot_build"]
         return
@@ -276,6 +282,10 @@ def test_megatron_deepspeed_flags_build_the_planned_model_or_say_why_not(one_ran
 def test_torchtitan_builds_the_planned_model_or_refuses(name):
     plan = tiny_plan(name)
     arch = plan.architecture
+    if arch.attention_sinks:  # torchtitan has sinks in its GPT-OSS model only, whose attention shape it fixes
+        with pytest.raises(ExportError, match="torchtitan cannot build this model: attention other than GPT-OSS's"):
+            model_config(arch)
+        return
     if arch.normalization != "rmsnorm" or not arch.swiglu:
         with pytest.raises(ExportError, match="torchtitan cannot build this model") as refused:
             llama3_model_config(arch)
@@ -344,3 +354,34 @@ def test_sequences_longer_than_the_learned_position_table_are_refused():
         with pytest.raises(ExportError, match="sequences of 2048 tokens are longer than the model's learned position "
                                               r"table \(1024 rows\)"):
             export(short)
+
+
+def test_megatron_core_runs_the_windows_and_sinks_the_plan_priced(one_rank, monkeypatch):
+    """The exported --softmax-type, --window-size and --window-attn-skip-freq, as megatron-core 0.16 reads them:
+    each layer windowed exactly where the plan's model has a window (its own is_layer_window_attention), every
+    query of a windowed layer seeing `sliding_window` keys (its own mask, built here on CPU), and one learned
+    softmax offset per head in every layer's attention (the sinks the parameter count includes)."""
+    from megatron.core.transformer import utils as core_utils
+
+    plan = tiny_plan("sinks-windows-like")
+    arch = plan.architecture
+    ns = parse(megatron.megatron_args(plan))
+    validate_like_megatron_lm(ns)
+    config = transformer_config(ns)
+    assert config.softmax_type == "learnable"
+    model = resolve_model(arch)
+    windowed = [core_utils.is_layer_window_attention(config.window_size, config.window_attn_skip_freq, n)
+                for n in range(1, arch.num_layers + 1)]
+    assert sum(windowed) == model.windowed_layers > 0
+    assert windowed == [(i + 1) % arch.full_attention_every != 0 for i in range(arch.num_layers)]
+    real_ones = torch.ones
+    monkeypatch.setattr(core_utils.torch, "ones", lambda *shape, **kwargs: real_ones(
+        *shape, **{k: v for k, v in kwargs.items() if k != "device"}))
+    seq = 512
+    masked = core_utils.get_sliding_window_causal_mask(seq, seq, config.window_size)
+    seen = (~masked).sum(dim=1)
+    assert seen[-1].item() == arch.sliding_window and seen[:arch.sliding_window].tolist() == list(
+        range(1, arch.sliding_window + 1))
+    built = megatron_lm_model(plan)
+    offsets = [p for name, p in built.named_parameters() if name.endswith("softmax_offset")]
+    assert len(offsets) == arch.num_layers and all(p.numel() == arch.num_attention_heads for p in offsets)
