@@ -32,6 +32,10 @@ What maps to what (DeepSpeed 0.19.8):
     precision bf16                     bf16.enabled; with ZeRO-1 also data_types.grad_accum_dtype fp32, which
                                        makes DeepSpeed use its BF16_Optimizer (fp32 gradient accumulation)
     grad_precision bf16                data_types.grad_accum_dtype bf16, communication_data_type bf16
+    grad_precision fp32, bf16 training with ZeRO-1: grad_accum_dtype fp32 (above); with ZeRO 0, 2 or 3 DeepSpeed
+                                       has no fp32 accumulation (engine._do_optimizer_sanity_check refuses
+                                       the mix at stage 0) and runs bf16 gradients: less memory and traffic
+                                       than the plan counts
     precision fp16                     fp16.enabled with dynamic loss scaling (loss_scale 0)
     tp / pp / dp                       PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp) for the
                                        PipelineModule; its rank order (pipe, data, model; model fastest) is

@@ -6,6 +6,8 @@ estimate request; every setting that changes time or memory is mapped or reporte
     train_micro_batch_size_per_gpu                     layout.micro_batch_size
     gradient_accumulation_steps, with the batch        layout.dp = train_batch_size / (micro x accumulation)
     zero_optimization.stage 0-3                        training.zero_stage (other values refused, as DeepSpeed does)
+    data_types.grad_accum_dtype (bf16 training)        training.grad_precision: fp32 if fp32, else bf16 (DeepSpeed's
+                                                       default accumulates in the model's dtype)
     bf16.enabled / fp16.enabled                        training.precision
     pipeline.activation_checkpoint_interval 1          layout.recompute full (0: none; others reported)
     "resiplan" (what the DeepSpeed export adds)        the PipelineModule's stages, split and TP size, and the model
@@ -72,7 +74,7 @@ def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size:
         notes += imported.notes
         ignored = list(imported.ignored)
     elif exported is not None:
-        module = exported.get("pipeline_module", {})
+        module = exported.get("pipeline_module") or {}  # null: a ZeRO-2/3 export, one stage without a PipelineModule
         model = {k: v for k, v in exported.get("model", {}).items() if k != "name"}
         split = list(module.get("transformer_layers_per_stage", []))
         tp = exported.get("tensor_parallel", {}).get("size", 1)
@@ -110,7 +112,9 @@ def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size:
         layout["recompute"] = (exported.get("recompute") or {}).get("plan", "none")
     training = {"global_batch_size": batch, "seq_length": seq, "zero_stage": stage,
                 "precision": _precision(config)}
-    if training["precision"] == "bf16" and (config.get("data_types") or {}).get("grad_accum_dtype") == "bf16":
+    # DeepSpeed accumulates gradients in the model's dtype unless data_types.grad_accum_dtype says otherwise
+    # (engine.get_data_types); fp32 accumulation in bf16 training exists with ZeRO-1 only (its BF16_Optimizer).
+    if training["precision"] == "bf16" and (config.get("data_types") or {}).get("grad_accum_dtype") in (None, "bf16"):
         training["grad_precision"] = "bf16"
     for key in sorted(config):
         if key in _NO_EFFECT_KEYS:

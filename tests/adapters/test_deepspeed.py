@@ -651,6 +651,11 @@ def test_deepspeed_engine_runs_zero_2_and_3_without_a_pipeline_module(world, sta
     assert not isinstance(engine, PipelineEngine)
     assert engine.zero_optimization_stage() == stage == plan.zero_stage
     assert (engine.train_batch_size(), engine.gradient_accumulation_steps()) == (64, 2)
+    # without ZeRO-1's fp32 option DeepSpeed accumulates in the model's bf16, and the importer says so
+    assert engine.get_data_types() == (torch.bfloat16, torch.bfloat16)
+    from adapters.deepspeed_import import import_deepspeed
+    assert import_deepspeed(document).request["training"][
+        "grad_precision"] == "bf16"
 
 
 def test_adapter_refuses_zero_2_with_pipeline_parallelism():

@@ -30,8 +30,11 @@ def test_the_exported_config_imports_to_the_same_layout_and_model(name):
         expected["tp"], expected["pp"], expected["dp"], expected["micro_batch_size"], expected["recompute"])
     assert layout.get("layers_per_stage", [expected["split"][0]] * expected["pp"]) == expected["split"]
     training = imported.request["training"]
+    # bf16 training accumulates bf16 gradients in DeepSpeed unless ZeRO-1 asks its BF16_Optimizer for fp32
+    bf16_grads = plan.precision == "bf16" and (plan.grad_precision == "bf16" or plan.zero_stage != 1)
     assert training == {"global_batch_size": plan.global_batch_size, "seq_length": plan.seq_length,
-                        "zero_stage": plan.zero_stage, "precision": plan.precision}
+                        "zero_stage": plan.zero_stage, "precision": plan.precision,
+                        **({"grad_precision": "bf16"} if bf16_grads else {})}
     assert imported.request["model"] == plan.architecture.model_dump(exclude={"name"})
 
 

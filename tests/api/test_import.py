@@ -82,3 +82,20 @@ def test_torchtitan_overrides_import(client):
 def test_one_trainers_settings_at_a_time(client):
     body = {"megatron_args": LLAMA3_8B_EXAMPLE, "overrides": ["--training.seq_len", "8"], "cluster": CLUSTER}
     assert_detail(client.post("/v1/import", json=body), "one trainer's settings")
+
+
+def test_a_deepspeed_export_of_a_zero_3_plan_imports(client):
+    """A ZeRO-2/3 export has no PipelineModule (`resiplan.pipeline_module` null): it imports as one stage, ZeRO-3,
+    with the bf16 gradients DeepSpeed accumulates there (a 500 before: the null was read as a dict)."""
+    from adapters.deepspeed import document
+    from api.tasks.planning import estimate_for
+    from tests.api.support import estimate_request
+    from wire.schemas import EstimateRequest
+
+    plan = estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 1, "pp": 1, "dp": 32}, training={"global_batch_size": 64, "seq_length": 4096, "zero_stage": 3})))
+    response = client.post("/v1/import", json={"deepspeed_config": document(plan), "cluster": CLUSTER})
+    assert response.status_code == 200, response.text
+    request = response.json()["request"]
+    assert (request["layout"]["pp"], request["layout"]["dp"]) == (1, 32)
+    assert request["training"]["zero_stage"] == 3 and request["training"]["grad_precision"] == "bf16"
