@@ -59,6 +59,16 @@ def _number(config: dict, key: str) -> int | None:
     return value
 
 
+def _section(exported: dict, key: str) -> dict:
+    """`exported[key]`, an object or absent/null ({}); anything else is a CommandLineError naming it."""
+    value = exported.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CommandLineError(f"resiplan.{key} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
 def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size: int | None = None) -> Imported:
     """The estimate request (less its cluster) a DeepSpeed config and its Megatron-DeepSpeed flags describe."""
     if not isinstance(config, dict):
@@ -74,10 +84,12 @@ def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size:
         notes += imported.notes
         ignored = list(imported.ignored)
     elif exported is not None:
-        module = exported.get("pipeline_module") or {}  # null: a ZeRO-2/3 export, one stage without a PipelineModule
-        model = {k: v for k, v in exported.get("model", {}).items() if k != "name"}
-        split = list(module.get("transformer_layers_per_stage", []))
-        tp = exported.get("tensor_parallel", {}).get("size", 1)
+        module = _section(exported, "pipeline_module")  # null: a ZeRO-2/3 export, one stage, no PipelineModule
+        model = {k: v for k, v in _section(exported, "model").items() if k != "name"}
+        split = module.get("transformer_layers_per_stage") or []
+        if not isinstance(split, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in split):
+            raise CommandLineError("resiplan.pipeline_module.transformer_layers_per_stage must list whole numbers")
+        tp = _section(exported, "tensor_parallel").get("size", 1)
         layout = {"tp": tp, "pp": module.get("num_stages", 1), "virtual_stages": 1, "schedule": "1f1b"}
         if len(set(split)) > 1:
             layout["layers_per_stage"] = split

@@ -99,3 +99,15 @@ def test_a_deepspeed_export_of_a_zero_3_plan_imports(client):
     request = response.json()["request"]
     assert (request["layout"]["pp"], request["layout"]["dp"]) == (1, 32)
     assert request["training"]["zero_stage"] == 3 and request["training"]["grad_precision"] == "bf16"
+
+
+def test_a_hostile_resiplan_key_gets_a_422_naming_it(client):
+    base = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+            "bf16": {"enabled": True}}
+    for resiplan, fragment in (({"model": None, "seq_length": 4096, "tensor_parallel": [2]}, "resiplan.tensor_parallel"),
+                               ({"model": "llama", "seq_length": 4096}, "resiplan.model must be a JSON object"),
+                               ({"pipeline_module": {"transformer_layers_per_stage": "8,8"}, "seq_length": 4096},
+                                "transformer_layers_per_stage must list whole numbers")):
+        response = client.post("/v1/import", json={"deepspeed_config": {**base, "resiplan": resiplan},
+                                                   "cluster": CLUSTER})
+        assert_detail(response, fragment)
