@@ -34,7 +34,11 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
       sinks), --window-size, --window-attn-skip-freq,
       --num-experts, --moe-router-topk,
       --moe-ffn-hidden-size, --moe-shared-expert-
-      intermediate-size
+      intermediate-size, --moe-layer-freq
+      "([0]*k+[1]*(L-k))" (dense_layers k, read
+      without evaluating it), --multi-latent-attention
+      and its widths, --rope-type, --rotary-scaling-
+      factor, --mscale, --mscale-all-dim
 
 Megatron takes the vocabulary from its tokenizer: without --vocab-size the importer needs `vocab_size`, or
 a model preset of the same shape whose vocabulary it then takes (and says so).
@@ -63,7 +67,7 @@ _NO_EFFECT_PREFIXES = (
 )
 # Flags whose value is a separate word (every other flag of the table below is a switch).
 _SWITCHES = frozenset({
-    "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+    "--multi-latent-attention", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
     "--add-qkv-bias", "--use-rope-scaling", "--use-distributed-optimizer", "--bf16", "--fp16",
     "--sequence-parallel", "--overlap-grad-reduce", "--overlap-param-gather", "--use-mcore-models", "--mock-data",
     "--no-mmap-bin-files", "--no-create-attention-mask-in-dataloader", "--use-tp-pp-dp-mapping", "--profile",
@@ -139,7 +143,6 @@ def _split_from_layout(text: str, pp: int) -> tuple[list[int], int]:
 # that changes nothing (context parallelism 1) is not reported.
 _NOT_MODELLED = {
     "--expert-tensor-parallel-size": "expert-TP apart from TP is not in the cost model: experts priced sharded over TP",
-    "--moe-layer-freq": "dense layers among the expert ones are not in the cost model: every layer priced as MoE",
     "--fp8-param-gather": "FP8 primary weights (all-gathered in FP8, no bf16 copy) are not in the cost model: "
                           "priced with bf16 weights and FP8 copies",
     "--tp-comm-overlap": "TP communication overlap is not a request field: estimated without it",
@@ -151,8 +154,7 @@ _NOT_MODELLED = {
     "--attention-backend": "the attention kernel is not a request field",
     "--calculate-per-token-loss": "the loss reduction's cost is not modelled",
 }
-_HARMLESS_VALUES = {"--moe-layer-freq": "1",
-                    "--empty-unused-memory-level": "0"}
+_HARMLESS_VALUES = {"--empty-unused-memory-level": "0"}
 
 
 def _not_modelled(flags: dict) -> list[str]:
@@ -190,6 +192,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         arch.update(num_experts=experts, experts_per_token=_int(flags, "--moe-router-topk", 2),
                     ffn_hidden_size=_int(flags, "--moe-ffn-hidden-size", ffn),
                     shared_expert_ffn_hidden_size=_int(flags, "--moe-shared-expert-intermediate-size", 0))
+    _dense_first_layers(flags, arch, ffn, not_modelled)
     normalization = (flags.get("--normalization") or "LayerNorm").lower()
     if normalization not in ("layernorm", "rmsnorm"):
         raise CommandLineError(f"--normalization {flags['--normalization']}: resiplan models LayerNorm and RMSNorm")
@@ -209,6 +212,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         arch["max_position_embeddings"] = _int(flags, "--max-position-embeddings", seq_length)
     else:
         raise CommandLineError(f"--position-embedding-type {positions}: resiplan models rope and learned_absolute")
+    _latent_attention(flags, arch, notes)
     arch["linear_bias"] = "--disable-bias-linear" not in flags
     arch["qkv_bias"] = not arch["linear_bias"] and "--add-qkv-bias" in flags
     arch.update(_attention_variant(flags, layers, not_modelled))
@@ -272,7 +276,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--bf16", "--fp16", "--fp8-format", "--sequence-parallel", "--overlap-grad-reduce", "--overlap-param-gather",
         "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format", "--num-distributed-optimizer-instances",
         "--outer-dp-sharding-strategy", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
-        "--softmax-type", "--window-size", "--window-attn-skip-freq",
+        "--softmax-type", "--window-size", "--window-attn-skip-freq", "--moe-layer-freq", *_LATENT_FLAGS,
         *_NOT_MODELLED,
     }
     for name in sorted(flags):
@@ -318,6 +322,48 @@ def _hybrid_sharding(flags: dict, layout: dict, not_modelled: list[str]) -> None
         raise CommandLineError(f"--num-distributed-optimizer-instances {instances} must divide the {dp} data-parallel "
                                "replicas (megatron-core asserts it)")
     layout["dp_shard"] = dp // instances
+
+
+# Megatron-LM's latent attention flags (_add_mla_args, and --multi-latent-attention from MLATransformerConfig)
+_LATENT_FLAGS = ("--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
+                 "--v-head-dim", "--rope-type", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim")
+
+
+def _latent_attention(flags: dict, arch: dict, notes: list[str]) -> None:
+    """--multi-latent-attention with its widths (arguments.py's defaults where absent) and its RoPE: YaRN unless
+    --rope-type rope (MLATransformerConfig's default), from a context of 4096 with beta_fast 32 and beta_slow 1
+    (its defaults, which have no flags); the export's `_latent_attention_args` read back."""
+    if "--multi-latent-attention" not in flags:
+        return
+    if arch.get("position_embedding") != "rope":
+        raise CommandLineError("--multi-latent-attention without --position-embedding-type rope: resiplan models "
+                               "latent attention with rotary positions only")
+    arch.update(kv_lora_rank=_int(flags, "--kv-lora-rank", 32), q_lora_rank=_int(flags, "--q-lora-rank", 0),
+                head_dim=_int(flags, "--qk-head-dim", 128), qk_rope_head_dim=_int(flags, "--qk-pos-emb-head-dim", 64),
+                v_head_dim=_int(flags, "--v-head-dim", 128))
+    if not arch.pop("qk_norm", False):  # --qk-layernorm builds the latents' norms, which the model always has
+        notes.append("no --qk-layernorm: Megatron builds the latents without their RMSNorms; estimated with them "
+                     "(q_lora_rank + kv_lora_rank weights a layer)")
+    if (flags.get("--rope-type") or "yarn") == "yarn":
+        arch["rope_scaling"] = {"rope_type": "yarn", "factor": _float(flags, "--rotary-scaling-factor", 1.0),
+                                "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+                                "mscale": _float(flags, "--mscale", 1.0),
+                                "mscale_all_dim": _float(flags, "--mscale-all-dim", 0.0)}
+
+
+def _dense_first_layers(flags: dict, arch: dict, ffn: int, not_modelled: list[str]) -> None:
+    """--moe-layer-freq "([0]*k+[1]*(L-k))", the export's pattern: the first k layers dense, --ffn-hidden-size
+    wide. Read without evaluating it (Megatron-LM evals the expression); other patterns are reported."""
+    freq = flags.get("--moe-layer-freq")
+    if freq is None or freq.strip() == "1":
+        return
+    layers = arch["num_layers"]
+    found = re.fullmatch(r"\(?\[0\]\*(\d{1,4})\+\[1\]\*(\d{1,4})\)?", freq.replace(" ", ""))
+    if found and "num_experts" in arch and int(found[1]) + int(found[2]) == layers and 1 <= int(found[1]) < layers:
+        arch.update(dense_layers=int(found[1]), dense_ffn_hidden_size=ffn)
+        return
+    not_modelled.append(f"--moe-layer-freq {freq}: of the patterns of dense and expert layers only the first layers "
+                        "dense (\"([0]*k+[1]*(L-k))\") is in the cost model; every layer priced as MoE")
 
 
 def _attention_variant(flags: dict, layers: int, not_modelled: list[str]) -> dict:

@@ -23,10 +23,21 @@ microsoft/Megatron-DeepSpeed's main branch):
     attention sinks              --softmax-type learnable                    (none: refused)
     sliding window W, every k    --window-size W-1,0 --window-attn-skip-freq k  (none: refused)
       layers full
+    latent attention (MLA)       --multi-latent-attention --q-lora-rank      (none: refused)
+                                 --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
+                                 --qk-layernorm (the latents' RMSNorms)
+                                 --rope-type rope|yarn --rotary-scaling-factor --mscale --mscale-all-dim
+    first k layers dense         --moe-layer-freq "([0]*k+[1]*(L-k))"        (none: refused)
+                                 --ffn-hidden-size (the dense width)
 
 Megatron-LM 0.16.1's gpt_builder passes `rope_scaling` to GPTModel but not `--rope-scaling-factor`,
 so megatron-core's own factor 8 (and its low/high frequency factors 1 and 4 from a context of 8192)
 is what runs: other Llama 3.x scalings (Llama 3.2's factor 32) are refused rather than run as 8.
+With latent attention YaRN runs as MLATransformerConfig's: the factor and mscales from flags, the context it
+starts from (4096) and the ramp (beta_fast 32, beta_slow 1) from its defaults, which have no flags; other values
+are refused. DeepSeek-V3's routing (sigmoid scores, expert bias, grouped top-k: --moe-router-score-function,
+--moe-router-enable-expert-bias, --moe-router-num-groups, ...) changes no weight and no cost and is left to the
+recipe; its multi-token-prediction module (--mtp-num-layers) is not part of the planned model.
 The vocabulary is the tokenizer's, padded by Megatron to a multiple of --make-vocab-size-divisible-by
 (128) x tp; the plan counted `vocab_size` rows.
 """
@@ -39,6 +50,8 @@ from wire.schemas import ModelArchitecture
 # megatron-core's RotaryEmbedding._apply_scaling defaults, the only values Megatron-LM 0.16 runs
 MEGATRON_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192}
+# MLATransformerConfig's YaRN fields that Megatron-LM 0.16.1 has no flag for: the only values it runs
+MEGATRON_MLA_YARN = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
 
 
 # Fields a plan records since it carries the model's details; a stored plan without them would get
@@ -68,10 +81,12 @@ def _whole_theta(arch: ModelArchitecture, target: str) -> str:
 
 
 def _shape_args(arch: ModelArchitecture) -> list[str]:
+    """The shape; --ffn-hidden-size is the dense layers' MLP where a mixture of experts has some (the experts'
+    is --moe-ffn-hidden-size)."""
     return [
         "--num-layers", str(arch.num_layers),
         "--hidden-size", str(arch.hidden_size),
-        "--ffn-hidden-size", str(arch.ffn_hidden_size),
+        "--ffn-hidden-size", str(arch.dense_ffn_hidden_size or arch.ffn_hidden_size),
         "--num-attention-heads", str(arch.num_attention_heads),
     ]
 
@@ -96,7 +111,9 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
     kv_heads = arch.num_kv_heads or arch.num_attention_heads
     if kv_heads != arch.num_attention_heads:
         args += ["--group-query-attention", "--num-query-groups", str(kv_heads)]
-    if arch.head_dim is not None:
+    if arch.kv_lora_rank:
+        args += _latent_attention_args(arch, target)
+    elif arch.head_dim is not None:
         args += ["--kv-channels", str(arch.head_dim)]
     if arch.qk_norm:
         args.append("--qk-layernorm")
@@ -110,7 +127,7 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
         args += ["--position-embedding-type", "rope", "--rotary-base", _whole_theta(arch, target)]
         if arch.rotary_percent != 1.0:
             args += ["--rotary-percent", _number(arch.rotary_percent)]
-        if arch.rope_scaling is not None:
+        if arch.rope_scaling is not None and not arch.kv_lora_rank:
             scaling = arch.rope_scaling.model_dump(include=set(MEGATRON_ROPE_SCALING))
             if arch.rope_scaling.rope_type != "llama3" or scaling != MEGATRON_ROPE_SCALING:
                 raise ExportError(
@@ -127,6 +144,27 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
         if arch.qkv_bias:
             args.append("--add-qkv-bias")
     return args + _attention_variant_args(arch) + _expert_args(arch, expert_parallel)
+
+
+def _latent_attention_args(arch: ModelArchitecture, target: str) -> list[str]:
+    """Multi-head latent attention as megatron-core's MLASelfAttention builds it (the latents' norms with
+    --qk-layernorm), its RoPE plain or YaRN (see the module docstring)."""
+    args = ["--multi-latent-attention", "--kv-lora-rank", str(arch.kv_lora_rank), "--qk-head-dim", str(arch.head_dim),
+            "--qk-pos-emb-head-dim", str(arch.qk_rope_head_dim), "--v-head-dim", str(arch.v_head_dim or arch.head_dim),
+            "--qk-layernorm"]
+    if arch.q_lora_rank:
+        args += ["--q-lora-rank", str(arch.q_lora_rank)]
+    scaling = arch.rope_scaling
+    if scaling is None:
+        return args + ["--rope-type", "rope"]
+    fixed = scaling.model_dump(include=set(MEGATRON_MLA_YARN))
+    if scaling.rope_type != "yarn" or fixed != MEGATRON_MLA_YARN:
+        raise ExportError(f"{target} cannot build this model: its latent attention runs RoPE plain or as YaRN with "
+                          f"{MEGATRON_MLA_YARN} (MLATransformerConfig's defaults, which have no flags); the model's "
+                          f"scaling is {scaling.rope_type} with {fixed}")
+    return args + ["--rope-type", "yarn", "--rotary-scaling-factor", _number(scaling.factor),
+                   "--mscale", _number(1.0 if scaling.mscale is None else scaling.mscale),
+                   "--mscale-all-dim", _number(scaling.mscale_all_dim or 0.0)]
 
 
 def _attention_variant_args(arch: ModelArchitecture) -> list[str]:
@@ -147,7 +185,7 @@ def gpt_oss_features(arch: ModelArchitecture) -> list[str]:
     """GPT-OSS's departures from a Llama/Mixtral-style decoder that `arch` has and the export cannot say: YaRN
     RoPE scaling, biased experts (its attention sinks and sliding windows it can: `_attention_variant_args`)."""
     found = []
-    if arch.rope_scaling is not None and arch.rope_scaling.rope_type == "yarn":
+    if arch.rope_scaling is not None and arch.rope_scaling.rope_type == "yarn" and not arch.kv_lora_rank:
         found.append("YaRN RoPE scaling")
     if arch.num_experts and arch.linear_bias:
         found.append("biases on the router and experts")
@@ -155,7 +193,8 @@ def gpt_oss_features(arch: ModelArchitecture) -> list[str]:
 
 
 def _expert_args(arch: ModelArchitecture, expert_parallel: int) -> list[str]:
-    """A mixture of experts in every layer, as the plan prices it: experts split over `expert_parallel`
+    """A mixture of experts in every layer (but the first `dense_layers`), as the plan prices it: experts split
+    over `expert_parallel`
     replicas and sharded over TP (expert-TP = TP, megatron-core's default when
     --expert-tensor-parallel-size is unset)."""
     if not arch.num_experts:
@@ -164,6 +203,8 @@ def _expert_args(arch: ModelArchitecture, expert_parallel: int) -> list[str]:
             "--moe-ffn-hidden-size", str(arch.ffn_hidden_size), "--expert-model-parallel-size", str(expert_parallel)]
     if arch.shared_expert_ffn_hidden_size:
         args += ["--moe-shared-expert-intermediate-size", str(arch.shared_expert_ffn_hidden_size)]
+    if arch.dense_layers:  # Megatron-LM's moe_freq_type pattern: 0 a dense layer, 1 an expert one
+        args += ["--moe-layer-freq", f"([0]*{arch.dense_layers}+[1]*{arch.num_layers - arch.dense_layers})"]
     return args
 
 
@@ -182,8 +223,8 @@ def megatron_deepspeed_model_args(arch: ModelArchitecture, seq_length: int) -> l
         problems.append("its mixture-of-experts layers (DeepSpeed-MoE) are not exported by resiplan yet; "
                         "export to Megatron-LM instead")
     if arch.head_dim is not None or arch.qk_norm:
-        problems.append("its heads (head_dim apart from hidden / heads, or query/key norms) are not among "
-                        "Megatron-DeepSpeed's flags; export to Megatron-LM instead")
+        problems.append("its heads (head_dim apart from hidden / heads, latent attention, or query/key norms) are "
+                        "not among Megatron-DeepSpeed's flags; export to Megatron-LM instead")
     if problems:
         raise ExportError(f"{target} cannot build this model: {'; '.join(problems)}")
     args = _shape_args(arch)

@@ -105,10 +105,11 @@ Where torchtitan is not what the plan assumed:
   (Llama 3.1, bf16), qwen3_32b, qwen3_30b_a3b, gpt_oss_20b and gpt_oss_120b are
   chosen when they are the plan's architecture field for field (presets
   llama3.1-8b, llama3.1-70b, qwen3-32b, qwen3-30b-a3b, gpt-oss-20b,
-  gpt-oss-120b; its 405B one trains in float8). For any other model, `launch_command` leaves `--module` and
+  gpt-oss-120b; its 405B one trains in float8; its deepseek_v3_671b
+  normalizes with epsilon 1e-5 where DeepSeek-V3 has 1e-6). For any other model, `launch_command` leaves `--module` and
   `--config` to $TORCHTITAN_MODULE and $TORCHTITAN_CONFIG, a config_registry
   function of yours, whose model_spec `adapters.torchtitan_model.model_spec`
-  builds from the plan's architecture (torchtitan's Llama3, Qwen3 or GPT-OSS; for what
+  builds from the plan's architecture (torchtitan's Llama3, Qwen3, GPT-OSS or DeepSeek-V3; for what
   neither builds, such as LayerNorm, learned positions or Mixtral, the launch
   comments say so). Tied embeddings under PP are refused (torchtitan's Decoder
   refuses them).

@@ -1,5 +1,5 @@
-"""The plan's model as torchtitan 0.3 builds it: a Llama3Model.Config or a Qwen3Model.Config with exactly the
-plan's architecture.
+"""The plan's model as torchtitan 0.3 builds it: a Llama3Model.Config, Qwen3Model.Config, GptOssModel.Config or
+DeepSeekV3Model.Config with exactly the plan's architecture.
 
 torchtitan picks its model in Python (`--module M --config C` names a config_registry function); the
 command line cannot change the model's shape. For a model torchtitan has no config function of its
@@ -26,6 +26,11 @@ Which torchtitan model (`model_family`):
   renormalized over the k chosen, as Qwen3-MoE's `norm_topk_prob`) over `num_experts` routed experts
   of width `ffn_hidden_size`.
 
+- deepseek_v3: multi-head latent attention. torchtitan's DeepSeek-V3 spec with the layers built by its own
+  DeepSeek-V3 builder: the query and key/value latents, the first `dense_layers` layers dense, then routed
+  experts with `shared_expert_ffn_hidden_size / ffn_hidden_size` shared ones, YaRN applied as its softmax
+  temperature (`mscale`); the router is its softmax top-k (`deepseek_v3_model_config`).
+
 Refused (ExportError): what those decoders do not build: LayerNorm, learned absolute positions, a
 non-gated MLP, partial rotary embeddings; heads of their own width without query/key norms; for qwen3,
 RoPE scaling, biases and shared experts; a mixture of experts without query/key norms (Mixtral,
@@ -45,15 +50,17 @@ TARGET = "torchtitan"
 ROPE_MAX_SEQ_LEN = 131_072
 
 
-LLAMA3, QWEN3, GPT_OSS = "llama3", "qwen3", "gpt_oss"
+LLAMA3, QWEN3, GPT_OSS, DEEPSEEK_V3 = "llama3", "qwen3", "gpt_oss", "deepseek_v3"
 # What torchtitan 0.3's GPT-OSS layer builder fixes: its attention's heads and the window on every other layer.
 GPT_OSS_ATTENTION = {"num_attention_heads": 64, "num_kv_heads": 8, "head_dim": 64, "sliding_window": 128,
                      "full_attention_every": 2}
 
 
 def model_family(arch: ModelArchitecture) -> str:
-    """The torchtitan model that builds `arch`: gpt_oss where attention has sinks, qwen3 where heads carry
-    query/key norms, else llama3."""
+    """The torchtitan model that builds `arch`: deepseek_v3 for latent attention, gpt_oss where attention has
+    sinks, qwen3 where heads carry query/key norms, else llama3."""
+    if arch.kv_lora_rank:
+        return DEEPSEEK_V3
     if arch.attention_sinks:
         return GPT_OSS
     return QWEN3 if arch.qk_norm else LLAMA3
@@ -65,6 +72,8 @@ def unsupported(arch: ModelArchitecture) -> list[str]:
     family = model_family(arch)
     if family == GPT_OSS:
         return _gpt_oss_problems(arch)
+    if family == DEEPSEEK_V3:
+        return _deepseek_problems(arch)
     decoder = "Llama3" if family == LLAMA3 else "Qwen3"
     problems = []
     if arch.sliding_window is not None:
@@ -116,10 +125,66 @@ def _gpt_oss_problems(arch: ModelArchitecture) -> list[str]:
     return problems
 
 
+def _deepseek_problems(arch: ModelArchitecture) -> list[str]:
+    """What torchtitan's DeepSeek-V3 builder cannot build of `arch`: it builds latent attention over RMSNorm
+    layers with SwiGLU, dense layers first, then routed experts with shared ones of the experts' width."""
+    problems = []
+    if not arch.num_experts or not arch.shared_expert_ffn_hidden_size or (
+            arch.shared_expert_ffn_hidden_size % arch.ffn_hidden_size):
+        problems.append("an MLP other than DeepSeek's routed experts with shared experts of the same width")
+    if arch.normalization != "rmsnorm" or arch.position_embedding != "rope" or not arch.swiglu:
+        problems.append("norms, positions or activations other than DeepSeek's")
+    scaling = arch.rope_scaling
+    if arch.rotary_percent != 1.0 or (scaling is not None and (
+            scaling.rope_type != "yarn" or scaling.mscale is None or scaling.mscale != scaling.mscale_all_dim)):
+        problems.append("RoPE other than DeepSeek's (plain, or YaRN with mscale equal to mscale_all_dim, which its "
+                        "attention applies as its softmax temperature)")
+    return problems
+
+
+def deepseek_v3_model_config(arch: ModelArchitecture) -> Any:
+    """torchtitan's DeepSeekV3Model.Config for `arch`, built by its own layer builder; ExportError naming what it
+    cannot build. The router is torchtitan's softmax top-k (no expert groups, no route scale): routing changes
+    no weight and no cost, and a recipe that routes as DeepSeek-V3 does (sigmoid scores, 8 groups of which 4,
+    scale 2.5) sets those fields of each layer's `moe.router`."""
+    _refuse_unbuildable(arch, DEEPSEEK_V3, "no latent attention (not a DeepSeek model)")
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.deepseek_v3 import _EMBEDDING_INIT, _NORM_INIT, _build_dsv3_layers, _output_linear_init
+    from torchtitan.models.deepseek_v3.model import DeepSeekV3Model
+
+    dim, vocab, scaling = arch.hidden_size, arch.vocab_size, arch.rope_scaling
+    rope = ComplexRoPE.Config(
+        dim=arch.qk_rope_head_dim, max_seq_len=ROPE_MAX_SEQ_LEN, theta=arch.rope_theta,
+        **({"scaling": "none"} if scaling is None else {
+            "scaling": "yarn", "rope_factor": scaling.factor, "beta_fast": scaling.beta_fast,
+            "beta_slow": scaling.beta_slow, "original_seq_len": scaling.original_max_position_embeddings}))
+    layers = _build_dsv3_layers(
+        n_layers=arch.num_layers, n_dense_layers=arch.dense_layers, dim=dim, n_heads=arch.num_attention_heads,
+        q_lora_rank=arch.q_lora_rank, kv_lora_rank=arch.kv_lora_rank, qk_nope_head_dim=arch.head_dim,
+        qk_rope_head_dim=arch.qk_rope_head_dim, v_head_dim=arch.v_head_dim or arch.head_dim,
+        mscale=1.0 if scaling is None else scaling.mscale, dense_hidden_dim=arch.dense_ffn_hidden_size or 1,
+        moe_hidden_dim=arch.ffn_hidden_size, num_experts=arch.num_experts,
+        num_shared_experts=arch.shared_expert_ffn_hidden_size // arch.ffn_hidden_size,
+        router_top_k=arch.experts_per_token, router_score_func="softmax", attn_backend="flex",
+        moe_comm_backend="standard", non_blocking_capacity_factor=None, rope=rope)
+    for layer in layers:
+        layer.attention_norm.eps = layer.ffn_norm.eps = arch.norm_epsilon
+        layer.attention.kv_norm.eps = layer.attention.q_norm.eps = arch.norm_epsilon
+    return DeepSeekV3Model.Config(
+        vocab_size=vocab, dim=dim, enable_weight_tying=arch.tied_embeddings,
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=_EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, eps=arch.norm_epsilon, param_init=_NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_output_linear_init(dim)),
+        layers=layers,
+    )
+
+
 def model_config(arch: ModelArchitecture) -> Any:
-    """torchtitan's model config for `arch` (Llama3Model.Config, Qwen3Model.Config or GptOssModel.Config, by
-    `model_family`); ExportError naming what torchtitan cannot build."""
+    """torchtitan's model config for `arch` (Llama3Model.Config, Qwen3Model.Config, GptOssModel.Config or
+    DeepSeekV3Model.Config, by `model_family`); ExportError naming what torchtitan cannot build."""
     family = model_family(arch)
+    if family == DEEPSEEK_V3:
+        return deepseek_v3_model_config(arch)
     if family == GPT_OSS:
         return gpt_oss_model_config(arch)
     return qwen3_model_config(arch) if family == QWEN3 else llama3_model_config(arch)
@@ -173,6 +238,11 @@ def model_spec(arch: ModelArchitecture, float8: bool = False, emulate: bool = Fa
     if float8 and arch.num_experts:
         raise ExportError(f"{TARGET} cannot train this plan as priced: fp8 with a mixture of experts (its float8 "
                           "converter leaves the grouped experts in bf16); plan it in bf16")
+    if family == DEEPSEEK_V3:
+        from torchtitan.models.deepseek_v3 import model_registry as deepseek_registry
+
+        spec = deepseek_registry("debugmodel")
+        return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}", model=deepseek_v3_model_config(arch))
     if family == GPT_OSS:
         from torchtitan.models.gpt_oss import model_registry as gpt_oss_registry
 

@@ -222,6 +222,8 @@ def modern_table(efficiency: EfficiencyParams) -> list[str]:
 
 def run_feature(run) -> str:
     """What a modern run exercises beyond the BF16 ZeRO-0/1 baseline, for the per-feature errors."""
+    if run.workload.model.is_moe:
+        return "moe"
     if run.shape.cp > 1:
         return "cp"
     if run.precision == "fp8":

@@ -8,14 +8,14 @@ per GPU through the batch, or the iteration time as published. Used by `benchmar
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.hardware import gpu_preset
 from cost_models.iteration import estimate_iteration
 from cost_models.layout import Hardware, ParallelShape, Workload
-from cost_models.model_spec import ModelSpec
+from cost_models.model_spec import ModelSpec, model_preset
 from cost_models.stage_costs import stage_cost_terms
 
 MODERN_RUNS_PATH = Path(__file__).with_name("calibration") / "modern_runs.json"
@@ -41,6 +41,10 @@ class ModernRun:
 
 
 def _model(row: dict) -> ModelSpec:
+    """The run's model: a resiplan preset where the row names one (`model_preset`: mixtures of experts, whose
+    published shape the preset is), else the row's own shape fields."""
+    if "model_preset" in row:
+        return replace(model_preset(row["model_preset"]), name=row["model"])
     return ModelSpec(
         name=row["model"], num_layers=row["layers"], hidden_size=row["hidden"], ffn_hidden_size=row["ffn_hidden"],
         num_attention_heads=row["heads"], num_kv_heads=row["kv_heads"], vocab_size=row["vocab"],
@@ -82,12 +86,13 @@ def load_modern_runs(path: Path = MODERN_RUNS_PATH) -> list[ModernRun]:
         virtual = row["virtual_stages"]
         shape = ParallelShape(tp=row["tp"], pp=row["pp"], dp=row["dp"], micro_batch_size=row["micro_batch"],
                               recompute=row["recompute"], schedule="interleaved" if virtual > 1 else "1f1b",
-                              virtual_stages=virtual, cp=row.get("cp", 1))
+                              virtual_stages=virtual, cp=row.get("cp", 1), ep=row.get("ep", 1))
         if shape.devices != row["gpus"]:
             raise ValueError(f"{row['model']} on {row['gpus']} GPUs: tp x cp x pp x dp = {shape.devices}")
         workload = Workload(_model(row), row["seq_length"], row["global_batch"], zero_stage=row["zero_stage"])
         label = (f"{row['model']}, {row['gpus']} x {row['gpu']}, tp {row['tp']}"
                  + (f" cp {shape.cp}" if shape.cp > 1 else "") + f" pp {row['pp']} dp {row['dp']}"
+                 + (f" ep {shape.ep}" if shape.ep > 1 else "")
                  + (f" v {virtual}" if virtual > 1 else "") + (f", {row['precision']}" if row["precision"] != "bf16" else ""))
         software = SoftwareConfig(**row["software"])
         runs.append(ModernRun(row["source_id"], label, workload, hardware, shape, software, published_iteration_s(row),

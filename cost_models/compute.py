@@ -125,10 +125,10 @@ def _attention_core_forward_s(
     flops = layer_attention_forward_flops(model, seq_length, micro_batch) / (tp * cp)
     if software.flash_attention:
         executed = attention_executed_fraction(model, seq_length, CAUSAL_EXECUTED_FRACTION)
-        return gemm_time_s(flops * executed, model.head_width, gpu, efficiency)
+        return gemm_time_s(flops * executed, model.qk_head_width, gpu, efficiency)
     score_elements = model.num_attention_heads * seq_length * seq_length * micro_batch / (tp * cp)
     score_bytes = SCORE_BYTES_NO_DROPOUT + (SCORE_BYTES_DROPOUT if software.dropout else 0.0)
-    return gemm_time_s(flops, model.head_width, gpu, efficiency) + hbm_time_s(score_elements * score_bytes, gpu, efficiency)
+    return gemm_time_s(flops, model.qk_head_width, gpu, efficiency) + hbm_time_s(score_elements * score_bytes, gpu, efficiency)
 
 
 def _elementwise_forward_s(

@@ -42,8 +42,10 @@ def expert_parallel_sizes(model: ModelSpec, dp: int, most: int | None = None) ->
 
 
 def layer_params_per_gpu(model: ModelSpec, tp: int, ep: int) -> float:
-    """One layer's weights on one GPU: all of it over TP, the routed experts over EP as well."""
-    return (model.params_per_layer - model.routed_expert_params_per_layer * (1 - 1 / ep)) / tp
+    """One layer's weights on one GPU: all of it over TP, the routed experts over EP as well; with dense layers
+    among the expert ones, the larger of the two kinds (a stage may hold either)."""
+    expert_layer = (model.params_per_layer - model.routed_expert_params_per_layer * (1 - 1 / ep)) / tp
+    return max(expert_layer, model.dense_layer_params / tp)
 
 
 def expert_data_parallel(grad_sync_ranks: int, ep: int) -> int:
@@ -56,7 +58,9 @@ def all_to_all_ms(model: ModelSpec, tokens: float, tp: int, ep: int, ranks_per_n
     """One all-to-all of a layer's routed tokens (dispatch or combine) on one GPU: 0 without EP."""
     if ep <= 1 or not model.is_moe:
         return 0.0
-    routed_bytes = tokens / tp * model.experts_per_token * model.hidden_size * BYTES_PER_ELEMENT
+    # Per mean layer: dense layers among the expert ones send nothing.
+    routed_bytes = tokens / tp * model.experts_per_token * model.hidden_size * BYTES_PER_ELEMENT * (
+        model.expert_layers / model.num_layers)
     in_node = min(ep, max(1, ranks_per_node))
     intra_s = routed_bytes * (in_node - 1) / ep / (intra_gb_s * 1e9)
     inter_s = routed_bytes * (ep - in_node) / ep / (inter_gb_s * 1e9)

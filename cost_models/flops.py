@@ -19,31 +19,50 @@ def layer_matmul_forward_flops(model: ModelSpec, seq_length: int, micro_batch: i
 
 def layer_projection_gemms(model: ModelSpec, tokens: float, tp: int) -> tuple[tuple[float, float], ...]:
     """(FLOPs, narrow width) of each projection GEMM of one layer's forward on one GPU of a TP group:
-    QKV, output projection, the MLP's first (gate and up with SwiGLU) and second matrices, and a
-    mixture of experts' router. A routed expert's GEMMs are as wide as one expert (`ffn_hidden_size`)
-    while their FLOPs count every expert a token runs (`mlp_width_per_token`): experts are sharded
-    over TP like a dense MLP (Megatron's expert-TP = TP)."""
-    h, q = model.hidden_size, model.q_width
-    qkv_out = (q + 2 * model.kv_width) / tp
+    QKV (latent attention's down and up projections), output projection, the MLP's first (gate and up with
+    SwiGLU) and second matrices, and a mixture of experts' router. A routed expert's GEMMs are as wide as
+    one expert (`ffn_hidden_size`) while their FLOPs count every expert a token runs
+    (`mlp_width_per_token`): experts are sharded over TP like a dense MLP (Megatron's expert-TP = TP)."""
+    h, out = model.hidden_size, model.attention_output_width
     gate_up = 2 if model.swiglu else 1
     per_token = model.mlp_width_per_token / tp
     one_gemm = model.ffn_hidden_size / tp
-    gemms = (
-        (2 * tokens * h * qkv_out, min(h, qkv_out)),
-        (2 * tokens * (q / tp) * h, min(h, q / tp)),
+    gemms = _qkv_gemms(model, tokens, tp) + (
+        (2 * tokens * (out / tp) * h, min(h, out / tp)),
         (2 * tokens * h * gate_up * per_token, min(h, gate_up * one_gemm)),
         (2 * tokens * per_token * h, min(h, one_gemm)),
     )
-    if model.is_moe:  # replicated on every TP rank, as Megatron's router is
-        gemms += ((2 * tokens * h * model.num_experts, min(h, model.num_experts)),)
+    if model.is_moe:  # replicated on every TP rank, as Megatron's router is; per mean layer (dense ones have none)
+        share = model.expert_layers / model.num_layers
+        gemms += ((2 * tokens * h * model.num_experts * share, min(h, model.num_experts)),)
     return gemms
 
 
+def _qkv_gemms(model: ModelSpec, tokens: float, tp: int) -> tuple[tuple[float, float], ...]:
+    """The Q, K and V projections: one GEMM, or latent attention's down projections (whole on every TP
+    rank, as Transformer Engine's duplicated linears run them in Megatron's DeepSeek recipes) and up
+    projections (split by heads over TP)."""
+    h = model.hidden_size
+    if not model.is_mla:
+        qkv_out = (model.q_width + 2 * model.kv_width) / tp
+        return ((2 * tokens * h * qkv_out, min(h, qkv_out)),)
+    q_heads = model.q_width / tp
+    kv_heads = model.num_attention_heads * (model.head_width + (model.v_head_dim or model.head_width)) / tp
+    kv_down = model.kv_lora_rank + model.qk_rope_head_dim
+    gemms = ((2 * tokens * h * kv_down, min(h, kv_down)),
+             (2 * tokens * model.kv_lora_rank * kv_heads, min(model.kv_lora_rank, kv_heads)))
+    if not model.q_lora_rank:
+        return gemms + ((2 * tokens * h * q_heads, min(h, q_heads)),)
+    rank = model.q_lora_rank
+    return gemms + ((2 * tokens * h * rank, min(h, rank)), (2 * tokens * rank * q_heads, min(rank, q_heads)))
+
+
 def layer_attention_forward_flops(model: ModelSpec, seq_length: int, micro_batch: int) -> float:
-    """Q K^T and scores x V of one layer, forward (quadratic in seq_length): every query against every
+    """Q K^T and scores x V of one layer, forward (quadratic in seq_length; the values as wide as the attention's
+    output, narrower than the keys with latent attention): every query against every
     key, or with sliding windows against the keys it may see, averaged over the layers
     (`ModelSpec.attended_keys_fraction`)."""
-    flops = float(4 * micro_batch * seq_length * seq_length * model.q_width)
+    flops = float(2 * micro_batch * seq_length * seq_length * (model.q_width + model.attention_output_width))
     return flops if model.sliding_window is None else flops * model.attended_keys_fraction(seq_length)
 
 

@@ -37,7 +37,7 @@ def cast_elements_per_token(model: ModelSpec, tp: int, sequence_parallel: bool) 
     h = model.hidden_size
     sp = tp if sequence_parallel else 1
     fc1_out = (2 if model.swiglu else 1) * model.mlp_width_per_token
-    forward = h / sp + model.q_width / tp + h / sp + model.mlp_width_per_token / tp
+    forward = h / sp + model.attention_output_width / tp + h / sp + model.mlp_width_per_token / tp
     backward = (model.q_width + 2 * model.kv_width) / tp + h / sp + fc1_out / tp + h / sp
     return forward, backward
 
@@ -46,4 +46,4 @@ def saved_input_bytes_per_token(model: ModelSpec) -> tuple[float, float]:
     """Bytes per token (multiples of h) that FP8 saves on the stored projection inputs:
     (replicated unless sequence parallel: the two norm outputs; TP-sharded: attention output and the
     MLP activation's output), one byte per element each."""
-    return 2.0, (model.q_width + model.mlp_width_per_token) / model.hidden_size
+    return 2.0, (model.attention_output_width + model.mlp_width_per_token) / model.hidden_size

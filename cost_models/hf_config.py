@@ -46,6 +46,8 @@ class _MoeFamily:
     count_keys: tuple[str, ...]  # routed experts per layer (the first present wins; the others must agree)
     width_key: str  # one routed expert's intermediate width
     shared_width_key: str | None = None  # the shared expert every token runs
+    shared_count_key: str | None = None  # or the shared experts, each one routed expert wide (DeepSeek)
+    dense_first_key: str | None = None  # the first layers with a dense MLP, `intermediate_size` wide (DeepSeek)
 
 
 # Families read as mixtures of experts, from their Hugging Face modeling code: Mixtral's experts are
@@ -59,6 +61,12 @@ _MOE_FAMILIES: dict[str, _MoeFamily] = {
                             "shared_expert_intermediate_size"),
     "qwen3_moe": _MoeFamily(("num_experts", "num_local_experts"), "moe_intermediate_size"),
     "gpt_oss": _MoeFamily(("num_local_experts", "num_experts"), "intermediate_size"),
+    # DeepSeek-V2/V3: n_shared_experts experts of moe_intermediate_size, the first first_k_dense_replace layers
+    # dense (their MLP intermediate_size wide), latent attention (_LATENT_ATTENTION_FAMILIES).
+    "deepseek_v2": _MoeFamily(("n_routed_experts",), "moe_intermediate_size", shared_count_key="n_shared_experts",
+                              dense_first_key="first_k_dense_replace"),
+    "deepseek_v3": _MoeFamily(("n_routed_experts",), "moe_intermediate_size", shared_count_key="n_shared_experts",
+                              dense_first_key="first_k_dense_replace"),
 }
 # Families whose router and experts always carry biases (GPT-OSS's modeling code), and which attend with a
 # learned sink logit per head.
@@ -69,8 +77,10 @@ _FULL_ATTENTION, _SLIDING_ATTENTION = "full_attention", "sliding_attention"
 # resiplan models every layer alike.
 _DENSE_LAYER_FIELDS: dict[str, Any] = {"decoder_sparse_step": 1, "moe_layer_freq": 1, "first_k_dense_replace": 0,
                                        "mlp_only_layers": ()}
-# Multi-head latent attention (DeepSeek-V2/V3): low-rank compressed Q and KV projections.
+# Multi-head latent attention (DeepSeek-V2/V3): low-rank compressed Q and KV projections, read for the families
+# whose modeling code builds it.
 _LATENT_ATTENTION_KEYS = ("kv_lora_rank", "q_lora_rank")
+_LATENT_ATTENTION_FAMILIES = frozenset({"deepseek_v2", "deepseek_v3"})
 # Families whose every linear layer has a bias, and whose configs do not say so.
 _BIASED_FAMILIES = frozenset({"gpt2", "gpt_bigcode", "gpt_neox", "gpt_neo", "opt", "bloom", "falcon", "phi",
                               "starcoder2", "codegen"})
@@ -161,7 +171,7 @@ def _experts(config: dict[str, Any], family: str) -> tuple[dict[str, int], int |
     """(ModelSpec's expert fields, one routed expert's width) for a family in _MOE_FAMILIES; ({}, None) for a
     dense config. HfConfigError naming the field for experts, or attention, resiplan does not model."""
     for key in _LATENT_ATTENTION_KEYS:
-        if config.get(key) is not None:
+        if config.get(key) is not None and family not in _LATENT_ATTENTION_FAMILIES:
             raise HfConfigError(
                 f"hf_config {key} is {_shown(config[key])}: multi-head latent attention (DeepSeek-V2/V3's "
                 "low-rank Q and KV projections) is not modelled yet; resiplan prices multi-head and "
@@ -171,9 +181,9 @@ def _experts(config: dict[str, Any], family: str) -> tuple[dict[str, int], int |
     if moe is None:
         _refuse_unread_experts(config, family)
         return {}, None
-    _refuse_dense_layers(config)
+    dense = _dense_first_layers(config, moe)
     understood = frozenset({*moe.count_keys, "num_experts_per_tok", moe.width_key, *_DENSE_LAYER_FIELDS,
-                            *([moe.shared_width_key] if moe.shared_width_key else [])})
+                            *(key for key in (moe.shared_width_key, moe.shared_count_key) if key)})
     _refuse_unread_experts(config, family, understood)
     limits = ARCHITECTURE_LIMITS
     num_experts = _int_field(config, moe.count_keys, limits["num_experts"])
@@ -188,8 +198,39 @@ def _experts(config: dict[str, Any], family: str) -> tuple[dict[str, int], int |
             "every expert")
     width = _int_field(config, (moe.width_key,), limits["ffn_hidden_size"])
     shared = _int_field(config, (moe.shared_width_key,), limits["ffn_hidden_size"]) if moe.shared_width_key else 0
-    return {"num_experts": num_experts, "experts_per_token": per_token, "shared_expert_ffn_hidden_size": shared}, \
-        width
+    if moe.shared_count_key and config.get(moe.shared_count_key) is not None:
+        shared = _int_field(config, (moe.shared_count_key,), limits["num_experts"]) * width
+    return {"num_experts": num_experts, "experts_per_token": per_token, "shared_expert_ffn_hidden_size": shared,
+            **dense}, width
+
+
+def _dense_first_layers(config: dict[str, Any], moe: _MoeFamily) -> dict[str, int]:
+    """ModelSpec's dense_layers and dense_ffn_hidden_size where the family puts dense layers first; other dense
+    layer patterns refused (`_refuse_dense_layers`)."""
+    if moe.dense_first_key is None:
+        _refuse_dense_layers(config)
+        return {}
+    _refuse_dense_layers({key: value for key, value in config.items() if key != moe.dense_first_key})
+    first = config.get(moe.dense_first_key)
+    if first is None or first == 0:
+        return {}
+    layers = _int_field(config, (moe.dense_first_key,), ARCHITECTURE_LIMITS["num_layers"])
+    return {"dense_layers": layers,
+            "dense_ffn_hidden_size": _int_field(config, ("intermediate_size",), ARCHITECTURE_LIMITS["ffn_hidden_size"])}
+
+
+def _latent_attention(config: dict[str, Any], family: str) -> dict[str, int]:
+    """ModelSpec's latent attention fields (DeepSeek-V2/V3: kv_lora_rank, q_lora_rank (null: none),
+    qk_nope_head_dim as head_dim, qk_rope_head_dim, v_head_dim); {} for other families."""
+    if family not in _LATENT_ATTENTION_FAMILIES:
+        return {}
+    limits = ARCHITECTURE_LIMITS
+    q_rank = config.get("q_lora_rank")
+    return {"kv_lora_rank": _int_field(config, ("kv_lora_rank",), limits["hidden_size"]),
+            "q_lora_rank": 0 if q_rank is None else _int_field(config, ("q_lora_rank",), limits["hidden_size"]),
+            "head_dim": _int_field(config, ("qk_nope_head_dim",), limits["head_dim"]),
+            "qk_rope_head_dim": _int_field(config, ("qk_rope_head_dim",), limits["head_dim"]),
+            "v_head_dim": _int_field(config, ("v_head_dim",), limits["head_dim"])}
 
 
 def _head_fields(config: dict[str, Any], family: str, hidden: int, heads: int) -> dict[str, Any]:
@@ -254,7 +295,8 @@ def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
 
 
 def _yarn(scaling: dict[str, Any], where: str) -> RopeScaling:
-    """YaRN scaling (GPT-OSS): factor, the context it starts from, the ramp's beta_fast and beta_slow."""
+    """YaRN scaling (GPT-OSS, DeepSeek): factor, the context it starts from, the ramp's beta_fast and beta_slow,
+    and DeepSeek's attention temperature (mscale, mscale_all_dim) where given."""
     fast = _float_field(scaling, "beta_fast", 32.0, 0.0, 1024.0, where)
     slow = _float_field(scaling, "beta_slow", 1.0, 0.0, 1024.0, where)
     if slow >= fast:
@@ -262,9 +304,11 @@ def _yarn(scaling: dict[str, Any], where: str) -> RopeScaling:
     if _bool_field(scaling, "truncate") is True:
         raise HfConfigError(f"{where} truncate true is not supported: resiplan carries untruncated YaRN (GPT-OSS's) "
                             "to trainers")
+    mscales = {key: _float_field(scaling, key, 0.0, -1e-9 if key == "mscale_all_dim" else 0.0, 1024.0, where)
+               for key in ("mscale", "mscale_all_dim") if scaling.get(key) is not None}
     return RopeScaling(
         factor=_float_field(scaling, "factor", 32.0, 0.0, 1024.0, where), rope_type=YARN_ROPE,
-        beta_fast=fast, beta_slow=slow,
+        beta_fast=fast, beta_slow=slow, **mscales,
         original_max_position_embeddings=_int_field(
             scaling, ("original_max_position_embeddings",), ARCHITECTURE_LIMITS["max_position_embeddings"], 4096))
 
@@ -358,7 +402,7 @@ def model_from_hf_config(config: dict[str, Any]) -> ModelSpec:
     if family.startswith("gemma"):
         raise HfConfigError(f"hf_config model_type {_shown(family)} is not supported: Gemma's GeGLU MLP, scaled "
                             "embedding and extra norms are not modelled")
-    head_fields = _head_fields(config, family, hidden, heads)
+    head_fields = _latent_attention(config, family) or _head_fields(config, family, hidden, heads)
     default_activation = "silu" if expert_fields else "gelu"  # the MoE families' configs default to silu
     activation = str(config.get("hidden_act") or config.get("activation_function") or default_activation).lower()
     gated = "intermediate_size" in config and activation in {"silu", "swiglu", "swish"}

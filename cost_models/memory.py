@@ -60,14 +60,16 @@ def _layer_activation_terms(model: ModelSpec, software: SoftwareConfig) -> tuple
     masks = 2.0 if software.dropout else 0.0
     replicated = 4.0 + 2.0 + 2.0 + masks
     qkv = 2.0 * model.q_width / h + 2.0 * 2.0 * model.kv_width / h
-    out_proj_input = 2.0 * model.q_width / h
+    out_proj_input = 2.0 * model.attention_output_width / h
+    if model.is_mla:  # the latents (whole on every TP rank): their norm's input and their up projection's
+        replicated += 2.0 * 2.0 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim) / h
     ffn_ratio = model.mlp_width_per_token / h
     activation_inputs = (2.0 * 2.0 if model.swiglu else 2.0) * ffn_ratio
     fc2_input = 2.0 * ffn_ratio
     sharded = qkv + out_proj_input + activation_inputs + fc2_input
     # A mixture of experts keeps each token's routed copies as its experts' first input and their outputs
     # for the weighted combine's backward (2 bytes x h each, per routed expert).
-    replicated += 2.0 * 2.0 * model.experts_per_token
+    replicated += 2.0 * 2.0 * model.experts_per_token * model.expert_layers / model.num_layers
     if software.fp8:
         replicated_saved, sharded_saved = saved_input_bytes_per_token(model)
         replicated -= replicated_saved

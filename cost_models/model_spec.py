@@ -45,6 +45,10 @@ class RopeScaling:
     rope_type: str = LLAMA3_ROPE
     beta_fast: float = 32.0
     beta_slow: float = 1.0
+    # YaRN's attention temperature (DeepSeek-V2/V3: softmax scale x mscale(factor, mscale_all_dim)^2);
+    # None where the config leaves it to the default (GPT-OSS).
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,16 @@ class ModelSpec:
         (every layer attends to the whole sequence). With it, every `full_attention_every`-th layer (layers
         k - 1, 2k - 1, ...) still attends to the whole sequence and the others within the window (GPT-OSS:
         window 128, every 2nd layer full; 0: every layer windowed).
+    kv_lora_rank: multi-head latent attention (DeepSeek-V2/V3) when > 0. Keys and values are projected down to
+        a latent this wide plus `qk_rope_head_dim` rotary dimensions shared by every head (one RMSNorm on the
+        latent), then up to every head's key (`head_dim` wide, plus the shared rotary part) and value
+        (`v_head_dim` wide); queries likewise through a `q_lora_rank` latent (0: projected directly).
+        num_kv_heads equals num_attention_heads.
+    dense_layers: in a mixture of experts, the first layers whose MLP is dense, `dense_ffn_hidden_size`
+        wide (DeepSeek-V3's first_k_dense_replace 3, 18,432 wide). `params_per_layer` is an expert
+        layer's; stages price every layer at the larger of the two per GPU (`layer_params_per_gpu`) and
+        at the mean FLOPs (`mlp_width_per_token`): for DeepSeek-V3 a dense layer's MLP FLOPs equal an expert
+        layer's (18,432 = 8 routed + 1 shared expert of 2,048).
     """
 
     name: str
@@ -108,6 +122,21 @@ class ModelSpec:
     attention_sinks: bool = False
     sliding_window: int | None = None
     full_attention_every: int = 1
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    dense_layers: int = 0
+    dense_ffn_hidden_size: int = 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def expert_layers(self) -> int:
+        """Layers holding a mixture of experts (0 for a dense model)."""
+        return self.num_layers - self.dense_layers if self.is_moe else 0
 
     @property
     def is_moe(self) -> bool:
@@ -146,7 +175,11 @@ class ModelSpec:
         experts' together (what a token's MLP FLOPs and stored activations scale with)."""
         if not self.is_moe:
             return self.ffn_hidden_size
-        return self.experts_per_token * self.ffn_hidden_size + self.shared_expert_ffn_hidden_size
+        expert_width = self.experts_per_token * self.ffn_hidden_size + self.shared_expert_ffn_hidden_size
+        if not self.dense_layers:
+            return expert_width
+        # The mean over the layers: every stage is priced as that many mean layers (see the class docstring).
+        return (self.expert_layers * expert_width + self.dense_layers * self.dense_ffn_hidden_size) / self.num_layers
 
     @property
     def routed_expert_params_per_layer(self) -> int:
@@ -162,14 +195,48 @@ class ModelSpec:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
-    def q_width(self) -> int:
-        """Output width of the Q projection, and input width of the attention output projection."""
-        return self.num_attention_heads * self.head_width
+    def qk_head_width(self) -> int:
+        """Each head's query (and key) width: `head_width`, plus the shared rotary part with latent attention."""
+        return self.head_width + self.qk_rope_head_dim
 
     @property
-    def kv_width(self) -> int:
-        """Output width of the K (or V) projection."""
-        return self.num_kv_heads * self.head_width
+    def q_width(self) -> int:
+        """Output width of the Q projection."""
+        return self.num_attention_heads * self.qk_head_width
+
+    @property
+    def attention_output_width(self) -> int:
+        """Width of the attention's output (scores x V), the input of its output projection: q_width except
+        with latent attention's `v_head_dim`."""
+        return self.num_attention_heads * (self.v_head_dim or self.head_width)
+
+    @property
+    def key_width(self) -> int:
+        """Width of one token's keys over all KV heads (what the attention core reads)."""
+        return self.num_kv_heads * self.qk_head_width
+
+    @property
+    def value_width(self) -> int:
+        return self.num_kv_heads * (self.v_head_dim or self.head_width)
+
+    @property
+    def kv_width(self) -> float:
+        """Output width of the K (or V) projection; with latent attention the mean of the key and value widths
+        the up-projection makes."""
+        if not self.is_mla:
+            return self.num_kv_heads * self.head_width
+        return (self.key_width + self.value_width) / 2
+
+    @property
+    def attention_params(self) -> int:
+        """Weights of one layer's attention projections (and latent attention's latent norms), no biases."""
+        h = self.hidden_size
+        if not self.is_mla:
+            return h * (self.q_width + 2 * self.kv_width) + self.q_width * h
+        q = self.q_lora_rank * (h + 1 + self.q_width) if self.q_lora_rank else h * self.q_width
+        kv_up = self.kv_lora_rank * self.num_attention_heads * (self.head_width + (self.v_head_dim or self.head_width))
+        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank + kv_up
+        return q + kv + self.attention_output_width * h
 
     @property
     def norm_params(self) -> int:
@@ -181,7 +248,7 @@ class ModelSpec:
         """Weights of one transformer layer: the matrices, their biases where the model has them, two norms."""
         h, f = self.hidden_size, self.ffn_hidden_size
         qkv_width = self.q_width + 2 * self.kv_width
-        attention = h * qkv_width + self.q_width * h + (2 * self.head_width if self.qk_norm else 0)
+        attention = self.attention_params + (2 * self.head_width if self.qk_norm else 0)
         mlp_matrices = self.mlp_matrices
         mlp = mlp_matrices * h * f
         if self.is_moe:  # the router, every routed expert (biases and all) and the shared experts
@@ -202,6 +269,22 @@ class ModelSpec:
         return attention + mlp + biases + sinks + 2 * self.norm_params
 
     @property
+    def dense_layer_params(self) -> int:
+        """Weights of one of the first `dense_layers` layers: an expert layer's attention and norms with a
+        dense MLP of `dense_ffn_hidden_size` (0 without dense layers)."""
+        if not self.dense_layers:
+            return 0
+        expert_mlp = self.hidden_size * self.num_experts + self.routed_expert_params_per_layer + (
+            self.mlp_matrices * self.hidden_size * self.shared_expert_ffn_hidden_size)
+        return self.params_per_layer - expert_mlp + self.mlp_matrices * self.hidden_size * self.dense_ffn_hidden_size
+
+    @property
+    def layer_params(self) -> int:
+        """Weights of all transformer layers together."""
+        return self.expert_layers * self.params_per_layer + (self.num_layers - self.expert_layers) * (
+            self.dense_layer_params or self.params_per_layer)
+
+    @property
     def embedding_params(self) -> int:
         """Weights on the first stage: the token embedding, and the learned position table if there is one."""
         positions = (self.max_position_embeddings or 0) if self.position_embedding == LEARNED else 0
@@ -215,7 +298,7 @@ class ModelSpec:
     @property
     def total_params(self) -> int:
         head = 0 if self.tied_embeddings else self.head_params
-        return self.num_layers * self.params_per_layer + self.embedding_params + head + self.norm_params
+        return self.layer_params + self.embedding_params + head + self.norm_params
 
     @property
     def active_params(self) -> int:
@@ -223,7 +306,7 @@ class ModelSpec:
         mixture-of-experts models publish as "active")."""
         skipped = self.num_experts - self.experts_per_token if self.is_moe else 0
         per_expert = self.mlp_matrices * self.hidden_size * self.ffn_hidden_size + self.expert_biases
-        return self.total_params - self.num_layers * skipped * per_expert
+        return self.total_params - self.expert_layers * skipped * per_expert
 
 
 def model_preset_names() -> list[str]:

@@ -115,6 +115,12 @@ def resolve_model(model: str | ModelArchitecture | HfConfigModel) -> ModelSpec:
         attention_sinks=model.attention_sinks,
         sliding_window=model.sliding_window,
         full_attention_every=model.full_attention_every,
+        q_lora_rank=model.q_lora_rank,
+        kv_lora_rank=model.kv_lora_rank,
+        qk_rope_head_dim=model.qk_rope_head_dim,
+        v_head_dim=model.v_head_dim,
+        dense_layers=model.dense_layers,
+        dense_ffn_hidden_size=model.dense_ffn_hidden_size,
     )
     _check_shape(spec)
     return spec

@@ -31,9 +31,15 @@ class RopeScalingModel(_Strict):
     )
     beta_fast: float = Field(default=32.0, gt=0, le=1024, description="yarn only: rotations where the ramp starts.")
     beta_slow: float = Field(default=1.0, gt=0, le=1024, description="yarn only: rotations where it ends.")
+    mscale: float | None = Field(default=None, gt=0, le=1024,
+                                 description="yarn only: the attention temperature's mscale (DeepSeek-V2/V3), or null.")
+    mscale_all_dim: float | None = Field(default=None, ge=0, le=1024,
+                                         description="yarn only: its mscale_all_dim (DeepSeek-V2/V3), or null.")
 
     @model_validator(mode="after")
     def _bands(self) -> RopeScalingModel:
+        if self.rope_type != "yarn" and (self.mscale is not None or self.mscale_all_dim is not None):
+            raise ValueError("rope_scaling mscale and mscale_all_dim are YaRN's: give rope_type yarn")
         if self.rope_type == "yarn":
             if self.beta_slow >= self.beta_fast:
                 raise ValueError(f"rope_scaling beta_fast {self.beta_fast:g} must exceed beta_slow {self.beta_slow:g}")
@@ -97,6 +103,22 @@ class ModelArchitecture(_Strict):
         default=1, ge=0, le=ARCHITECTURE_LIMITS["num_layers"],
         description="With sliding_window: every k-th layer (layers k-1, 2k-1, ...) attends to the whole sequence, "
                     "the others within the window (GPT-OSS 2; 0: every layer windowed).")
+    q_lora_rank: int = Field(default=0, ge=0, le=ARCHITECTURE_LIMITS["hidden_size"],
+                             description="Multi-head latent attention: the query latent's width (0: queries "
+                                         "projected directly; DeepSeek-V3 1536).")
+    kv_lora_rank: int = Field(default=0, ge=0, le=ARCHITECTURE_LIMITS["hidden_size"],
+                              description="Multi-head latent attention when > 0: the key/value latent's width "
+                                          "(DeepSeek-V2/V3 512); head_dim is then each head's qk_nope_head_dim.")
+    qk_rope_head_dim: int = Field(default=0, ge=0, le=ARCHITECTURE_LIMITS["head_dim"],
+                                  description="Latent attention: rotary dimensions every head's query and key add "
+                                              "(DeepSeek 64).")
+    v_head_dim: int = Field(default=0, ge=0, le=ARCHITECTURE_LIMITS["head_dim"],
+                            description="Latent attention: each head's value width (0: head_dim; DeepSeek 128).")
+    dense_layers: int = Field(default=0, ge=0, le=ARCHITECTURE_LIMITS["num_layers"],
+                              description="Mixture of experts: the first layers whose MLP is dense "
+                                          "(DeepSeek-V3's first_k_dense_replace 3).")
+    dense_ffn_hidden_size: int = Field(default=0, ge=0, le=ARCHITECTURE_LIMITS["ffn_hidden_size"],
+                                       description="Width of those dense MLPs (DeepSeek-V3 18432).")
 
     @model_validator(mode="after")
     def _experts(self) -> ModelArchitecture:
@@ -108,6 +130,43 @@ class ModelArchitecture(_Strict):
         if not 1 <= self.experts_per_token <= self.num_experts:
             raise ValueError(f"experts_per_token must be from 1 to num_experts ({self.num_experts}), "
                              f"got {self.experts_per_token}")
+        return self
+
+    @model_validator(mode="after")
+    def _latent_attention(self) -> ModelArchitecture:
+        if not self.kv_lora_rank:
+            if self.q_lora_rank or self.qk_rope_head_dim or self.v_head_dim:
+                raise ValueError("q_lora_rank, qk_rope_head_dim and v_head_dim describe multi-head latent attention: "
+                                 "give kv_lora_rank too (0 means multi-head or grouped-query attention)")
+            return self
+        problems = []
+        if self.head_dim is None:
+            problems.append("head_dim (each head's qk_nope_head_dim) is required")
+        if not self.qk_rope_head_dim:
+            problems.append("qk_rope_head_dim must be at least 1")
+        if (self.num_kv_heads or self.num_attention_heads) != self.num_attention_heads:
+            problems.append("num_kv_heads must equal num_attention_heads (every head gets its own key and value)")
+        if self.qkv_bias or self.linear_bias or self.qk_norm:
+            problems.append("qkv_bias, linear_bias and qk_norm are not modelled with it")
+        if self.sliding_window is not None or self.attention_sinks:
+            problems.append("sliding windows and attention sinks are not modelled with it")
+        if problems:
+            raise ValueError("multi-head latent attention (kv_lora_rank > 0): " + "; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _dense_layers(self) -> ModelArchitecture:
+        if not self.dense_layers and not self.dense_ffn_hidden_size:
+            return self
+        if not self.num_experts:
+            raise ValueError("dense_layers and dense_ffn_hidden_size put dense layers among a mixture of experts' "
+                             "layers: give num_experts too")
+        if not 1 <= self.dense_layers < self.num_layers or not self.dense_ffn_hidden_size:
+            raise ValueError(f"dense_layers must be from 1 to num_layers - 1 ({self.num_layers - 1}), with "
+                             f"dense_ffn_hidden_size at least 1; got {self.dense_layers} and "
+                             f"{self.dense_ffn_hidden_size}")
+        if self.linear_bias:
+            raise ValueError("dense_layers with linear_bias is not modelled")
         return self
 
     @model_validator(mode="after")

@@ -94,7 +94,8 @@ def _expert_share(architecture: object) -> float:
 # What a layer's weight count reads.
 _SHAPE_FIELDS = ("name", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads",
                  "vocab_size", "swiglu", "tied_embeddings", "normalization", "qkv_bias", "linear_bias",
-                 "num_experts", "experts_per_token", "shared_expert_ffn_hidden_size")
+                 "num_experts", "experts_per_token", "shared_expert_ffn_hidden_size", "head_dim", "qk_norm",
+                 "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "dense_layers", "dense_ffn_hidden_size")
 
 
 def chunk_layer_runs(layer_counts: Sequence[int], virtual_stages: int) -> list[list[tuple[int, int]]]:

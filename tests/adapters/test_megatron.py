@@ -50,7 +50,7 @@ with warnings.catch_warnings():  # "Transformer Engine and Apex are not installe
         get_pp_rank_microbatches,
         get_schedule_table,
     )
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
     from megatron.core.transformer.enums import LayerType
     from megatron.core.transformer.pipeline_parallel_layer_layout import (
         PipelineParallelLayerLayout,
@@ -176,6 +176,16 @@ def real_plan(name: str) -> Plan:
 # Megatron-LM's argument definitions for the flags the adapter emits (copied from megatron/training/arguments.py)
 
 
+def _moe_freq_type(x: str) -> int | list[int]:
+    """Megatron-LM's moe_freq_type with its _eval_pattern: a whole number, or a list expression of digits,
+    brackets, commas, + and * only."""
+    if "[" not in x:
+        return int(x)
+    if re.compile(r"[^,\d\[\]\(\)\+\*]").search(x):
+        raise ValueError(f"Invalid pattern: {x}")
+    return eval(x)  # noqa: S307 - what Megatron-LM does, after the same character check
+
+
 def megatron_lm_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
     add = parser.add_argument
@@ -207,6 +217,18 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--moe-ffn-hidden-size", type=int, default=None)
     add("--moe-shared-expert-intermediate-size", type=int, default=None)
     add("--expert-model-parallel-size", type=int, default=1)
+    add("--moe-layer-freq", type=_moe_freq_type, default=1)
+    # _add_mla_args, and multi_latent_attention from TransformerConfig's fields
+    add("--multi-latent-attention", action="store_true")
+    add("--q-lora-rank", type=int, default=None)
+    add("--kv-lora-rank", type=int, default=32)
+    add("--qk-head-dim", type=int, default=128)
+    add("--qk-pos-emb-head-dim", type=int, default=64)
+    add("--v-head-dim", type=int, default=128)
+    add("--rotary-scaling-factor", type=float, default=1.0)
+    add("--mscale", type=float, default=1.0)
+    add("--mscale-all-dim", type=float, default=0.0)
+    add("--rope-type", type=str, default=None, choices=["rope", "yarn"])
     add("--softmax-type", type=str, default="vanilla", choices=["vanilla", "off-by-one", "learnable"])  # factory
     add("--window-size", type=lambda x: tuple(int(i) for i in x.strip("()").split(",")), default=None)  # tuple_type
     add("--window-attn-skip-freq", type=int, default=None)  # moe_freq_type, for a whole number
@@ -313,8 +335,15 @@ def validate_like_megatron_lm(ns: argparse.Namespace) -> None:
 
 
 def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
-    """As Megatron-LM's core_transformer_config_from_args builds it (for these flags); __post_init__ validates."""
-    kwargs = {f.name: getattr(ns, f.name) for f in dataclasses.fields(TransformerConfig) if hasattr(ns, f.name)}
+    """As Megatron-LM's core_transformer_config_from_args builds it (for these flags; MLATransformerConfig with
+    --multi-latent-attention, and a rope_type left unset to the config class's default); __post_init__
+    validates."""
+    config_class = MLATransformerConfig if ns.multi_latent_attention else TransformerConfig
+    kwargs = {f.name: getattr(ns, f.name) for f in dataclasses.fields(config_class) if hasattr(ns, f.name)}
+    if ns.rope_type is None:
+        kwargs.pop("rope_type", None)
+    else:
+        assert ns.multi_latent_attention or ns.rope_type == "rope"
     kwargs.update(
         pipeline_dtype=torch.float16 if ns.fp16 else torch.bfloat16,
         batch_p2p_comm=not ns.overlap_p2p_comm,
@@ -325,7 +354,7 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
     )
     if ns.swiglu:
         kwargs.update(activation_func=F.silu, gated_linear_unit=True)
-    return TransformerConfig(**kwargs)
+    return config_class(**kwargs)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -217,3 +217,37 @@ def test_attention_sinks_and_windows_round_trip():
                             .replace("--window-size 127,0", "--window-size 127,4"), vocab_size=arch.vocab_size)
     assert "attention_sinks" not in other.request["model"] and "sliding_window" not in other.request["model"]
     assert {entry.split(" ")[0] for entry in other.not_modelled} >= {"--softmax-type", "--window-size"}
+
+
+@pytest.mark.parametrize("q_lora_rank", [64, 0])
+def test_latent_attention_and_dense_layers_round_trip_and_estimate_to_the_plans_prediction(q_lora_rank):
+    """--multi-latent-attention with its widths and YaRN, and --moe-layer-freq "([0]*k+[1]*(L-k))", read back as the
+    plan's architecture; the launch command estimates to the plan's prediction on its cluster."""
+    from tests.adapters.test_model_exports import latent_plan
+
+    plan = latent_plan(q_lora_rank)
+    arch = plan.architecture
+    imported = import_megatron(launch_command(plan), vocab_size=arch.vocab_size)
+    model = imported.request["model"]
+    assert {key: model.get(key, 0) for key in ("kv_lora_rank", "q_lora_rank", "head_dim", "qk_rope_head_dim",
+                                                "v_head_dim", "dense_layers", "dense_ffn_hidden_size")} == {
+        key: getattr(arch, key) for key in ("kv_lora_rank", "q_lora_rank", "head_dim", "qk_rope_head_dim", "v_head_dim",
+                                            "dense_layers", "dense_ffn_hidden_size")}
+    assert model["rope_scaling"] == arch.rope_scaling.model_dump(exclude={"low_freq_factor", "high_freq_factor"})
+    assert "qk_norm" not in model and not imported.notes and not imported.not_modelled
+    body = {**imported.request, "cluster": {"num_nodes": 1, "gpus_per_node": 8, "gpu": "H100-SXM"}}
+    estimate = estimate_for(EstimateRequest.model_validate(body))
+    assert estimate.predicted.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=2e-3)
+
+
+@pytest.mark.parametrize(("freq", "reported"), [("2", True), ("'([1]*3+[0]*1)'", True), ("'[0]*99999999999'", True),
+                                                ("'([0]*1+[1]*3)'", False)])
+def test_a_layer_pattern_other_than_dense_layers_first_is_reported_never_evaluated(freq, reported):
+    from tests.adapters.test_model_exports import latent_plan
+
+    plan = latent_plan()
+    text = shlex.join(["pretrain_gpt.py", *megatron_args(plan)])
+    text = text.replace("--moe-layer-freq '([0]*1+[1]*3)'", f"--moe-layer-freq {freq}")
+    imported = import_megatron(text, vocab_size=plan.architecture.vocab_size)
+    assert any(entry.startswith("--moe-layer-freq") for entry in imported.not_modelled) == reported
+    assert ("dense_layers" in imported.request["model"]) == (not reported)

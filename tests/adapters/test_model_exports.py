@@ -32,8 +32,9 @@ with warnings.catch_warnings():  # "Transformer Engine and Apex are not installe
     warnings.simplefilter("ignore")
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.identity_op import IdentityOp
 
 from adapters import deepspeed as ds_export
 from adapters import megatron
@@ -72,6 +73,13 @@ ARCHITECTURES = {
                            "attention_sinks": True, "sliding_window": 128, "full_attention_every": 2},
 }
 PRESETS = ["llama3-8b", "llama3.1-70b", "qwen2.5-7b", "gpt3-175b"]
+# DeepSeek-V3-like: latent attention (a query latent, a key/value latent with shared rotary dimensions), the first
+# layer dense, shared experts, YaRN with DeepSeek's temperature
+LATENT = {**TINY, "ffn_hidden_size": 96, "num_attention_heads": 4, "num_kv_heads": 4, "head_dim": 32, "q_lora_rank": 64,
+          "kv_lora_rank": 48, "qk_rope_head_dim": 16, "v_head_dim": 24, "num_experts": 8, "experts_per_token": 2,
+          "shared_expert_ffn_hidden_size": 96, "dense_layers": 1, "dense_ffn_hidden_size": 320, "norm_epsilon": 1e-6,
+          "rope_scaling": {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                           "mscale": 1.0, "mscale_all_dim": 1.0}}
 
 
 @functools.cache
@@ -108,10 +116,21 @@ def megatron_core_model(config: TransformerConfig, vocab_size: int, max_position
                         rope_scaling: bool) -> GPTModel:
     """The GPTModel of Megatron-LM's gpt_builder (local spec), on the meta device (megatron-core puts a learnable
     softmax offset on `torch.cuda.current_device()` explicitly: the meta device there too)."""
-    with torch.device("meta"), mock.patch("torch.cuda.current_device", return_value="meta"):
+    if config.num_moe_experts:  # Megatron-LM's gpt_builder: the decoder block spec, dense and expert layers
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=config.normalization)
+    else:
+        spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm,
+                                        multi_latent_attention=config.multi_latent_attention,
+                                        normalization=config.normalization)
+    if config.multi_latent_attention:
+        spec = _weightless_core_attention(spec)
+    # Without Transformer Engine installed megatron-core 0.16 still imports its extension module, so MLASelfAttention
+    # believes TE present and tests isinstance against its missing TELinear (an FP8-only branch): say it is absent.
+    with torch.device("meta"), mock.patch("torch.cuda.current_device", return_value="meta"), \
+            mock.patch("megatron.core.transformer.multi_latent_attention.HAVE_TE", False):
         return GPTModel(
             config=config,
-            transformer_layer_spec=get_gpt_layer_local_spec(normalization=config.normalization),
+            transformer_layer_spec=spec,
             vocab_size=vocab_size,
             max_sequence_length=max_positions,
             share_embeddings_and_output_weights=not untie,
@@ -120,6 +139,17 @@ def megatron_core_model(config: TransformerConfig, vocab_size: int, max_position
             rotary_base=rotary_base,
             rope_scaling=rope_scaling,
         )
+
+
+def _weightless_core_attention(spec):
+    """The spec with latent attention's core attention (softmax(QK^T)V, no weights) as a weightless stand-in:
+    MLASelfAttention passes it k_channels and v_channels, which only Transformer Engine's attention takes
+    (megatron-core's local DotProductAttention refuses them, and Transformer Engine needs CUDA). Every weight is
+    in the projections and norms, which stay megatron-core's own."""
+    layers = spec.layer_specs if hasattr(spec, "layer_specs") else [spec]
+    for layer in layers:
+        layer.submodules.self_attention.submodules.core_attention = IdentityOp
+    return spec
 
 
 def single_rank(config: TransformerConfig) -> TransformerConfig:
@@ -302,7 +332,7 @@ def test_torchtitan_builds_the_planned_model_or_refuses(name):
 
 
 @pytest.mark.parametrize("name", ["llama3-8b", "llama3.1-70b", "qwen2.5-7b", "qwen3-8b", "qwen3-30b-a3b",
-                                  "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b"])
+                                  "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b", "deepseek-v2-lite", "deepseek-v3"])
 def test_torchtitan_builds_each_presets_parameter_count(name):
     config = model_config(preset_plan(name).architecture)
     with torch.device("meta"):
@@ -310,7 +340,7 @@ def test_torchtitan_builds_each_presets_parameter_count(name):
     spec = model_preset(name)
     assert count(model) == spec.total_params
     if spec.num_experts:  # its grouped experts: num_experts x (gate, up, down) of one expert's width
-        experts = model.layers["0"].moe.routed_experts
+        experts = model.layers[str(spec.num_layers - 1)].moe.routed_experts
         assert sum(p.numel() for p in experts.parameters()) == spec.routed_expert_params_per_layer
     if spec.qk_norm:
         assert model.layers["0"].attention.q_norm.weight.numel() == (spec.head_dim or spec.hidden_size // spec.num_attention_heads)
@@ -385,3 +415,72 @@ def test_megatron_core_runs_the_windows_and_sinks_the_plan_priced(one_rank, monk
     built = megatron_lm_model(plan)
     offsets = [p for name, p in built.named_parameters() if name.endswith("softmax_offset")]
     assert len(offsets) == arch.num_layers and all(p.numel() == arch.num_attention_heads for p in offsets)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Latent attention and dense layers among the experts (DeepSeek-V2/V3)
+
+
+@functools.cache
+def latent_plan(q_lora_rank: int = 64) -> Plan:
+    request = small_request(model={**LATENT, "q_lora_rank": q_lora_rank, "name": "latent-like"},
+                            cluster={"num_nodes": 1, "gpus_per_node": 8, "gpu": "H100-SXM"},
+                            options={"time_limit_s": 2, "allow_non_uniform": False})
+    return plan_for(PlanRequest.model_validate(request))
+
+
+@pytest.mark.parametrize("q_lora_rank", [64, 0])
+def test_megatron_lm_builds_latent_attention_with_dense_and_expert_layers(one_rank, q_lora_rank):
+    plan = latent_plan(q_lora_rank)
+    ns = parse(megatron.megatron_args(plan))
+    validate_like_megatron_lm(ns)
+    config = transformer_config(ns)
+    assert (config.q_lora_rank, config.kv_lora_rank, config.qk_head_dim, config.qk_pos_emb_head_dim,
+            config.v_head_dim) == (q_lora_rank or None, 48, 32, 16, 24)
+    assert (config.rope_type, config.rotary_scaling_factor, config.mscale, config.mscale_all_dim) == ("yarn", 40.0, 1.0, 1.0)
+    assert (config.original_max_position_embeddings, config.beta_fast, config.beta_slow) == (4096, 32, 1)
+    model = megatron_lm_model(plan)
+    assert count(model) == planned_params(plan)
+    names = [name for name, _ in model.named_parameters()]
+    layer_mlps = [{name.split(".")[4] for name in names if name.startswith(f"decoder.layers.{i}.mlp.")} for i in range(4)]
+    assert layer_mlps[0] == {"linear_fc1", "linear_fc2"}  # the dense layer
+    assert all({"router", "experts", "shared_experts"} <= mlp for mlp in layer_mlps[1:])
+    assert any("self_attention.kv_layernorm" in name for name in names)
+    assert any("self_attention.q_layernorm" in name for name in names) == bool(q_lora_rank)
+    assert model.decoder.layers[0].mlp.linear_fc1.weight.shape[0] == 2 * 320  # gate and up of the dense width
+
+
+def test_megatron_lm_builds_deepseek_v3_at_its_parameter_count(one_rank):
+    """671,026,404,352 weights: the DeepSeek-V3 report's 671B without its multi-token-prediction module."""
+    plan = preset_plan("deepseek-v3")
+    assert count(megatron_lm_model(plan)) == model_preset("deepseek-v3").total_params == 671_026_404_352
+
+
+def test_megatron_lm_refuses_latent_attention_yarn_it_would_run_differently():
+    plan = latent_plan()
+    scaling = plan.architecture.rope_scaling.model_copy(update={"original_max_position_embeddings": 8192})
+    other = plan.model_copy(update={"architecture": plan.architecture.model_copy(update={"rope_scaling": scaling})})
+    with pytest.raises(ExportError, match="latent attention runs RoPE plain or as YaRN with"):
+        megatron.megatron_args(other)
+
+
+def test_torchtitan_builds_latent_attention_with_dense_and_expert_layers():
+    arch = latent_plan().architecture
+    config = model_config(arch)
+    with torch.device("meta"):
+        model = config.build()
+    assert count(model) == planned_params(latent_plan())
+    first, last = model.layers["0"], model.layers["3"]
+    assert not hasattr(first, "moe") and first.feed_forward.w1.weight.shape == (320, 256)
+    assert not hasattr(last, "feed_forward") and last.moe.shared_experts.w1.weight.shape == (96, 256)
+    assert (last.attention.wq_a.weight.shape, last.attention.wkv_a.weight.shape) == ((64, 256), (48 + 16, 256))
+    assert config.layers[0].attention.mscale == 1.0 and config.layers[0].attention.rope.rope_factor == 40.0
+
+
+def test_torchtitan_refuses_latent_attention_it_would_run_differently():
+    arch = latent_plan().architecture
+    scaling = arch.rope_scaling.model_copy(update={"mscale_all_dim": 0.5})
+    with pytest.raises(ExportError, match="YaRN with mscale equal to mscale_all_dim"):
+        model_config(arch.model_copy(update={"rope_scaling": scaling}))
+    with pytest.raises(ExportError, match="shared experts of the same width"):
+        model_config(arch.model_copy(update={"shared_expert_ffn_hidden_size": 100}))

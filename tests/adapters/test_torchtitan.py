@@ -608,8 +608,8 @@ def test_builtin_configs_build_the_preset_they_are_chosen_for(selection, preset)
     if spec.qk_norm:
         norms.add(model.layers[0].attention.qk_norm.eps)
     assert norms == {spec.norm_epsilon}
-    if spec.num_experts:
-        moe = model.layers[0].moe
+    if spec.num_experts:  # the last layer: DeepSeek-V3's first ones are dense
+        moe = model.layers[-1].moe
         assert (moe.num_experts, moe.router.top_k) == (spec.num_experts, spec.experts_per_token)
 
 

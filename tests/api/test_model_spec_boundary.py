@@ -6,7 +6,12 @@ import pytest
 from pydantic import ValidationError
 
 from tests.api.support import estimate_request, small_request
-from tests.cost_models.test_model_spec import DEEPSEEK_V3_CONFIG, LLAMA3_8B_CONFIG, MIXTRAL_8X7B_CONFIG
+from tests.cost_models.test_model_spec import (
+    DEEPSEEK_V2_LITE_CONFIG,
+    DEEPSEEK_V3_CONFIG,
+    LLAMA3_8B_CONFIG,
+    MIXTRAL_8X7B_CONFIG,
+)
 from wire.schemas import PlanRequest
 
 
@@ -21,7 +26,8 @@ def _hf_request(config: dict) -> dict:
         ({**LLAMA3_8B_CONFIG, "num_hidden_layers": 100_000}, "num_hidden_layers must be a whole number from 1 to"),
         ({**LLAMA3_8B_CONFIG, "_name_or_path": "m" * 129}, "_name_or_path is 129 characters; at most 128"),
         ({**LLAMA3_8B_CONFIG, "hidden_size": 4097}, "hidden_size 4097 is not divisible by num_attention_heads 32"),
-        (DEEPSEEK_V3_CONFIG, "kv_lora_rank is 512: multi-head latent attention (DeepSeek-V2/V3's"),
+        ({**LLAMA3_8B_CONFIG, "kv_lora_rank": 512}, "kv_lora_rank is 512: multi-head latent attention (DeepSeek-V2/V3's"),
+        ({**DEEPSEEK_V3_CONFIG, "first_k_dense_replace": 61}, "dense_layers must be from 1 to num_layers - 1 (60)"),
         ({**MIXTRAL_8X7B_CONFIG, "first_k_dense_replace": 1}, "first_k_dense_replace is 1: dense MLP layers"),
         ({**LLAMA3_8B_CONFIG, "num_local_experts": 8}, "num_local_experts is 8: a mixture-of-experts field"),
         ({**MIXTRAL_8X7B_CONFIG, "num_experts_per_tok": 9}, "num_experts_per_tok 9 exceeds num_local_experts 8"),
@@ -38,8 +44,8 @@ def test_hf_config_is_refused_while_the_request_validates(config, named):
     [
         ({**LLAMA3_8B_CONFIG, "num_hidden_layers": 100_000}, "num_hidden_layers"),
         ({**LLAMA3_8B_CONFIG, "_name_or_path": "m" * 200}, "_name_or_path is 200 characters"),
-        (DEEPSEEK_V3_CONFIG, "kv_lora_rank is 512: multi-head latent attention"),
-        ({**DEEPSEEK_V3_CONFIG, "kv_lora_rank": None, "q_lora_rank": None}, "n_routed_experts is 256"),
+        ({**MIXTRAL_8X7B_CONFIG, "kv_lora_rank": 512}, "kv_lora_rank is 512: multi-head latent attention"),
+        ({**DEEPSEEK_V3_CONFIG, "kv_lora_rank": None, "q_lora_rank": None}, "has none of kv_lora_rank"),
     ],
 )
 def test_the_service_answers_422_naming_the_hf_config_field(client, config, named):
@@ -48,11 +54,15 @@ def test_the_service_answers_422_naming_the_hf_config_field(client, config, name
     assert named in response.json()["detail"]
 
 
-def test_a_deepseek_v3_estimate_is_422_naming_its_latent_attention(client):
-    body = estimate_request({"tp": 8, "pp": 4, "dp": 1}, model={"hf_config": DEEPSEEK_V3_CONFIG})
-    response = client.post("/v1/estimate", json=body)
-    assert response.status_code == 422, response.text
-    assert "kv_lora_rank is 512: multi-head latent attention" in response.json()["detail"]
+def test_deepseek_v2_lite_estimates_alike_by_preset_and_by_hf_config(client):
+    """The config.json and the preset are one model: the same prediction for the same layout."""
+    answers = []
+    for model in ("deepseek-v2-lite", {"hf_config": DEEPSEEK_V2_LITE_CONFIG}):
+        body = estimate_request({"tp": 1, "pp": 1, "dp": 32, "ep": 8}, model=model)
+        response = client.post("/v1/estimate", json=body)
+        assert response.status_code == 200, response.text
+        answers.append(response.json()["predicted"]["iteration_time_s"])
+    assert answers[0] == answers[1] > 0
 
 
 @pytest.mark.parametrize("model", ["mixtral-8x7b", {"hf_config": MIXTRAL_8X7B_CONFIG}])

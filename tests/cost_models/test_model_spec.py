@@ -550,19 +550,65 @@ DEEPSEEK_V3_CONFIG = {
 }
 
 
-def test_hf_deepseek_latent_attention_is_refused_naming_the_field():
-    with pytest.raises(HfConfigError, match=r"^hf_config kv_lora_rank is 512: multi-head latent attention"):
-        model_from_hf_config(DEEPSEEK_V3_CONFIG)
-    # DeepSeek-V2-Lite: no Q compression, still latent KV
-    with pytest.raises(HfConfigError, match="hf_config kv_lora_rank is 512"):
-        model_from_hf_config({**DEEPSEEK_V3_CONFIG, "q_lora_rank": None})
-    with pytest.raises(HfConfigError, match="hf_config q_lora_rank is 1536"):
+# deepseek-ai/DeepSeek-V2-Lite/config.json's architecture fields: no query latent (q_lora_rank null), one dense layer
+DEEPSEEK_V2_LITE_CONFIG = {
+    "architectures": ["DeepseekV2ForCausalLM"], "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048,
+    "intermediate_size": 10944, "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2",
+    "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2,
+    "norm_topk_prob": False, "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27,
+    "num_key_value_heads": 16, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                                            "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                                            "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax", "tie_word_embeddings": False,
+    "topk_group": 1, "topk_method": "greedy", "v_head_dim": 128, "vocab_size": 102400,
+}
+
+
+def _deepseek_params_by_hand(h: int, heads: int, q_rank: int, layers: int, dense: int, dense_width: int,
+                             experts: int, width: int, shared: int, vocab: int) -> int:
+    """Module by module, as DeepSeek's modeling code builds them (kv latent 512, rotary 64, nope 128, value 128)."""
+    q = h * q_rank + q_rank + q_rank * heads * 192 if q_rank else h * heads * 192
+    attention = q + h * (512 + 64) + 512 + 512 * heads * (128 + 128) + heads * 128 * h
+    expert_mlp = h * experts + experts * 3 * h * width + shared * 3 * h * width
+    return (dense * (attention + 2 * h + 3 * h * dense_width) + (layers - dense) * (attention + 2 * h + expert_mlp)
+            + 2 * vocab * h + h)
+
+
+def test_hf_deepseek_v3_is_read_with_latent_attention_dense_layers_and_shared_experts():
+    spec = model_from_hf_config(DEEPSEEK_V3_CONFIG)
+    assert (spec.kv_lora_rank, spec.q_lora_rank, spec.head_dim, spec.qk_rope_head_dim, spec.v_head_dim) == (
+        512, 1536, 128, 64, 128)
+    assert (spec.dense_layers, spec.dense_ffn_hidden_size, spec.ffn_hidden_size, spec.shared_expert_ffn_hidden_size) == (
+        3, 18432, 2048, 2048)
+    total = _deepseek_params_by_hand(7168, 128, 1536, 61, 3, 18432, 256, 2048, 1, 129280)
+    assert spec.total_params == total
+    assert round(total / 1e9) == 671  # DeepSeek-V3 technical report: 671B parameters (without its MTP module)
+    assert spec.active_params == total - 58 * (256 - 8) * 3 * 7168 * 2048  # "37B activated for each token"
+    assert 37e9 < spec.active_params < 38e9
+    assert spec == dataclasses.replace(model_preset("deepseek-v3"), name="deepseek_v3", rope_scaling=None)
+
+
+def test_hf_deepseek_v2_lite_has_no_query_latent():
+    spec = model_from_hf_config(DEEPSEEK_V2_LITE_CONFIG)
+    assert (spec.q_lora_rank, spec.kv_lora_rank, spec.dense_layers, spec.shared_expert_ffn_hidden_size) == (
+        0, 512, 1, 2 * 1408)
+    total = _deepseek_params_by_hand(2048, 16, 0, 27, 1, 10944, 64, 1408, 2, 102400)
+    assert spec.total_params == total and round(total / 1e8) == 157  # "15.7B total parameters"
+    assert (spec.rope_scaling.mscale, spec.rope_scaling.mscale_all_dim, spec.rope_scaling.factor) == (0.707, 0.707, 40)
+    assert spec == dataclasses.replace(model_preset("deepseek-v2-lite"), name="deepseek_v2")
+
+
+def test_hf_latent_attention_outside_deepseek_is_refused_naming_the_field():
+    with pytest.raises(HfConfigError, match="hf_config q_lora_rank is 1536: multi-head latent attention"):
         model_from_hf_config({**LLAMA3_8B_CONFIG, "q_lora_rank": 1536})
-    # without its latent attention, its experts (a family resiplan does not read) are refused by name
-    config = {k: v for k, v in DEEPSEEK_V3_CONFIG.items() if not k.endswith("lora_rank")}
-    with pytest.raises(HfConfigError, match="n_routed_experts is 256: a mixture-of-experts field resiplan does not "
-                                            "read for model_type 'deepseek_v3'"):
-        model_from_hf_config(config)
+    with pytest.raises(HfConfigError, match="hf_config has none of kv_lora_rank"):
+        model_from_hf_config({k: v for k, v in DEEPSEEK_V3_CONFIG.items() if k != "kv_lora_rank"})
+    with pytest.raises(HfConfigError, match="hf_config has none of qk_rope_head_dim"):
+        model_from_hf_config({k: v for k, v in DEEPSEEK_V3_CONFIG.items() if k != "qk_rope_head_dim"})
+    # dense layers other than the first ones are still refused by name
+    with pytest.raises(HfConfigError, match="moe_layer_freq is 2: dense MLP layers"):
+        model_from_hf_config({**DEEPSEEK_V3_CONFIG, "moe_layer_freq": 2})
 
 
 def test_hf_moe_refusals_do_not_echo_hostile_values_unbounded():
