@@ -6,7 +6,8 @@
 Each row is planned twice, `options.max_expert_parallel` 1 (the routed experts sharded over TP only, as a
 trainer without EP runs them) and unbounded, on a healthy cluster and with one GPU at half speed (whose EP
 group then runs at its pace). Predicted times and memory, not timings: the figures do not depend on the
-machine. No published MoE run is in the fidelity data yet, so these are the cost model's figures alone.
+machine. The fidelity report (`benchmarks.fidelity`, "Per feature") prices published MoE runs: the figures here are
+the cost model's, whose MoE error there is far larger than its dense one.
 """
 
 from __future__ import annotations

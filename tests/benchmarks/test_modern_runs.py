@@ -70,10 +70,11 @@ def test_the_report_prices_every_run_and_says_the_mean_error():
     assert sum(line.startswith("| ") and "%" in line for line in lines) == len(load_modern_runs()) == len(ROWS)
     summary = "\n".join(lines[-2:])
     assert "all " in summary and f"({len(ROWS)} runs)" in summary
-    # Context-parallel, FP8 and sharded (ZeRO-2/3) runs reported apart from the BF16 ZeRO-0/1 ones, each with its count
-    features = {"cp" if row.get("cp", 1) > 1 else "fp8" if row["precision"] == "fp8" else (
-        f"zero-{row['zero_stage']}" if row["zero_stage"] >= 2 else "bf16") for row in ROWS}
-    assert {"bf16", "fp8", "zero-3", "cp"} <= features
+    # Mixture-of-experts, context-parallel, FP8 and sharded (ZeRO-2/3) runs reported apart from the BF16 ZeRO-0/1
+    # ones, each with its count
+    features = {"moe" if row.get("ep", 1) > 1 else "cp" if row.get("cp", 1) > 1 else "fp8" if row["precision"] == "fp8"
+                else (f"zero-{row['zero_stage']}" if row["zero_stage"] >= 2 else "bf16") for row in ROWS}
+    assert {"bf16", "fp8", "zero-3", "cp", "moe"} <= features
     for feature in features:
         count = sum(1 for run in load_modern_runs() if run_feature(run) == feature)
         assert f"{feature} " in lines[-1] and f"({count} runs)" in lines[-1]
