@@ -192,6 +192,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         arch.update(num_experts=experts, experts_per_token=_int(flags, "--moe-router-topk", 2),
                     ffn_hidden_size=_int(flags, "--moe-ffn-hidden-size", ffn),
                     shared_expert_ffn_hidden_size=_int(flags, "--moe-shared-expert-intermediate-size", 0))
+        _dispatcher(flags, not_modelled)
     _dense_first_layers(flags, arch, ffn, not_modelled)
     normalization = (flags.get("--normalization") or "LayerNorm").lower()
     if normalization not in ("layernorm", "rmsnorm"):
@@ -277,6 +278,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format", "--num-distributed-optimizer-instances",
         "--outer-dp-sharding-strategy", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
         "--softmax-type", "--window-size", "--window-attn-skip-freq", "--moe-layer-freq", *_LATENT_FLAGS,
+        "--moe-token-dispatcher-type",
         *_NOT_MODELLED,
     }
     for name in sorted(flags):
@@ -349,6 +351,21 @@ def _latent_attention(flags: dict, arch: dict, notes: list[str]) -> None:
                                 "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
                                 "mscale": _float(flags, "--mscale", 1.0),
                                 "mscale_all_dim": _float(flags, "--mscale-all-dim", 0.0)}
+
+
+# What the token dispatchers other than the all-to-all the cost model prices do instead.
+_DISPATCHERS = {
+    "allgather": "gathers every token of the EP x TP group on every GPU (megatron-core's default)",
+    "flex": "DeepEP's or HybridEP's kernels send a token once per node and forward it over NVLink",
+}
+
+
+def _dispatcher(flags: dict, not_modelled: list[str]) -> None:
+    """--moe-token-dispatcher-type: the all-to-all is what the cost model prices; the others are reported."""
+    dispatcher = flags.get("--moe-token-dispatcher-type") or "allgather"
+    if dispatcher != "alltoall":
+        why = _DISPATCHERS.get(dispatcher, "a dispatcher resiplan does not know")
+        not_modelled.append(f"--moe-token-dispatcher-type {dispatcher}: {why}; priced as the all-to-all dispatcher")
 
 
 def _dense_first_layers(flags: dict, arch: dict, ffn: int, not_modelled: list[str]) -> None:

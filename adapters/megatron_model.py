@@ -199,8 +199,11 @@ def _expert_args(arch: ModelArchitecture, expert_parallel: int) -> list[str]:
     --expert-tensor-parallel-size is unset)."""
     if not arch.num_experts:
         return []
+    # The all-to-all dispatcher the plan prices (`cost_models.expert_parallel`); megatron-core's default is its
+    # all-gather dispatcher, which gathers every token of the EP x TP group on every GPU.
     args = ["--num-experts", str(arch.num_experts), "--moe-router-topk", str(arch.experts_per_token),
-            "--moe-ffn-hidden-size", str(arch.ffn_hidden_size), "--expert-model-parallel-size", str(expert_parallel)]
+            "--moe-ffn-hidden-size", str(arch.ffn_hidden_size), "--expert-model-parallel-size", str(expert_parallel),
+            "--moe-token-dispatcher-type", "alltoall"]
     if arch.shared_expert_ffn_hidden_size:
         args += ["--moe-shared-expert-intermediate-size", str(arch.shared_expert_ffn_hidden_size)]
     if arch.dense_layers:  # Megatron-LM's moe_freq_type pattern: 0 a dense layer, 1 an expert one

@@ -218,6 +218,7 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--moe-shared-expert-intermediate-size", type=int, default=None)
     add("--expert-model-parallel-size", type=int, default=1)
     add("--moe-layer-freq", type=_moe_freq_type, default=1)
+    add("--moe-token-dispatcher-type", type=str, default="allgather", choices=["allgather", "alltoall", "flex"])
     # _add_mla_args, and multi_latent_attention from TransformerConfig's fields
     add("--multi-latent-attention", action="store_true")
     add("--q-lora-rank", type=int, default=None)
@@ -581,6 +582,8 @@ def test_megatron_core_runs_the_plan(name):
         assert config.moe_ffn_hidden_size == arch.ffn_hidden_size
         assert config.moe_shared_expert_intermediate_size == (arch.shared_expert_ffn_hidden_size or None)
         assert config.expert_model_parallel_size == plan.ep
+        # the all-to-all the plan prices, not megatron-core's default all-gather dispatcher
+        assert config.moe_token_dispatcher_type == "alltoall"
     # ZeRO-2/3 as Megatron-FSDP: megatron-core's own DDP config takes the strategy, and its
     # ShardingStrategy numbers it as the plan's stage
     assert ns.use_megatron_fsdp == (plan.zero_stage >= 2)

@@ -251,3 +251,21 @@ def test_a_layer_pattern_other_than_dense_layers_first_is_reported_never_evaluat
     imported = import_megatron(text, vocab_size=plan.architecture.vocab_size)
     assert any(entry.startswith("--moe-layer-freq") for entry in imported.not_modelled) == reported
     assert ("dense_layers" in imported.request["model"]) == (not reported)
+
+
+@pytest.mark.parametrize(("replacement", "reported"), [
+    ("--moe-token-dispatcher-type alltoall", None),
+    ("", "--moe-token-dispatcher-type allgather: gathers every token"),
+    ("--moe-token-dispatcher-type flex", "--moe-token-dispatcher-type flex: DeepEP's or HybridEP's kernels"),
+])
+def test_a_token_dispatcher_other_than_the_priced_all_to_all_is_reported(replacement, reported):
+    """The export names the all-to-all dispatcher the plan prices; a command without it runs megatron-core's
+    all-gather dispatcher, and one with DeepEP or HybridEP moves fewer bytes: both are reported."""
+    plan, args = _stock_plan("moe-expert-parallel")
+    text = shlex.join(["pretrain_gpt.py", *args]).replace("--moe-token-dispatcher-type alltoall", replacement)
+    imported = import_megatron(text, vocab_size=plan.architecture.vocab_size)
+    found = [entry for entry in imported.not_modelled if entry.startswith("--moe-token-dispatcher-type")]
+    if reported is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and found[0].startswith(reported)
