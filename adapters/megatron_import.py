@@ -192,7 +192,6 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         arch.update(num_experts=experts, experts_per_token=_int(flags, "--moe-router-topk", 2),
                     ffn_hidden_size=_int(flags, "--moe-ffn-hidden-size", ffn),
                     shared_expert_ffn_hidden_size=_int(flags, "--moe-shared-expert-intermediate-size", 0))
-        _dispatcher(flags, not_modelled)
     _dense_first_layers(flags, arch, ffn, not_modelled)
     normalization = (flags.get("--normalization") or "LayerNorm").lower()
     if normalization not in ("layernorm", "rmsnorm"):
@@ -260,6 +259,8 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     training = {"global_batch_size": _required(flags, "--global-batch-size"), "seq_length": seq_length,
                 "zero_stage": _zero_stage(flags),
                 "precision": _precision(flags)}
+    if experts is not None:
+        _dispatcher(flags, training, not_modelled)
     if "--grad-reduce-in-bf16" in flags and training["precision"] != "fp16":
         training["grad_precision"] = "bf16"  # arguments.py: it turns accumulate_allreduce_grads_in_fp32 off
     ignored = sorted(name for name in flags if name.startswith(_NO_EFFECT_PREFIXES))
@@ -278,7 +279,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format", "--num-distributed-optimizer-instances",
         "--outer-dp-sharding-strategy", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
         "--softmax-type", "--window-size", "--window-attn-skip-freq", "--moe-layer-freq", *_LATENT_FLAGS,
-        "--moe-token-dispatcher-type",
+        "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
         *_NOT_MODELLED,
     }
     for name in sorted(flags):
@@ -356,14 +357,16 @@ def _latent_attention(flags: dict, arch: dict, notes: list[str]) -> None:
 # What the token dispatchers other than the all-to-all the cost model prices do instead.
 _DISPATCHERS = {
     "allgather": "gathers every token of the EP x TP group on every GPU (megatron-core's default)",
-    "flex": "DeepEP's or HybridEP's kernels send a token once per node and forward it over NVLink",
 }
 
 
-def _dispatcher(flags: dict, not_modelled: list[str]) -> None:
-    """--moe-token-dispatcher-type: the all-to-all is what the cost model prices; the others are reported."""
+def _dispatcher(flags: dict, training: dict, not_modelled: list[str]) -> None:
+    """--moe-token-dispatcher-type: the all-to-all and the flex dispatcher (training.moe_dispatcher) are priced;
+    the all-gather, megatron-core's default, is reported."""
     dispatcher = flags.get("--moe-token-dispatcher-type") or "allgather"
-    if dispatcher != "alltoall":
+    if dispatcher == "flex":
+        training["moe_dispatcher"] = "flex"
+    elif dispatcher != "alltoall":
         why = _DISPATCHERS.get(dispatcher, "a dispatcher resiplan does not know")
         not_modelled.append(f"--moe-token-dispatcher-type {dispatcher}: {why}; priced as the all-to-all dispatcher")
 

@@ -97,7 +97,7 @@ def _positions(arch: ModelArchitecture, seq_length: int) -> str:
 
 
 def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str = "Megatron-LM",
-                           expert_parallel: int = 1) -> list[str]:
+                           expert_parallel: int = 1, moe_dispatcher: str | None = None) -> list[str]:
     """Megatron-LM pretrain_gpt.py flags that build exactly `arch` (its experts split over `expert_parallel`
     replicas); ExportError for what it cannot build."""
     check_recorded(arch, target)
@@ -143,7 +143,7 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
         args.append("--disable-bias-linear")
         if arch.qkv_bias:
             args.append("--add-qkv-bias")
-    return args + _attention_variant_args(arch) + _expert_args(arch, expert_parallel)
+    return args + _attention_variant_args(arch) + _expert_args(arch, expert_parallel, moe_dispatcher)
 
 
 def _latent_attention_args(arch: ModelArchitecture, target: str) -> list[str]:
@@ -192,18 +192,20 @@ def gpt_oss_features(arch: ModelArchitecture) -> list[str]:
     return found
 
 
-def _expert_args(arch: ModelArchitecture, expert_parallel: int) -> list[str]:
+def _expert_args(arch: ModelArchitecture, expert_parallel: int, moe_dispatcher: str | None = None) -> list[str]:
     """A mixture of experts in every layer (but the first `dense_layers`), as the plan prices it: experts split
     over `expert_parallel`
     replicas and sharded over TP (expert-TP = TP, megatron-core's default when
     --expert-tensor-parallel-size is unset)."""
     if not arch.num_experts:
         return []
-    # The all-to-all dispatcher the plan prices (`cost_models.expert_parallel`); megatron-core's default is its
-    # all-gather dispatcher, which gathers every token of the EP x TP group on every GPU.
+    # The dispatcher the plan prices (`cost_models.expert_parallel`): the all-to-all, or the flex dispatcher over
+    # DeepEP's kernels; megatron-core's default is its all-gather dispatcher, which gathers every token of the
+    # EP x TP group on every GPU.
+    dispatcher = ["flex", "--moe-flex-dispatcher-backend", "deepep"] if moe_dispatcher == "flex" else ["alltoall"]
     args = ["--num-experts", str(arch.num_experts), "--moe-router-topk", str(arch.experts_per_token),
             "--moe-ffn-hidden-size", str(arch.ffn_hidden_size), "--expert-model-parallel-size", str(expert_parallel),
-            "--moe-token-dispatcher-type", "alltoall"]
+            "--moe-token-dispatcher-type", *dispatcher]
     if arch.shared_expert_ffn_hidden_size:
         args += ["--moe-shared-expert-intermediate-size", str(arch.shared_expert_ffn_hidden_size)]
     if arch.dense_layers:  # Megatron-LM's moe_freq_type pattern: 0 a dense layer, 1 an expert one

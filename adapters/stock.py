@@ -48,6 +48,7 @@ class StockLayout:
     ep: int = 1  # expert parallelism: replicas 0..ep-1, ep..2ep-1, ... share each stage's routed experts
     dp_shard: int | None = None  # replicas of a ZeRO shard group (None: all of them; with ZeRO-0, nothing is sharded)
     grad_precision: str | None = None  # "bf16": gradients accumulate and reduce in bf16; else fp32 (fp16: its own)
+    moe_dispatcher: str | None = None  # "flex": DeepEP/HybridEP token dispatch; else the all-to-all
 
     @property
     def shard_replicas(self) -> int:
@@ -160,6 +161,7 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
         ep=plan.ep,
         dp_shard=plan.dp_shard,
         grad_precision=plan.grad_precision,
+        moe_dispatcher=plan.moe_dispatcher,
         pp=pp,
         dp=len(replicas),
         virtual_stages=plan.virtual_stages,

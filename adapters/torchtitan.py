@@ -135,7 +135,7 @@ from adapters.megatron_model import RECORDED_DETAILS
 from adapters.registry import ExportError
 from adapters.shell_text import Required, inert, required_lines
 from adapters.stock import StockLayout, check_replica, launch_blocks, stock_layout
-from adapters.torchtitan_model import unsupported
+from adapters.torchtitan_model import STANDARD, comm_backend, unsupported
 from cost_models.model_spec import model_preset
 from wire.schemas import ModelArchitecture, Plan
 
@@ -228,6 +228,8 @@ def model_selection(plan: Plan) -> tuple[str, str] | None:
         return None  # a plan stored before it recorded RoPE and norms: torchtitan's model may not be it
     if plan.precision == "fp8":
         return None  # its llama3_8b and llama3_70b train in bf16
+    if plan.moe_dispatcher == "flex":
+        return None  # its configs exchange tokens all-to-all ("standard")
     planned = _architecture_fields(plan.architecture)
     for selection, preset in BUILTIN_CONFIGS.items():
         if planned == _architecture_fields(resolve_architecture(preset)):
@@ -426,16 +428,21 @@ def _model_lines(plan: Plan, selection: tuple[str, str] | None) -> list[str]:
         return [f"# model: torchtitan's own {selection[1]}, which is this plan's architecture field for field"]
     problems = unsupported(arch)
     float8 = plan.precision == "fp8"
+    backend = comm_backend(plan.moe_dispatcher)
+    arguments = "plan.architecture" + (", float8=True" if float8 else "") + (
+        f', moe_comm_backend="{backend}"' if backend != STANDARD else "")
     if problems:
         return ["# model: torchtitan has no config function for it, and its decoders cannot build it",
                 f"#   ({inert('; '.join(problems))}): TORCHTITAN_MODULE must name a module of yours that does"
                 + (" (with float8 linears: the plan trains in fp8)" if float8 else "")]
-    if float8:
-        return ["# model: the plan trains in fp8, which torchtitan sets in Python; TORCHTITAN_MODULE/TORCHTITAN_CONFIG",
+    if float8 or backend != STANDARD:
+        why = " and ".join(([] if not float8 else ["trains in fp8"]) + (
+            [] if backend == STANDARD else ["sends its experts' tokens with DeepEP (the flex dispatcher)"]))
+        return [f"# model: the plan {why}, which torchtitan sets in Python; TORCHTITAN_MODULE/TORCHTITAN_CONFIG",
                 "#   name your config function, whose model_spec is",
-                "#   adapters.torchtitan_model.model_spec(plan.architecture, float8=True)"]
+                f"#   adapters.torchtitan_model.model_spec({arguments})"]
     return ["# model: torchtitan has no config function for it; TORCHTITAN_MODULE/TORCHTITAN_CONFIG name yours,",
-            "#   whose model_spec is adapters.torchtitan_model.model_spec(plan.architecture)"]
+            f"#   whose model_spec is adapters.torchtitan_model.model_spec({arguments})"]
 
 
 def _visible(gpus: list[int]) -> str:

@@ -51,6 +51,14 @@ ROPE_MAX_SEQ_LEN = 131_072
 
 
 LLAMA3, QWEN3, GPT_OSS, DEEPSEEK_V3 = "llama3", "qwen3", "gpt_oss", "deepseek_v3"
+# torchtitan's expert communication: its all-to-all ("standard", what training.moe_dispatcher alltoall prices)
+# and DeepEP's kernels (what moe_dispatcher flex prices)
+STANDARD, DEEPEP = "standard", "deepep"
+
+
+def comm_backend(moe_dispatcher: str | None) -> str:
+    """torchtitan's moe_comm_backend for a plan's training.moe_dispatcher."""
+    return DEEPEP if moe_dispatcher == "flex" else STANDARD
 # What torchtitan 0.3's GPT-OSS layer builder fixes: its attention's heads and the window on every other layer.
 GPT_OSS_ATTENTION = {"num_attention_heads": 64, "num_kv_heads": 8, "head_dim": 64, "sliding_window": 128,
                      "full_attention_every": 2}
@@ -142,7 +150,7 @@ def _deepseek_problems(arch: ModelArchitecture) -> list[str]:
     return problems
 
 
-def deepseek_v3_model_config(arch: ModelArchitecture) -> Any:
+def deepseek_v3_model_config(arch: ModelArchitecture, moe_comm_backend: str = STANDARD) -> Any:
     """torchtitan's DeepSeekV3Model.Config for `arch`, built by its own layer builder; ExportError naming what it
     cannot build. The router is torchtitan's softmax top-k (no expert groups, no route scale): routing changes
     no weight and no cost, and a recipe that routes as DeepSeek-V3 does (sigmoid scores, 8 groups of which 4,
@@ -166,7 +174,7 @@ def deepseek_v3_model_config(arch: ModelArchitecture) -> Any:
         moe_hidden_dim=arch.ffn_hidden_size, num_experts=arch.num_experts,
         num_shared_experts=arch.shared_expert_ffn_hidden_size // arch.ffn_hidden_size,
         router_top_k=arch.experts_per_token, router_score_func="softmax", attn_backend="flex",
-        moe_comm_backend="standard", non_blocking_capacity_factor=None, rope=rope)
+        moe_comm_backend=moe_comm_backend, non_blocking_capacity_factor=None, rope=rope)
     for layer in layers:
         layer.attention_norm.eps = layer.ffn_norm.eps = arch.norm_epsilon
         layer.attention.kv_norm.eps = layer.attention.q_norm.eps = arch.norm_epsilon
@@ -179,18 +187,18 @@ def deepseek_v3_model_config(arch: ModelArchitecture) -> Any:
     )
 
 
-def model_config(arch: ModelArchitecture) -> Any:
+def model_config(arch: ModelArchitecture, moe_comm_backend: str = STANDARD) -> Any:
     """torchtitan's model config for `arch` (Llama3Model.Config, Qwen3Model.Config, GptOssModel.Config or
     DeepSeekV3Model.Config, by `model_family`); ExportError naming what torchtitan cannot build."""
     family = model_family(arch)
     if family == DEEPSEEK_V3:
-        return deepseek_v3_model_config(arch)
+        return deepseek_v3_model_config(arch, moe_comm_backend)
     if family == GPT_OSS:
-        return gpt_oss_model_config(arch)
-    return qwen3_model_config(arch) if family == QWEN3 else llama3_model_config(arch)
+        return gpt_oss_model_config(arch, moe_comm_backend)
+    return qwen3_model_config(arch, moe_comm_backend) if family == QWEN3 else llama3_model_config(arch)
 
 
-def gpt_oss_model_config(arch: ModelArchitecture) -> Any:
+def gpt_oss_model_config(arch: ModelArchitecture, moe_comm_backend: str = STANDARD) -> Any:
     """torchtitan's GptOssModel.Config for `arch`; ExportError naming what its GPT-OSS builder cannot build."""
     _refuse_unbuildable(arch, GPT_OSS, "no attention sinks (not a GPT-OSS model)")
     # torchtitan's own GPT-OSS layer builder (private names of torchtitan.models.gpt_oss, which its 20b and 120b
@@ -215,7 +223,7 @@ def gpt_oss_model_config(arch: ModelArchitecture) -> Any:
     )
     layers = _build_gptoss_layers(dim=dim, n_layers=arch.num_layers, hidden_dim=arch.ffn_hidden_size,
                                   num_experts=arch.num_experts, top_k=arch.experts_per_token, load_balance_coeff=1e-3,
-                                  moe_comm_backend="standard", rope=rope)
+                                  moe_comm_backend=moe_comm_backend, rope=rope)
     for layer in layers:
         layer.attention_norm.eps = layer.ffn_norm.eps = arch.norm_epsilon
     norm = RMSNorm.Config(normalized_shape=dim, eps=arch.norm_epsilon, param_init=_NORM_INIT)
@@ -227,11 +235,13 @@ def gpt_oss_model_config(arch: ModelArchitecture) -> Any:
     )
 
 
-def model_spec(arch: ModelArchitecture, float8: bool = False, emulate: bool = False) -> Any:
+def model_spec(arch: ModelArchitecture, float8: bool = False, emulate: bool = False,
+               moe_comm_backend: str = STANDARD) -> Any:
     """torchtitan's ModelSpec for `arch`: llama3's or qwen3's (parallelize, pipelining, state-dict
     adapter), with the plan's model. float8 and emulate as in `llama3_model_spec`; a mixture of experts in
     FP8 is refused (torchtitan's float8 converter swaps Linear layers; its grouped experts would stay in
-    bf16, which the plan did not price)."""
+    bf16, which the plan did not price). moe_comm_backend: `comm_backend(plan.moe_dispatcher)`, DeepEP's kernels
+    for a plan priced with the flex dispatcher."""
     family = model_family(arch)
     if family == LLAMA3:
         return llama3_model_spec(arch, float8=float8, emulate=emulate)
@@ -242,17 +252,17 @@ def model_spec(arch: ModelArchitecture, float8: bool = False, emulate: bool = Fa
         from torchtitan.models.deepseek_v3 import model_registry as deepseek_registry
 
         spec = deepseek_registry("debugmodel")
-        return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}", model=deepseek_v3_model_config(arch))
+        return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}", model=deepseek_v3_model_config(arch, moe_comm_backend))
     if family == GPT_OSS:
         from torchtitan.models.gpt_oss import model_registry as gpt_oss_registry
 
         spec = gpt_oss_registry("debugmodel")
-        return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}", model=gpt_oss_model_config(arch))
+        return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}", model=gpt_oss_model_config(arch, moe_comm_backend))
     from torchtitan.models.qwen3 import model_registry
 
     spec = model_registry("debugmodel_moe" if arch.num_experts else "debugmodel")
-    return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}", model=_float8(qwen3_model_config(arch),
-                                                                                   float8, emulate))
+    return dataclasses.replace(spec, flavor=f"resiplan:{arch.name}", model=_float8(
+        qwen3_model_config(arch, moe_comm_backend), float8, emulate))
 
 
 def _refuse_unbuildable(arch: ModelArchitecture, family: str, other_family: str) -> None:
@@ -263,7 +273,7 @@ def _refuse_unbuildable(arch: ModelArchitecture, family: str, other_family: str)
         raise ExportError(f"{TARGET} cannot build this model: {'; '.join(problems)}")
 
 
-def qwen3_model_config(arch: ModelArchitecture) -> Any:
+def qwen3_model_config(arch: ModelArchitecture, moe_comm_backend: str = STANDARD) -> Any:
     """torchtitan's Qwen3Model.Config for `arch`, dense or a mixture of experts; ExportError naming what
     its Qwen3 decoder cannot build."""
     _refuse_unbuildable(arch, QWEN3, "no query/key norms (not a Qwen3 model)")
@@ -288,7 +298,7 @@ def qwen3_model_config(arch: ModelArchitecture) -> Any:
                   rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=ROPE_MAX_SEQ_LEN, theta=arch.rope_theta))
     if arch.num_experts:
         layers = _build_qwen3_moe_layers(**common, moe_hidden_dim=arch.ffn_hidden_size, num_experts=arch.num_experts,
-                                         top_k=arch.experts_per_token, moe_comm_backend="standard")
+                                         top_k=arch.experts_per_token, moe_comm_backend=moe_comm_backend)
     else:
         layers = _build_qwen3_layers(**common, hidden_dim=arch.ffn_hidden_size)
     for layer in layers:

@@ -109,6 +109,9 @@ class SoftwareConfig:
         Engine's delayed scaling, E4M3 forward / E5M2 gradients: Megatron-Core's
         --fp8-format hybrid; torchtitan's float8 converter); attention core,
         norms, embedding and output head stay in BF16 (`cost_models.fp8`).
+    moe_dispatcher: how a mixture of experts' tokens reach their experts: "alltoall" (Megatron's all-to-all
+        dispatcher, one copy per routed expert) or "flex" (DeepEP/HybridEP kernels: one network copy per
+        remote node; `cost_models.expert_parallel`).
     """
 
     flash_attention: bool = True
@@ -122,6 +125,7 @@ class SoftwareConfig:
     ddp_bucket_params: int = 40_000_000
     tp_comm_overlap: bool = False
     fp8: bool = False
+    moe_dispatcher: str = "alltoall"
 
 
 # Megatron-LM of 2021-2022 (the calibration runs): no flash attention, dropout

@@ -16,6 +16,15 @@ for them: they are priced exposed (Megatron overlaps them only with shared exper
 `--moe-shared-expert-overlap`, left out). Peers in a node talk over NVLink, the rest over the network,
 both at once: the slower of the two shares sets the time.
 
+With the deduplicating dispatchers (`moe_dispatcher: "flex"`: Megatron's flex dispatcher over DeepEP's or
+HybridEP's kernels; deepseek-ai/DeepEP README, "normal kernels ... asymmetric-domain bandwidth forwarding,
+NVLink to RDMA"; DeepSeek-V3 report section 3.2.2), a token crosses the network once per remote node holding
+at least one of its k experts, to the GPU of its own index there, which forwards it over NVLink to the experts'
+GPUs: the network carries E[remote nodes hit] copies of each token where the all-to-all carries one per
+remote expert, and NVLink every copy whose expert is not on the GPU it lands on. The k experts are distinct
+and, load balanced, uniformly chosen: a node holding e of the E experts is missed with probability
+C(E - e, k) / C(E, k).
+
 What is priced conservatively, and why the plan is then never optimistic: the optimizer state and the
 gradient sync of the replicated weights are costed as if they, like the experts, were sharded over
 and reduced among only dp / ep replicas (`expert_data_parallel`), which overstates their memory by at
@@ -24,6 +33,8 @@ Expert load is taken as balanced (the auxiliary loss's aim); imbalance is not mo
 """
 
 from __future__ import annotations
+
+from math import comb
 
 from cost_models.compute import BYTES_PER_ELEMENT
 from cost_models.model_spec import ModelSpec
@@ -53,21 +64,40 @@ def expert_data_parallel(grad_sync_ranks: int, ep: int) -> int:
     return max(1, grad_sync_ranks // ep)
 
 
+ALL_TO_ALL, FLEX = "alltoall", "flex"
+
+
+def remote_nodes_hit(num_experts: int, experts_per_token: int, ep: int, in_node: int) -> float:
+    """Expected nodes other than the sender's that hold at least one of a token's k distinct, uniformly chosen
+    experts: the EP group's ep ranks over ceil(ep / in_node) nodes, each rank num_experts / ep experts."""
+    per_rank = num_experts // ep
+    nodes, last = divmod(ep, in_node)
+    sizes = [in_node] * nodes + ([last] if last else [])
+    total, k = comb(num_experts, experts_per_token), experts_per_token
+    # The sender's node is a full one; any other node is hit unless all k experts lie elsewhere.
+    return sum(1 - comb(num_experts - size * per_rank, k) / total for size in sizes[1:])
+
+
 def all_to_all_ms(model: ModelSpec, tokens: float, tp: int, ep: int, ranks_per_node: int,
-                  intra_gb_s: float, inter_gb_s: float) -> float:
+                  intra_gb_s: float, inter_gb_s: float, dispatcher: str = ALL_TO_ALL) -> float:
     """One all-to-all of a layer's routed tokens (dispatch or combine) on one GPU: 0 without EP."""
     if ep <= 1 or not model.is_moe:
         return 0.0
     # Per mean layer: dense layers among the expert ones send nothing.
-    routed_bytes = tokens / tp * model.experts_per_token * model.hidden_size * BYTES_PER_ELEMENT * (
-        model.expert_layers / model.num_layers)
+    token_bytes = tokens / tp * model.hidden_size * BYTES_PER_ELEMENT * model.expert_layers / model.num_layers
+    routed_bytes = token_bytes * model.experts_per_token
     in_node = min(ep, max(1, ranks_per_node))
-    intra_s = routed_bytes * (in_node - 1) / ep / (intra_gb_s * 1e9)
-    inter_s = routed_bytes * (ep - in_node) / ep / (inter_gb_s * 1e9)
-    return 1e3 * max(intra_s, inter_s)
+    if dispatcher == FLEX:
+        intra_bytes = routed_bytes * (in_node - 1) / in_node
+        inter_bytes = token_bytes * remote_nodes_hit(model.num_experts, model.experts_per_token, ep, in_node)
+    else:
+        intra_bytes = routed_bytes * (in_node - 1) / ep
+        inter_bytes = routed_bytes * (ep - in_node) / ep
+    return 1e3 * max(intra_bytes / (intra_gb_s * 1e9), inter_bytes / (inter_gb_s * 1e9))
 
 
 def layer_all_to_all_ms(model: ModelSpec, tokens: float, tp: int, ep: int, ranks_per_node: int,
-                        intra_gb_s: float, inter_gb_s: float) -> float:
+                        intra_gb_s: float, inter_gb_s: float, dispatcher: str = ALL_TO_ALL) -> float:
     """A pass's (forward's or backward's) all-to-alls of one layer."""
-    return ALL_TO_ALLS_PER_PASS * all_to_all_ms(model, tokens, tp, ep, ranks_per_node, intra_gb_s, inter_gb_s)
+    return ALL_TO_ALLS_PER_PASS * all_to_all_ms(model, tokens, tp, ep, ranks_per_node, intra_gb_s, inter_gb_s,
+                                                dispatcher)

@@ -148,7 +148,7 @@ def part_costs(
     if shape.ep > 1:
         all_to_all_ms = layer_all_to_all_ms(
             model, local_seq * mbs, tp, shape.ep, hardware.gpus_per_node // (tp * cp), intra * efficiency.nvlink_fraction,
-            hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction)
+            hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction, software.moe_dispatcher)
         recomputed = all_to_all_ms if shape.recompute == Recompute.FULL else 0.0  # full recompute redoes the forward's
         time = replace(time, forward_ep_comm_ms=all_to_all_ms, backward_ep_comm_ms=all_to_all_ms + recomputed)
     params = layer_params_per_gpu(model, tp, shape.ep)

@@ -228,4 +228,5 @@ def finish_plan(
         ep=ep,
         dp_shard=1 if problem.workload.zero_stage == 0 else dp_shard,
         grad_precision=None if problem.precision == "fp16" else ("bf16" if problem.software.grad_bytes == 2 else "fp32"),
+        moe_dispatcher=problem.software.moe_dispatcher if problem.workload.model.is_moe else None,
     )

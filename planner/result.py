@@ -86,6 +86,7 @@ class PlanResult:
     ep: int = 1  # expert parallelism: replicas 0..ep-1, ep..2ep-1, ... share each stage's routed experts
     dp_shard: int | None = None  # replicas of a ZeRO shard group, consecutive; None: not one size (non-uniform)
     grad_precision: str | None = None  # "fp32" or "bf16": what gradients accumulate and reduce in; None with fp16
+    moe_dispatcher: str | None = None  # "alltoall" or "flex": the token dispatcher priced; None for dense models
 
 
 def stage_schedule_fields(timing: StageTime) -> dict[str, float]:

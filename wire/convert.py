@@ -171,7 +171,8 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
     # bf16) accumulate and reduce them in fp32, Megatron's default, or in bf16 when asked.
     bf16_grads = training.grad_precision == "bf16"
     software = SoftwareConfig(grad_reduce_bytes=2 if training.precision == "fp16" or bf16_grads else 4,
-                              grad_bytes=2 if bf16_grads else 4, fp8=training.precision == "fp8")
+                              grad_bytes=2 if bf16_grads else 4, fp8=training.precision == "fp8",
+                              moe_dispatcher=training.moe_dispatcher)
     reserve_gib = request.options.memory_reserve_gib
     if reserve_gib is None:
         reserve_gib = DEFAULT_MEMORY_RESERVE_GIB

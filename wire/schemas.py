@@ -167,6 +167,12 @@ class Training(_Strict):
                     "NVIDIA's performance recipes: 2 bytes, half the data-parallel traffic). fp16 training keeps "
                     "its own (fp32 accumulation, fp16 reduction).",
     )
+    moe_dispatcher: Literal["alltoall", "flex"] = Field(
+        default="alltoall",
+        description="How a mixture of experts' tokens reach their experts across expert-parallel ranks: alltoall "
+                    "(Megatron's all-to-all dispatcher: one copy per routed expert) or flex (Megatron's flex "
+                    "dispatcher over DeepEP or HybridEP: one network copy per remote node, forwarded over NVLink).",
+    )
 
     @model_validator(mode="after")
     def _grad_precision(self) -> Training:
@@ -507,6 +513,9 @@ class Plan(BaseModel):
     grad_precision: Literal["fp32", "bf16"] | None = Field(
         default=None, description="The dtype gradients accumulate and are reduced in (training.grad_precision); "
         "null for fp16 training (fp32 accumulation, fp16 reduction) and plans stored before it was recorded (fp32).")
+    moe_dispatcher: Literal["alltoall", "flex"] | None = Field(
+        default=None, description="The token dispatcher a mixture of experts' plan is priced with "
+        "(training.moe_dispatcher); null for dense models and plans stored before it was recorded (alltoall).")
     dp_shard: int | None = Field(
         default=None, ge=1, description="Replicas of one ZeRO shard group (consecutive replica ids): each GPU holds "
         "1/(dp_shard x cp) of its stage's sharded state, and replicas r and r + dp_shard hold the same shards "

@@ -156,6 +156,11 @@ PLANS = {
         cluster={"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
         failures={"slow": [{"device": "3:2", "speed": 0.6}]},
         training={"global_batch_size": 256, "seq_length": 4096}, options=STOCK))),
+    # the same, its tokens sent with DeepEP's kernels (the flex dispatcher)
+    "moe-flex-dispatcher": lambda: plan_for(PlanRequest.model_validate(small_request(
+        cluster={"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
+        failures={"slow": [{"device": "3:2", "speed": 0.6}]},
+        training={"global_batch_size": 256, "seq_length": 4096, "moe_dispatcher": "flex"}, options=STOCK))),
     # Qwen3-30B-A3B: 128 experts, heads 128 wide over a hidden size of 2,048, query/key norms (32 H100s)
     "qwen3-moe": lambda: plan_for(PlanRequest.model_validate(small_request(
         cluster={"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="qwen3-30b-a3b",
@@ -219,6 +224,7 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--expert-model-parallel-size", type=int, default=1)
     add("--moe-layer-freq", type=_moe_freq_type, default=1)
     add("--moe-token-dispatcher-type", type=str, default="allgather", choices=["allgather", "alltoall", "flex"])
+    add("--moe-flex-dispatcher-backend", type=str, default="deepep", choices=["deepep", "hybridep"])
     # _add_mla_args, and multi_latent_attention from TransformerConfig's fields
     add("--multi-latent-attention", action="store_true")
     add("--q-lora-rank", type=int, default=None)
@@ -582,8 +588,9 @@ def test_megatron_core_runs_the_plan(name):
         assert config.moe_ffn_hidden_size == arch.ffn_hidden_size
         assert config.moe_shared_expert_intermediate_size == (arch.shared_expert_ffn_hidden_size or None)
         assert config.expert_model_parallel_size == plan.ep
-        # the all-to-all the plan prices, not megatron-core's default all-gather dispatcher
-        assert config.moe_token_dispatcher_type == "alltoall"
+        # the dispatcher the plan prices, not megatron-core's default all-gather one
+        assert config.moe_token_dispatcher_type == ("flex" if plan.moe_dispatcher == "flex" else "alltoall")
+        assert config.moe_flex_dispatcher_backend == "deepep"
     # ZeRO-2/3 as Megatron-FSDP: megatron-core's own DDP config takes the strategy, and its
     # ShardingStrategy numbers it as the plan's stage
     assert ns.use_megatron_fsdp == (plan.zero_stage >= 2)
@@ -637,7 +644,7 @@ def test_cases_cover_the_flag_variants():
     assert real_plan("zero1-partial-instances").zero_stage == 1
     assert real_plan("zero1-partial-instances").replicas[0].stages[0].cp == 2
     moe = {name for name, f in flags.items() if "--num-experts" in f}
-    assert moe == {"moe-experts-over-tp", "moe-expert-parallel", "qwen3-moe"}
+    assert moe == {"moe-experts-over-tp", "moe-expert-parallel", "moe-flex-dispatcher", "qwen3-moe"}
     assert {"--kv-channels", "--qk-layernorm"} <= set(flags["qwen3-moe"])
     assert real_plan("moe-experts-over-tp").replicas[0].stages[0].tp > 1
     assert real_plan("moe-expert-parallel").ep > 1

@@ -104,8 +104,9 @@ def test_export_then_import_gives_the_same_layout_and_model(name):
     assert (layout["micro_batch_size"], layout["recompute"]) == (plan.micro_batch_size, plan.recompute)
     assert layout["schedule"] == ("interleaved" if plan.virtual_stages > 1 else "1f1b")
     bf16_grads = {"grad_precision": "bf16"} if plan.grad_precision == "bf16" else {}
+    flex = {"moe_dispatcher": "flex"} if plan.moe_dispatcher == "flex" else {}
     assert training == {"global_batch_size": plan.global_batch_size, "seq_length": plan.seq_length,
-                        "zero_stage": plan.zero_stage, "precision": plan.precision, **bf16_grads}
+                        "zero_stage": plan.zero_stage, "precision": plan.precision, **bf16_grads, **flex}
     exported = arch.model_dump(exclude={"name"})
     for key, value in model.items():
         if key == "rope_scaling":
@@ -256,15 +257,16 @@ def test_a_layer_pattern_other_than_dense_layers_first_is_reported_never_evaluat
 @pytest.mark.parametrize(("replacement", "reported"), [
     ("--moe-token-dispatcher-type alltoall", None),
     ("", "--moe-token-dispatcher-type allgather: gathers every token"),
-    ("--moe-token-dispatcher-type flex", "--moe-token-dispatcher-type flex: DeepEP's or HybridEP's kernels"),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep", None),
 ])
-def test_a_token_dispatcher_other_than_the_priced_all_to_all_is_reported(replacement, reported):
+def test_a_token_dispatcher_the_cost_model_does_not_price_is_reported(replacement, reported):
     """The export names the all-to-all dispatcher the plan prices; a command without it runs megatron-core's
-    all-gather dispatcher, and one with DeepEP or HybridEP moves fewer bytes: both are reported."""
+    all-gather dispatcher, which is reported; the flex one (DeepEP or HybridEP) is read as moe_dispatcher flex."""
     plan, args = _stock_plan("moe-expert-parallel")
     text = shlex.join(["pretrain_gpt.py", *args]).replace("--moe-token-dispatcher-type alltoall", replacement)
     imported = import_megatron(text, vocab_size=plan.architecture.vocab_size)
     found = [entry for entry in imported.not_modelled if entry.startswith("--moe-token-dispatcher-type")]
+    assert imported.request["training"].get("moe_dispatcher") == ("flex" if "flex" in replacement else None)
     if reported is None:
         assert found == []
     else:

@@ -91,3 +91,23 @@ def test_max_expert_parallel_bounds_the_search(client):
     response = client.post("/v1/plan", json=request)
     assert response.status_code == 200, response.text
     assert verify_plan(response.json(), request).ep <= 2
+
+
+def test_the_flex_dispatcher_sends_fewer_bytes_across_nodes_and_the_plan_says_which_it_priced(client):
+    """EP 16 over two nodes: DeepEP/HybridEP's dispatch (one network copy per remote node) prices the all-to-all
+    below Megatron's all-to-all dispatcher (one per remote expert); the plan echoes the dispatcher."""
+    layout = {"tp": 1, "pp": 4, "dp": 16, "ep": 16, "recompute": "full"}
+    answers = {}
+    for dispatcher in ("alltoall", "flex"):
+        body = {"cluster": CLUSTER, "model": {**MIXTRAL, "num_experts": 16}, "layout": layout,
+                "training": {**TRAINING, "moe_dispatcher": dispatcher}}
+        response = client.post("/v1/estimate", json=body)
+        assert response.status_code == 200, response.text
+        verify_plan(response.json(), body)
+        answers[dispatcher] = response.json()
+        assert answers[dispatcher]["moe_dispatcher"] == dispatcher
+    comm = {d: a["predicted"]["breakdown"]["ep_comm_s"] for d, a in answers.items()}
+    assert 0 < comm["flex"] < comm["alltoall"]
+    dense = client.post("/v1/estimate", json={"cluster": CLUSTER, "model": "llama3-8b", "training": TRAINING,
+                                              "layout": {"tp": 1, "pp": 1, "dp": 64}})
+    assert dense.status_code == 200 and dense.json()["moe_dispatcher"] is None

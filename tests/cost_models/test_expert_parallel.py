@@ -98,3 +98,46 @@ def test_all_to_all_is_never_faster_per_byte_than_the_best_published_kernels():
         for published_gb_s in published:
             ratios.append(priced_ms / (1e3 * routed * (ep - 8) / ep / (published_gb_s * 1e9)))
     assert all(1.0 <= ratio <= 2.5 for ratio in ratios), ratios
+
+
+def _remote_nodes_sampled(num_experts: int, k: int, ep: int, in_node: int, draws: int = 20_000) -> float:
+    """Monte Carlo, written apart from the planner: k distinct experts drawn uniformly, expert e on rank
+    e // (num_experts / ep), rank r on node r // in_node; the sender sits on node 0."""
+    import random
+
+    rng = random.Random(7)
+    per_rank = num_experts // ep
+    hits = 0
+    for _ in range(draws):
+        nodes = {expert // per_rank // in_node for expert in rng.sample(range(num_experts), k)}
+        hits += len(nodes - {0})
+    return hits / draws
+
+
+@pytest.mark.parametrize(("experts", "k", "ep", "in_node"), [(128, 8, 16, 8), (256, 8, 64, 8), (96, 6, 24, 8),
+                                                             (60, 4, 12, 8), (8, 2, 8, 8)])
+def test_the_flex_dispatcher_sends_a_token_once_per_remote_node_hit(experts, k, ep, in_node):
+    from cost_models.expert_parallel import remote_nodes_hit
+
+    expected = remote_nodes_hit(experts, k, ep, in_node)
+    assert expected == pytest.approx(_remote_nodes_sampled(experts, k, ep, in_node), abs=0.03)
+    # never more network copies than the all-to-all's one per remote expert
+    assert expected <= k * (ep - min(ep, in_node)) / ep + 1e-12
+
+
+def test_the_flex_dispatcher_prices_network_copies_per_node_and_nvlink_forwarding():
+    """16 experts, top-2, over ep 16 in nodes of 8: the all-to-all sends 2 x 8/16 = 1 copy of a token over the
+    network, the flex dispatcher 1 - C(8, 2) / C(16, 2) = 0.767 (the other node holds 8 of the 16 experts);
+    NVLink carries 7/8 of the routed copies (forwarded to their experts' GPUs) where the all-to-all carries 7/16."""
+    from dataclasses import replace
+
+    from cost_models.expert_parallel import FLEX
+
+    model = replace(MIXTRAL, num_experts=16)
+    tokens, token_bytes = 4096, 4096 * 4096 * BYTES_PER_ELEMENT / 2  # tp 2: half the tokens per GPU
+    remote = 1 - 28 / 120
+    flex = all_to_all_ms(model, tokens, 2, 16, 8, 400.0, 50.0, FLEX)
+    assert flex == pytest.approx(1e3 * max(2 * token_bytes * 7 / 8 / 400e9, token_bytes * remote / 50e9))
+    assert all_to_all_ms(model, tokens, 2, 16, 8, 400.0, 50.0) == pytest.approx(1e3 * token_bytes * 1 / 50e9)
+    # inside one node the network carries nothing and NVLink the forwarded copies
+    assert all_to_all_ms(model, tokens, 2, 8, 8, 400.0, 50.0, FLEX) == pytest.approx(1e3 * 2 * token_bytes * 7 / 8 / 400e9)
