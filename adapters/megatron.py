@@ -27,7 +27,9 @@ What the plan sets, and how:
     tp > 1                   --sequence-parallel
     experts (mixture)        --num-experts, --moe-router-topk, --moe-ffn-hidden-size,
                              --moe-shared-expert-intermediate-size; ep: --expert-model-parallel-size
-                             (expert-TP left to megatron-core's default, tp; default rank order only)
+                             (expert-TP left to megatron-core's default, tp; default rank order only);
+                             --moe-token-dispatcher-type alltoall, or flex --moe-flex-dispatcher-backend
+                             deepep (training.moe_dispatcher); dense first layers: --moe-layer-freq
     recompute                selective: --recompute-granularity selective (core attention);
                              full: --recompute-granularity full --recompute-method uniform
                              --recompute-num-layers 1

@@ -213,6 +213,8 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     else:
         raise CommandLineError(f"--position-embedding-type {positions}: resiplan models rope and learned_absolute")
     _latent_attention(flags, arch, notes)
+    if _int(flags, "--mtp-num-layers", 0):
+        arch["mtp_layers"] = _int(flags, "--mtp-num-layers", 0)
     arch["linear_bias"] = "--disable-bias-linear" not in flags
     arch["qkv_bias"] = not arch["linear_bias"] and "--add-qkv-bias" in flags
     arch.update(_attention_variant(flags, layers, not_modelled))
@@ -279,7 +281,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format", "--num-distributed-optimizer-instances",
         "--outer-dp-sharding-strategy", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
         "--softmax-type", "--window-size", "--window-attn-skip-freq", "--moe-layer-freq", *_LATENT_FLAGS,
-        "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
+        "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--mtp-num-layers",
         *_NOT_MODELLED,
     }
     for name in sorted(flags):

@@ -29,6 +29,7 @@ microsoft/Megatron-DeepSpeed's main branch):
                                  --rope-type rope|yarn --rotary-scaling-factor --mscale --mscale-all-dim
     first k layers dense         --moe-layer-freq "([0]*k+[1]*(L-k))"        (none: refused)
                                  --ffn-hidden-size (the dense width)
+    multi-token prediction       --mtp-num-layers                            (none: refused)
 
 Megatron-LM 0.16.1's gpt_builder passes `rope_scaling` to GPTModel but not `--rope-scaling-factor`,
 so megatron-core's own factor 8 (and its low/high frequency factors 1 and 4 from a context of 8192)
@@ -37,7 +38,7 @@ With latent attention YaRN runs as MLATransformerConfig's: the factor and mscale
 starts from (4096) and the ramp (beta_fast 32, beta_slow 1) from its defaults, which have no flags; other values
 are refused. DeepSeek-V3's routing (sigmoid scores, expert bias, grouped top-k: --moe-router-score-function,
 --moe-router-enable-expert-bias, --moe-router-num-groups, ...) changes no weight and no cost and is left to the
-recipe; its multi-token-prediction module (--mtp-num-layers) is not part of the planned model.
+recipe.
 The vocabulary is the tokenizer's, padded by Megatron to a multiple of --make-vocab-size-divisible-by
 (128) x tp; the plan counted `vocab_size` rows.
 """
@@ -143,7 +144,9 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
         args.append("--disable-bias-linear")
         if arch.qkv_bias:
             args.append("--add-qkv-bias")
-    return args + _attention_variant_args(arch) + _expert_args(arch, expert_parallel, moe_dispatcher)
+    # multi-token prediction: megatron-core's MultiTokenPredictionBlock, on the last pipeline stage
+    mtp = ["--mtp-num-layers", str(arch.mtp_layers)] if arch.mtp_layers else []
+    return args + _attention_variant_args(arch) + _expert_args(arch, expert_parallel, moe_dispatcher) + mtp
 
 
 def _latent_attention_args(arch: ModelArchitecture, target: str) -> list[str]:
@@ -224,6 +227,8 @@ def megatron_deepspeed_model_args(arch: ModelArchitecture, seq_length: int) -> l
         problems.append("it has no Llama 3.1 RoPE scaling")
     if arch.attention_sinks or arch.sliding_window is not None:
         problems.append("it has no attention sinks or sliding windows")
+    if arch.mtp_layers:
+        problems.append("it has no multi-token prediction")
     if arch.num_experts:
         problems.append("its mixture-of-experts layers (DeepSpeed-MoE) are not exported by resiplan yet; "
                         "export to Megatron-LM instead")

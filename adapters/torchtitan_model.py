@@ -82,6 +82,8 @@ def unsupported(arch: ModelArchitecture) -> list[str]:
         return _gpt_oss_problems(arch)
     if family == DEEPSEEK_V3:
         return _deepseek_problems(arch)
+    if arch.mtp_layers:
+        return ["multi-token prediction (torchtitan builds it in its DeepSeek-V3 model only)"]
     decoder = "Llama3" if family == LLAMA3 else "Qwen3"
     problems = []
     if arch.sliding_window is not None:
@@ -157,7 +159,13 @@ def deepseek_v3_model_config(arch: ModelArchitecture, moe_comm_backend: str = ST
     scale 2.5) sets those fields of each layer's `moe.router`."""
     _refuse_unbuildable(arch, DEEPSEEK_V3, "no latent attention (not a DeepSeek model)")
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
-    from torchtitan.models.deepseek_v3 import _EMBEDDING_INIT, _NORM_INIT, _build_dsv3_layers, _output_linear_init
+    from torchtitan.models.deepseek_v3 import (
+        _EMBEDDING_INIT,
+        _NORM_INIT,
+        _build_dsv3_layers,
+        _build_mtp_layers,
+        _output_linear_init,
+    )
     from torchtitan.models.deepseek_v3.model import DeepSeekV3Model
 
     dim, vocab, scaling = arch.hidden_size, arch.vocab_size, arch.rope_scaling
@@ -184,6 +192,8 @@ def deepseek_v3_model_config(arch: ModelArchitecture, moe_comm_backend: str = ST
         norm=RMSNorm.Config(normalized_shape=dim, eps=arch.norm_epsilon, param_init=_NORM_INIT),
         lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_output_linear_init(dim)),
         layers=layers,
+        # its multi-token-prediction depths, each built from the last layer's config as its own configs do
+        mtp_layers=_build_mtp_layers(layers[-1], dim=dim, num_mtp_layers=arch.mtp_layers),
     )
 
 

@@ -99,10 +99,17 @@ def iteration_model_flops(model: ModelSpec, seq_length: int, global_batch: int) 
     Equals 72 B s L h^2 (1 + s/(6h) + V/(12 L h)) for standard attention with
     ffn = 4h (SC'21 eq. 3 with the head's backward counted).
     """
-    per_sequence_forward = model.num_layers * layer_forward_flops(model, seq_length, 1) + head_forward_flops(
-        model, seq_length, 1
-    )
+    per_sequence_forward = (model.num_layers * layer_forward_flops(model, seq_length, 1)
+                            + head_forward_flops(model, seq_length, 1) + mtp_forward_flops(model, seq_length, 1))
     return (1 + BACKWARD_TO_FORWARD) * per_sequence_forward * global_batch
+
+
+def mtp_forward_flops(model: ModelSpec, seq_length: int, micro_batch: int) -> float:
+    """The multi-token-prediction depths, forward: each a projection of 2h to h, a layer and the output head."""
+    tokens = seq_length * micro_batch
+    per_depth = (2 * tokens * 2 * model.hidden_size * model.hidden_size + layer_forward_flops(model, seq_length, micro_batch)
+                 + head_forward_flops(model, seq_length, micro_batch))
+    return model.mtp_layers * per_depth
 
 
 def recompute_extra_flops(model: ModelSpec, seq_length: int, global_batch: int, recompute: str) -> float:

@@ -225,12 +225,14 @@ def _latent_attention(config: dict[str, Any], family: str) -> dict[str, int]:
     if family not in _LATENT_ATTENTION_FAMILIES:
         return {}
     limits = ARCHITECTURE_LIMITS
+    depths = config.get("num_nextn_predict_layers")
+    mtp = {} if depths in (None, 0) else {"mtp_layers": _int_field(config, ("num_nextn_predict_layers",), 16)}
     q_rank = config.get("q_lora_rank")
     return {"kv_lora_rank": _int_field(config, ("kv_lora_rank",), limits["hidden_size"]),
             "q_lora_rank": 0 if q_rank is None else _int_field(config, ("q_lora_rank",), limits["hidden_size"]),
             "head_dim": _int_field(config, ("qk_nope_head_dim",), limits["head_dim"]),
             "qk_rope_head_dim": _int_field(config, ("qk_rope_head_dim",), limits["head_dim"]),
-            "v_head_dim": _int_field(config, ("v_head_dim",), limits["head_dim"])}
+            "v_head_dim": _int_field(config, ("v_head_dim",), limits["head_dim"]), **mtp}
 
 
 def _head_fields(config: dict[str, Any], family: str, hidden: int, heads: int) -> dict[str, Any]:
@@ -403,6 +405,10 @@ def model_from_hf_config(config: dict[str, Any]) -> ModelSpec:
         raise HfConfigError(f"hf_config model_type {_shown(family)} is not supported: Gemma's GeGLU MLP, scaled "
                             "embedding and extra norms are not modelled")
     head_fields = _latent_attention(config, family) or _head_fields(config, family, hidden, heads)
+    if family not in _LATENT_ATTENTION_FAMILIES and config.get("num_nextn_predict_layers") not in (None, 0):
+        raise HfConfigError(f"hf_config num_nextn_predict_layers is {_shown(config['num_nextn_predict_layers'])}: "
+                            f"multi-token prediction is modelled as DeepSeek-V3 builds it, not for model_type "
+                            f"{_shown(family)}")
     default_activation = "silu" if expert_fields else "gelu"  # the MoE families' configs default to silu
     activation = str(config.get("hidden_act") or config.get("activation_function") or default_activation).lower()
     gated = "intermediate_size" in config and activation in {"silu", "swiglu", "swish"}

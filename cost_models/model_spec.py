@@ -94,6 +94,10 @@ class ModelSpec:
         layer's; stages price every layer at the larger of the two per GPU (`layer_params_per_gpu`) and
         at the mean FLOPs (`mlp_width_per_token`): for DeepSeek-V3 a dense layer's MLP FLOPs equal an expert
         layer's (18,432 = 8 routed + 1 shared expert of 2,048).
+    mtp_layers: multi-token prediction depths (DeepSeek-V3's num_nextn_predict_layers 1, report section 2.2): each
+        predicts one token further from the previous depth's hidden state and the next token's embedding, through
+        two RMSNorms, a projection of both (2h x h), one transformer layer (an expert layer's) and a final norm, with
+        the main model's embedding and output head. On the last pipeline stage (Megatron's default).
     """
 
     name: str
@@ -128,6 +132,7 @@ class ModelSpec:
     v_head_dim: int = 0
     dense_layers: int = 0
     dense_ffn_hidden_size: int = 0
+    mtp_layers: int = 0
 
     @property
     def is_mla(self) -> bool:
@@ -298,7 +303,12 @@ class ModelSpec:
     @property
     def total_params(self) -> int:
         head = 0 if self.tied_embeddings else self.head_params
-        return self.layer_params + self.embedding_params + head + self.norm_params
+        return self.layer_params + self.embedding_params + head + self.norm_params + self.mtp_params
+
+    @property
+    def mtp_params(self) -> int:
+        """Weights of the multi-token-prediction depths (the embedding and head they share are not counted again)."""
+        return self.mtp_layers * (self.params_per_layer + 2 * self.hidden_size * self.hidden_size + 3 * self.norm_params)
 
     @property
     def active_params(self) -> int:
@@ -306,7 +316,8 @@ class ModelSpec:
         mixture-of-experts models publish as "active")."""
         skipped = self.num_experts - self.experts_per_token if self.is_moe else 0
         per_expert = self.mlp_matrices * self.hidden_size * self.ffn_hidden_size + self.expert_biases
-        return self.total_params - self.expert_layers * skipped * per_expert
+        expert_layers = self.expert_layers + (self.mtp_layers if self.is_moe else 0)
+        return self.total_params - expert_layers * skipped * per_expert
 
 
 def model_preset_names() -> list[str]:

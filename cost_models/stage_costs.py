@@ -7,7 +7,7 @@ evaluator (`iteration.py`) can use the very same numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from cost_models.comm import (
     NETWORK_STEP_LATENCY_S,
@@ -18,11 +18,14 @@ from cost_models.comm import (
 )
 from cost_models.context_parallel import ring_link
 from cost_models.choices import Recompute
-from cost_models.compute import LayerTime, embedding_time, head_time, layer_time
+from cost_models.compute import LayerTime, embedding_time, gemm_time_s, head_time, layer_time
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+from cost_models.flops import BACKWARD_TO_FORWARD
 from cost_models.expert_parallel import expert_data_parallel, layer_all_to_all_ms, layer_params_per_gpu
 from cost_models.fp8 import WEIGHT_CACHE_BYTES_PER_PARAM as FP8_WEIGHT_CACHE_BYTES_PER_PARAM
+from cost_models.hardware import GpuSpec
 from cost_models.layout import Hardware, ParallelShape, Workload
+from cost_models.model_spec import ModelSpec
 from cost_models.sharded_dp import gathered_bytes_per_param, shards_every_microbatch, with_sharded_comm
 from cost_models.memory import (
     ACTIVATION_FRAGMENTATION,
@@ -168,7 +171,30 @@ def part_costs(
         params=model.head_params / tp + model.hidden_size,
         activation_bytes=head_activation_bytes(model, local_seq, mbs, tp),
     )
+    if model.mtp_layers:
+        head = _with_mtp(head, layer, model, local_seq * mbs, tp, gpu, efficiency)
     return PartSet(layer, embedding, head)
+
+
+def _with_mtp(head: PartCosts, layer: PartCosts, model: ModelSpec, tokens: float, tp: int, gpu: GpuSpec,
+              efficiency: EfficiencyParams) -> PartCosts:
+    """The last stage's head with the multi-token-prediction depths it also runs (`ModelSpec.mtp_layers`): per
+    depth a layer, the projection of 2h to h (split over TP) and the output head again, their weights and a
+    layer's activations and logits beside the head's."""
+    h, depths = model.hidden_size, model.mtp_layers
+    projection_ms = 1e3 * gemm_time_s(2 * tokens * 2 * h * h / tp, h, gpu, efficiency)
+    per_depth = _time_sum(layer.time, head.time, LayerTime(projection_ms, BACKWARD_TO_FORWARD * projection_ms, 0.0, 0.0,
+                                                          weight_grad_ms=projection_ms))
+    return PartCosts(
+        time=_time_sum(head.time, *([per_depth] * depths)),
+        params=head.params + depths * (layer.params + 2 * h * h / tp + 3 * model.norm_params),
+        activation_bytes=head.activation_bytes + depths * (layer.activation_bytes + head.activation_bytes),
+        cache_bytes=head.cache_bytes + depths * layer.cache_bytes,
+    )
+
+
+def _time_sum(*times: LayerTime) -> LayerTime:
+    return LayerTime(**{f.name: sum(getattr(t, f.name) for t in times) for f in fields(LayerTime)})
 
 
 # Bytes per element of the parameters the distributed optimizer all-gathers after its step: the

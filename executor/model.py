@@ -49,6 +49,9 @@ def model_config(plan: Plan, *, layers: int | None = None, hidden: int | None = 
     if arch.num_experts:
         raise ValueError(f"the plan's model is a mixture of {arch.num_experts} experts; the reference executor "
                          "runs dense models only")
+    if getattr(arch, "mtp_layers", 0):
+        raise ValueError("the plan's model predicts further tokens (mtp_layers); the reference executor builds the "
+                         "next-token model only")
     if arch.head_dim is not None or arch.qk_norm:
         raise ValueError("the plan's model sets head_dim apart from hidden / heads or norms queries and keys; the "
                          "reference executor builds Llama-style attention only")

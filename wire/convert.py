@@ -121,6 +121,7 @@ def resolve_model(model: str | ModelArchitecture | HfConfigModel) -> ModelSpec:
         v_head_dim=model.v_head_dim,
         dense_layers=model.dense_layers,
         dense_ffn_hidden_size=model.dense_ffn_hidden_size,
+        mtp_layers=model.mtp_layers,
     )
     _check_shape(spec)
     return spec

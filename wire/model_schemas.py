@@ -117,6 +117,10 @@ class ModelArchitecture(_Strict):
     dense_layers: int = Field(default=0, ge=0, le=ARCHITECTURE_LIMITS["num_layers"],
                               description="Mixture of experts: the first layers whose MLP is dense "
                                           "(DeepSeek-V3's first_k_dense_replace 3).")
+    mtp_layers: int = Field(default=0, ge=0, le=16,
+                            description="Multi-token prediction depths (DeepSeek-V3's num_nextn_predict_layers 1): "
+                                        "each a projection, one transformer layer and norms on the last stage, "
+                                        "sharing the embedding and the output head.")
     dense_ffn_hidden_size: int = Field(default=0, ge=0, le=ARCHITECTURE_LIMITS["ffn_hidden_size"],
                                        description="Width of those dense MLPs (DeepSeek-V3 18432).")
 

@@ -225,6 +225,7 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--moe-layer-freq", type=_moe_freq_type, default=1)
     add("--moe-token-dispatcher-type", type=str, default="allgather", choices=["allgather", "alltoall", "flex"])
     add("--moe-flex-dispatcher-backend", type=str, default="deepep", choices=["deepep", "hybridep"])
+    add("--mtp-num-layers", type=int, default=None)
     # _add_mla_args, and multi_latent_attention from TransformerConfig's fields
     add("--multi-latent-attention", action="store_true")
     add("--q-lora-rank", type=int, default=None)

@@ -230,10 +230,10 @@ def test_latent_attention_and_dense_layers_round_trip_and_estimate_to_the_plans_
     arch = plan.architecture
     imported = import_megatron(launch_command(plan), vocab_size=arch.vocab_size)
     model = imported.request["model"]
-    assert {key: model.get(key, 0) for key in ("kv_lora_rank", "q_lora_rank", "head_dim", "qk_rope_head_dim",
-                                                "v_head_dim", "dense_layers", "dense_ffn_hidden_size")} == {
-        key: getattr(arch, key) for key in ("kv_lora_rank", "q_lora_rank", "head_dim", "qk_rope_head_dim", "v_head_dim",
-                                            "dense_layers", "dense_ffn_hidden_size")}
+    keys = ("kv_lora_rank", "q_lora_rank", "head_dim", "qk_rope_head_dim", "v_head_dim", "dense_layers",
+            "dense_ffn_hidden_size", "mtp_layers")
+    assert {key: model.get(key, 0) for key in keys} == {key: getattr(arch, key) for key in keys}
+    assert arch.mtp_layers == 1
     assert model["rope_scaling"] == arch.rope_scaling.model_dump(exclude={"low_freq_factor", "high_freq_factor"})
     assert "qk_norm" not in model and not imported.notes and not imported.not_modelled
     body = {**imported.request, "cluster": {"num_nodes": 1, "gpus_per_node": 8, "gpu": "H100-SXM"}}

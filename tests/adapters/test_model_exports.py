@@ -32,9 +32,14 @@ with warnings.catch_warnings():  # "Transformer Engine and Apex are not installe
     warnings.simplefilter("ignore")
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_layer_local_spec,
+        get_gpt_mtp_block_spec,
+    )
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
 from adapters import deepspeed as ds_export
 from adapters import megatron
@@ -74,10 +79,11 @@ ARCHITECTURES = {
 }
 PRESETS = ["llama3-8b", "llama3.1-70b", "qwen2.5-7b", "gpt3-175b"]
 # DeepSeek-V3-like: latent attention (a query latent, a key/value latent with shared rotary dimensions), the first
-# layer dense, shared experts, YaRN with DeepSeek's temperature
+# layer dense, shared experts, YaRN with DeepSeek's temperature, one multi-token-prediction depth
 LATENT = {**TINY, "ffn_hidden_size": 96, "num_attention_heads": 4, "num_kv_heads": 4, "head_dim": 32, "q_lora_rank": 64,
           "kv_lora_rank": 48, "qk_rope_head_dim": 16, "v_head_dim": 24, "num_experts": 8, "experts_per_token": 2,
           "shared_expert_ffn_hidden_size": 96, "dense_layers": 1, "dense_ffn_hidden_size": 320, "norm_epsilon": 1e-6,
+          "mtp_layers": 1,
           "rope_scaling": {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
                            "mscale": 1.0, "mscale_all_dim": 1.0}}
 
@@ -124,10 +130,17 @@ def megatron_core_model(config: TransformerConfig, vocab_size: int, max_position
                                         normalization=config.normalization)
     if config.multi_latent_attention:
         spec = _weightless_core_attention(spec)
+    # gpt_builder's multi-token prediction: the block spec's last layer, one per depth
+    last_layer = spec.layer_specs[-1] if hasattr(spec, "layer_specs") else spec
+    mtp = (get_gpt_mtp_block_spec(config, last_layer, use_transformer_engine=False)
+           if config.mtp_num_layers else None)
     # Without Transformer Engine installed megatron-core 0.16 still imports its extension module, so MLASelfAttention
     # believes TE present and tests isinstance against its missing TELinear (an FP8-only branch): say it is absent.
+    # Its all-to-all token dispatcher (no weights) opens a CUDA stream for its token counts once per process: hand
+    # it a stand-in, as CPU has no streams.
     with torch.device("meta"), mock.patch("torch.cuda.current_device", return_value="meta"), \
-            mock.patch("megatron.core.transformer.multi_latent_attention.HAVE_TE", False):
+            mock.patch("megatron.core.transformer.multi_latent_attention.HAVE_TE", False), \
+            mock.patch.object(MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", object()):
         return GPTModel(
             config=config,
             transformer_layer_spec=spec,
@@ -138,6 +151,7 @@ def megatron_core_model(config: TransformerConfig, vocab_size: int, max_position
             rotary_percent=rotary_percent,
             rotary_base=rotary_base,
             rope_scaling=rope_scaling,
+            mtp_block_spec=mtp,
         )
 
 
@@ -448,12 +462,16 @@ def test_megatron_lm_builds_latent_attention_with_dense_and_expert_layers(one_ra
     assert any("self_attention.kv_layernorm" in name for name in names)
     assert any("self_attention.q_layernorm" in name for name in names) == bool(q_lora_rank)
     assert model.decoder.layers[0].mlp.linear_fc1.weight.shape[0] == 2 * 320  # gate and up of the dense width
+    assert model.mtp.layers[0].eh_proj.weight.shape == (256, 2 * 256)  # the multi-token-prediction depth
 
 
 def test_megatron_lm_builds_deepseek_v3_at_its_parameter_count(one_rank):
-    """671,026,404,352 weights: the DeepSeek-V3 report's 671B without its multi-token-prediction module."""
+    """682,636,472,320 weights: the DeepSeek-V3 report's 671B and its multi-token-prediction depth (one expert
+    layer, a 2h x h projection and three norms: 11.6B; its checkpoint's 14B adds copies of the embedding and head)."""
     plan = preset_plan("deepseek-v3")
-    assert count(megatron_lm_model(plan)) == model_preset("deepseek-v3").total_params == 671_026_404_352
+    spec = model_preset("deepseek-v3")
+    assert count(megatron_lm_model(plan)) == spec.total_params == 682_636_472_320
+    assert spec.total_params - spec.mtp_params == 671_026_404_352
 
 
 def test_megatron_lm_refuses_latent_attention_yarn_it_would_run_differently():

@@ -901,3 +901,17 @@ def test_bf16_gradients_are_refused_as_torchtitans_config_refuses_them():
                      override_argv(fp32)[-1]])
     with pytest.raises(ExportError, match="bf16 gradients: torchtitan 0.3 reduces gradients in float32 only"):
         render(plan_with("bf16"))
+
+
+def test_a_flex_dispatcher_plan_asks_for_torchtitans_deepep_backend():
+    """A plan priced with the flex dispatcher is not torchtitan's own qwen3_30b_a3b (which exchanges tokens
+    all-to-all): the launch says to build the model with DeepEP's token dispatcher, which model_spec does."""
+    body = estimate_request({"tp": 1, "pp": 2, "ep": 4, "recompute": "full"}, model="qwen3-30b-a3b", cluster=H100,
+                            training={"global_batch_size": 32, "seq_length": 4096, "moe_dispatcher": "flex"})
+    plan = estimate_for(EstimateRequest.model_validate(body))
+    assert plan.moe_dispatcher == "flex" and model_selection(plan) is None
+    assert model_selection(plan.model_copy(update={"moe_dispatcher": "alltoall"})) == ("qwen3", "qwen3_30b_a3b")
+    assert 'model_spec(plan.architecture, moe_comm_backend="deepep")' in launch_command(plan)
+    dispatchers = {type(layer.moe.routed_experts.token_dispatcher).__qualname__
+                   for layer in model_spec(plan.architecture, moe_comm_backend="deepep").model.layers}
+    assert dispatchers == {"DeepEPTokenDispatcher.Config"}

@@ -68,3 +68,31 @@ def test_dense_layers_send_no_tokens_to_experts():
     assert priced == pytest.approx(all_to_all_ms(all_expert, 8192, 1, 8, 8, 400.0, 50.0) * 26 / 27, rel=1e-12)
     # and a token's MLP width is the mean over the layers: 26 of 6 routed and 2 shared experts, 1 dense
     assert v2_lite.mlp_width_per_token == pytest.approx((26 * 8 * 1408 + 10944) / 27, rel=1e-12)
+
+
+def test_the_last_stage_carries_the_multi_token_prediction_depths():
+    """DeepSeek-V2-Lite with one MTP depth on tp 2: the head part gains one expert layer's weights per GPU, the
+    2h x h projection split over TP and three norms, and a layer's, the projection's and the head's time; the
+    iteration's model FLOPs gain per token the projection (2 x 2h x h), a layer and the head once more."""
+    from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+    from cost_models.flops import head_forward_flops, iteration_model_flops, layer_forward_flops
+    from cost_models.hardware import gpu_preset
+    from cost_models.layout import Hardware, ParallelShape, Workload
+    from cost_models.stage_costs import part_costs
+
+    plain = model_preset("deepseek-v2-lite")
+    mtp = dataclasses.replace(plain, mtp_layers=1)
+    h, s = plain.hidden_size, 4096
+    gpu = gpu_preset("H100-SXM")
+    hardware = Hardware(gpu=gpu, gpus_per_node=8, intra_node_bandwidth_gb_s=450.0, inter_node_bandwidth_gb_s=50.0)
+    shape = ParallelShape(tp=2, pp=2, dp=4, micro_batch_size=1, recompute="none", ep=4)
+    parts = {m.mtp_layers: part_costs(Workload(m, s, 64), hardware, shape, EfficiencyParams(), SoftwareConfig())
+             for m in (plain, mtp)}
+    layer = parts[0].layer
+    assert parts[1].head.params - parts[0].head.params == pytest.approx(layer.params + 2 * h * h / 2 + 3 * h)
+    assert parts[1].layer == layer and parts[1].embedding == parts[0].embedding
+    extra_ms = parts[1].head.time.forward_compute_ms - parts[0].head.time.forward_compute_ms
+    assert extra_ms > layer.time.forward_compute_ms + parts[0].head.time.forward_compute_ms
+    assert mtp.total_params - plain.total_params == plain.params_per_layer + 2 * h * h + 3 * h
+    per_sequence = 2 * s * 2 * h * h + layer_forward_flops(plain, s, 1) + head_forward_flops(plain, s, 1)
+    assert iteration_model_flops(mtp, s, 64) - iteration_model_flops(plain, s, 64) == pytest.approx(3 * per_sequence * 64)

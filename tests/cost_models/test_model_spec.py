@@ -582,10 +582,14 @@ def test_hf_deepseek_v3_is_read_with_latent_attention_dense_layers_and_shared_ex
     assert (spec.dense_layers, spec.dense_ffn_hidden_size, spec.ffn_hidden_size, spec.shared_expert_ffn_hidden_size) == (
         3, 18432, 2048, 2048)
     total = _deepseek_params_by_hand(7168, 128, 1536, 61, 3, 18432, 256, 2048, 1, 129280)
-    assert spec.total_params == total
     assert round(total / 1e9) == 671  # DeepSeek-V3 technical report: 671B parameters (without its MTP module)
-    assert spec.active_params == total - 58 * (256 - 8) * 3 * 7168 * 2048  # "37B activated for each token"
-    assert 37e9 < spec.active_params < 38e9
+    expert_layer = (_deepseek_params_by_hand(7168, 128, 1536, 2, 1, 18432, 256, 2048, 1, 129280)
+                    - _deepseek_params_by_hand(7168, 128, 1536, 1, 1, 18432, 256, 2048, 1, 129280))
+    # num_nextn_predict_layers 1: one more expert layer, the 2h x h projection, two input norms and a final one
+    assert spec.mtp_layers == 1 and spec.total_params == total + expert_layer + 2 * 7168 * 7168 + 3 * 7168
+    main_active = spec.active_params - (spec.mtp_params - 248 * 3 * 7168 * 2048)
+    assert main_active == total - 58 * (256 - 8) * 3 * 7168 * 2048  # "37B activated for each token"
+    assert 37e9 < main_active < 38e9
     assert spec == dataclasses.replace(model_preset("deepseek-v3"), name="deepseek_v3", rope_scaling=None)
 
 
@@ -609,6 +613,9 @@ def test_hf_latent_attention_outside_deepseek_is_refused_naming_the_field():
     # dense layers other than the first ones are still refused by name
     with pytest.raises(HfConfigError, match="moe_layer_freq is 2: dense MLP layers"):
         model_from_hf_config({**DEEPSEEK_V3_CONFIG, "moe_layer_freq": 2})
+    # multi-token prediction is read as DeepSeek builds it, and refused elsewhere rather than dropped
+    with pytest.raises(HfConfigError, match="num_nextn_predict_layers is 1: multi-token prediction is modelled as"):
+        model_from_hf_config({**LLAMA3_8B_CONFIG, "num_nextn_predict_layers": 1})
 
 
 def test_hf_moe_refusals_do_not_echo_hostile_values_unbounded():
@@ -677,7 +684,8 @@ _MOE_KEYS = sorted({*MIXTRAL_8X7B_CONFIG, *QWEN2_57B_A14B_CONFIG, "num_local_exp
        changes=st.dictionaries(st.sampled_from(_MOE_KEYS), _HOSTILE_VALUES, max_size=3))
 def test_hf_moe_configs_give_a_consistent_spec_or_a_named_error(base, changes):
     """Mixture-of-experts configs with hostile fields: a spec the wire's expert rules accept (1 <= top-k <=
-    experts, no MLP biases), within the limits, or an HfConfigError; never another exception."""
+    experts, biases only where the config asks), within the limits, or an HfConfigError; never another
+    exception."""
     config = {**base, **changes}
     try:
         spec = model_from_hf_config(config)
@@ -688,7 +696,10 @@ def test_hf_moe_configs_give_a_consistent_spec_or_a_named_error(base, changes):
         value = getattr(spec, field)
         assert value is None or (0 if field == "num_experts" else 1) <= value <= limit, (field, value)
     assert spec.is_moe and 1 <= spec.experts_per_token <= spec.num_experts
-    assert spec.swiglu and not spec.linear_bias
+    assert spec.swiglu
+    # biases only where the config asks for them (then on the router and experts too, as GPT-OSS has them)
+    assert not spec.linear_bias or any(config.get(key) is True for key in ("bias", "use_bias", "attention_bias",
+                                                                           "mlp_bias"))
     if config.get("head_dim") is not None:
         assert config["head_dim"] * spec.num_attention_heads == spec.q_width
 
