@@ -249,7 +249,7 @@ def stage_cost_terms(
     if model.tied_embeddings and shape.pp == 1:
         # With pp == 1 a tied head shares the embedding's weights; otherwise
         # the last stage holds its own copy (Megatron keeps the two in sync).
-        head = PartCosts(head.time, float(model.hidden_size), head.activation_bytes)
+        head = replace(head, params=head.params - model.head_params / shape.tp)
 
     # Megatron's rank order is tp, dp, pp (fastest first): data-parallel
     # peers share a node while they fit.

@@ -96,3 +96,22 @@ def test_the_last_stage_carries_the_multi_token_prediction_depths():
     assert mtp.total_params - plain.total_params == plain.params_per_layer + 2 * h * h + 3 * h
     per_sequence = 2 * s * 2 * h * h + layer_forward_flops(plain, s, 1) + head_forward_flops(plain, s, 1)
     assert iteration_model_flops(mtp, s, 64) - iteration_model_flops(plain, s, 64) == pytest.approx(3 * per_sequence * 64)
+
+
+def test_a_tied_head_on_one_stage_keeps_its_multi_token_prediction_weights():
+    """With pp 1 a tied output head shares the embedding's table, which the stage then counts once; the
+    multi-token-prediction depth's own weights stay on it."""
+    from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+    from cost_models.hardware import gpu_preset
+    from cost_models.layout import Hardware, ParallelShape, Workload
+    from cost_models.stage_costs import stage_cost_terms
+
+    tied = dataclasses.replace(model_preset("llama3-8b"), tied_embeddings=True)
+    gpu = gpu_preset("H100-SXM")
+    hardware = Hardware(gpu=gpu, gpus_per_node=8, intra_node_bandwidth_gb_s=450.0, inter_node_bandwidth_gb_s=50.0)
+    shape = ParallelShape(tp=2, pp=1, dp=4, micro_batch_size=1, recompute="none")
+    heads = {m: stage_cost_terms(Workload(tied if m == 0 else dataclasses.replace(tied, mtp_layers=m), 4096, 32),
+                                 hardware, shape, EfficiencyParams(), SoftwareConfig()).head.params for m in (0, 1)}
+    h = tied.hidden_size
+    assert heads[0] == h  # the final norm: the table is the embedding's
+    assert heads[1] - heads[0] == pytest.approx(tied.params_per_layer / 2 + 2 * h * h / 2 + 3 * h)
