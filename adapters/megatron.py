@@ -248,7 +248,7 @@ def _args(layout: StockLayout, order: str) -> list[str]:
         args.append("--use-tp-pp-dp-mapping")
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
-    args += megatron_lm_model_args(arch, layout.seq_length, TARGET, layout.ep, layout.moe_dispatcher)
+    args += megatron_lm_model_args(arch, layout.seq_length, TARGET, layout.ep, layout.moe_dispatcher, layout.etp)
     args += [
         "--seq-length", str(layout.seq_length),
         "--micro-batch-size", str(layout.micro_batch_size),

@@ -11,6 +11,7 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
     --tensor-model-parallel-size, --pipeline-...      layout.tp, layout.pp
     --context-parallel-size                           layout.cp
     --expert-model-parallel-size                      layout.ep
+    --expert-tensor-parallel-size                     layout.etp (when not tp)
     --num-virtual-stages-per-pipeline-rank v,          layout.virtual_stages, schedule interleaved
       --num-layers-per-virtual-pipeline-stage n
     --decoder-first/last-pipeline-num-layers,          layout.layers_per_stage
@@ -142,7 +143,6 @@ def _split_from_layout(text: str, pp: int) -> tuple[list[int], int]:
 # Flags that change time or memory in ways the cost model does not represent, and why; a flag at the value
 # that changes nothing (context parallelism 1) is not reported.
 _NOT_MODELLED = {
-    "--expert-tensor-parallel-size": "expert-TP apart from TP is not in the cost model: experts priced sharded over TP",
     "--fp8-param-gather": "FP8 primary weights (all-gathered in FP8, no bf16 copy) are not in the cost model: "
                           "priced with bf16 weights and FP8 copies",
     "--tp-comm-overlap": "TP communication overlap is not a request field: estimated without it",
@@ -229,6 +229,9 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     ep = _int(flags, "--expert-model-parallel-size", 1)
     if ep != 1:
         layout["ep"] = ep
+    etp = _int(flags, "--expert-tensor-parallel-size", tp)
+    if etp != tp:
+        layout["etp"] = etp
     v = _int(flags, "--num-virtual-stages-per-pipeline-rank", 1)
     per_virtual = _int(flags, "--num-layers-per-virtual-pipeline-stage")
     if per_virtual is not None:

@@ -98,9 +98,10 @@ def _positions(arch: ModelArchitecture, seq_length: int) -> str:
 
 
 def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str = "Megatron-LM",
-                           expert_parallel: int = 1, moe_dispatcher: str | None = None) -> list[str]:
+                           expert_parallel: int = 1, moe_dispatcher: str | None = None,
+                           expert_tensor_parallel: int | None = None) -> list[str]:
     """Megatron-LM pretrain_gpt.py flags that build exactly `arch` (its experts split over `expert_parallel`
-    replicas); ExportError for what it cannot build."""
+    GPUs, each over `expert_tensor_parallel`; None: TP); ExportError for what it cannot build."""
     check_recorded(arch, target)
     unexported = gpt_oss_features(arch)
     if unexported:
@@ -146,7 +147,7 @@ def megatron_lm_model_args(arch: ModelArchitecture, seq_length: int, target: str
             args.append("--add-qkv-bias")
     # multi-token prediction: megatron-core's MultiTokenPredictionBlock, on the last pipeline stage
     mtp = ["--mtp-num-layers", str(arch.mtp_layers)] if arch.mtp_layers else []
-    return args + _attention_variant_args(arch) + _expert_args(arch, expert_parallel, moe_dispatcher) + mtp
+    return args + _attention_variant_args(arch) + _expert_args(arch, expert_parallel, moe_dispatcher, expert_tensor_parallel) + mtp
 
 
 def _latent_attention_args(arch: ModelArchitecture, target: str) -> list[str]:
@@ -195,11 +196,11 @@ def gpt_oss_features(arch: ModelArchitecture) -> list[str]:
     return found
 
 
-def _expert_args(arch: ModelArchitecture, expert_parallel: int, moe_dispatcher: str | None = None) -> list[str]:
+def _expert_args(arch: ModelArchitecture, expert_parallel: int, moe_dispatcher: str | None = None,
+                 expert_tensor_parallel: int | None = None) -> list[str]:
     """A mixture of experts in every layer (but the first `dense_layers`), as the plan prices it: experts split
-    over `expert_parallel`
-    replicas and sharded over TP (expert-TP = TP, megatron-core's default when
-    --expert-tensor-parallel-size is unset)."""
+    over `expert_parallel` GPUs and each over `expert_tensor_parallel` (None: TP, megatron-core's default when
+    --expert-tensor-parallel-size is unset, which is then left out)."""
     if not arch.num_experts:
         return []
     # The dispatcher the plan prices (`cost_models.expert_parallel`): the all-to-all, or the flex dispatcher over
@@ -209,6 +210,8 @@ def _expert_args(arch: ModelArchitecture, expert_parallel: int, moe_dispatcher: 
     args = ["--num-experts", str(arch.num_experts), "--moe-router-topk", str(arch.experts_per_token),
             "--moe-ffn-hidden-size", str(arch.ffn_hidden_size), "--expert-model-parallel-size", str(expert_parallel),
             "--moe-token-dispatcher-type", *dispatcher]
+    if expert_tensor_parallel is not None:
+        args += ["--expert-tensor-parallel-size", str(expert_tensor_parallel)]
     if arch.shared_expert_ffn_hidden_size:
         args += ["--moe-shared-expert-intermediate-size", str(arch.shared_expert_ffn_hidden_size)]
     if arch.dense_layers:  # Megatron-LM's moe_freq_type pattern: 0 a dense layer, 1 an expert one

@@ -45,7 +45,8 @@ class StockLayout:
     gpus_per_node: int
     nodes: tuple[int, ...]
     cp: int = 1  # context-parallel ranks per stage
-    ep: int = 1  # expert parallelism: replicas 0..ep-1, ep..2ep-1, ... share each stage's routed experts
+    ep: int = 1  # expert parallelism: each stage's routed experts split over ep GPUs (`expert_replicas` replicas)
+    etp: int | None = None  # expert tensor parallelism: each routed expert split over etp GPUs; None: tp
     dp_shard: int | None = None  # replicas of a ZeRO shard group (None: all of them; with ZeRO-0, nothing is sharded)
     grad_precision: str | None = None  # "bf16": gradients accumulate and reduce in bf16; else fp32 (fp16: its own)
     moe_dispatcher: str | None = None  # "flex": DeepEP/HybridEP token dispatch; else the all-to-all
@@ -159,6 +160,7 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
         tp=first.stages[0].tp,
         cp=first.stages[0].cp,
         ep=plan.ep,
+        etp=plan.etp,
         dp_shard=plan.dp_shard,
         grad_precision=plan.grad_precision,
         moe_dispatcher=plan.moe_dispatcher,

@@ -377,17 +377,18 @@ def _layout(plan: Plan) -> StockLayout:
 
 def _expert_problems(layout: StockLayout) -> list[str]:
     """Where torchtitan's expert parallelism is not the plan's: it takes its EP ranks from the FSDP (and
-    TP) ranks and never splits an expert over TP, and its float8 converter leaves grouped experts in bf16."""
+    TP) ranks, ep consecutive ranks TP fastest, and never splits an expert over TP (the plan's expert-TP 1,
+    whose EP groups are those ranks), and its float8 converter leaves grouped experts in bf16."""
     problems = []
     if layout.architecture.num_experts and layout.precision == "fp8":
         problems.append("fp8 with a mixture of experts (torchtitan's float8 converter leaves its grouped experts in "
                         "bf16, which the plan did not price); plan it in bf16")
     if layout.ep == 1:
         return problems
-    if layout.tp > 1:
+    if layout.tp > 1 and layout.etp != 1:
         problems.append(f"ep {layout.ep} with tp {layout.tp}: torchtitan never splits an expert over TP (its EP "
                         "takes TP ranks instead), the plan splits each over its TP group as Megatron-LM does; "
-                        "estimate a tp 1 layout (POST /v1/estimate) or export to Megatron-LM")
+                        "estimate the layout with etp 1 (POST /v1/estimate) or export to Megatron-LM")
     if layout.zero_stage == 0:
         problems.append(f"ep {layout.ep} with zero_stage 0: torchtitan forms EP groups from its FSDP ranks "
                         "(data_parallel_shard_degree), which zero_stage 0 replicates; plan with zero_stage 1")

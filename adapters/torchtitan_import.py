@@ -6,7 +6,7 @@ torchtitan's TOML job file, with every setting that changes time or memory mappe
     --parallelism.tensor_parallel_degree / pipeline_...  layout.tp / layout.pp
     --parallelism.context_parallel_degree                layout.cp (cp > 1: FSDP over dp_shard x cp, so at
                                                          least zero_stage 1)
-    --parallelism.expert_parallel_degree                 layout.ep (with tp > 1: ep / tp, experts split over TP)
+    --parallelism.expert_parallel_degree                 layout.ep (with tp > 1: and etp 1, whole experts)
     data_parallel_replicate_degree x _shard_degree       layout.dp (shard -1: what torchrun's ranks leave)
     both > 1 (HSDP)                                      layout.dp_shard = data_parallel_shard_degree
     data_parallel_shard_degree > 1                       training.zero_stage 3 (FSDP2 resharding after forward:
@@ -126,7 +126,7 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
     pp = _int(options, "--parallelism.pipeline_parallel_degree", 1)
     cp = _int(options, "--parallelism.context_parallel_degree", 1)
     not_modelled = []
-    ep = _expert_parallel(_int(options, "--parallelism.expert_parallel_degree", 1), tp, not_modelled)
+    ep, etp = _expert_parallel(_int(options, "--parallelism.expert_parallel_degree", 1), tp, not_modelled)
     replicate = _int(options, "--parallelism.data_parallel_replicate_degree", 1)
     shard = _int(options, "--parallelism.data_parallel_shard_degree", -1)
     world = world_size(launcher)
@@ -158,6 +158,8 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
         layout["cp"] = cp
     if ep != 1:
         layout["ep"] = ep
+    if etp is not None:
+        layout["etp"] = etp
     if hybrid_shard:
         layout["dp_shard"] = hybrid_shard
     layout["recompute"] = _recompute(mode, notes)
@@ -193,23 +195,19 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
                     not_modelled=not_modelled, ignored=ignored, notes=notes)
 
 
-def _expert_parallel(ep: int, tp: int, not_modelled: list[str]) -> int:
-    """layout.ep for torchtitan's expert_parallel_degree: the same with tp 1; with tp > 1 torchtitan's EP
-    ranks include the TP ranks and hold whole experts (expert-TP 1), estimated as ep / tp replicas whose
-    experts are split over TP (Megatron's expert-TP = TP): the same expert weights per GPU."""
+def _expert_parallel(ep: int, tp: int, not_modelled: list[str]) -> tuple[int, int | None]:
+    """(layout.ep, layout.etp) for torchtitan's expert_parallel_degree: with tp > 1 torchtitan's EP ranks are
+    ep consecutive ranks, TP ranks first, holding whole experts: expert-TP 1, exactly."""
     key = "--parallelism.expert_parallel_degree"
     if ep < 1:
         raise CommandLineError(f"{key} {ep} is not a degree (1 or more)")
     if ep == 1 or tp == 1:
-        return ep
+        return ep, None
     if ep % tp:
         not_modelled.append(f"{key} {ep} with tp {tp}: expert groups that split TP groups are not in the cost model; "
                             "estimated without expert parallelism")
-        return 1
-    not_modelled.append(f"{key} {ep} with tp {tp}: torchtitan keeps experts whole on {ep} ranks that include the TP "
-                        f"ranks; estimated as ep {ep // tp} with each expert split over tp {tp} (the same expert "
-                        "weights per GPU, the all-to-all over fewer ranks)")
-    return ep // tp
+        return 1, None
+    return ep, 1
 
 
 def _model(options: dict, model: str | dict | None, notes: list[str]) -> str | dict:

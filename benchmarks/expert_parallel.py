@@ -4,7 +4,7 @@
     python -m benchmarks.expert_parallel --write    # also update BENCHMARKS.md
 
 Each row is planned twice, `options.max_expert_parallel` 1 (the routed experts sharded over TP only, as a
-trainer without EP runs them) and unbounded, on a healthy cluster and with one GPU at half speed (whose EP
+trainer without EP runs them) and unbounded (expert-TP searched too: etp 1 beside TP), on a healthy cluster and with one GPU at half speed (whose EP
 group then runs at its pace). Predicted times and memory, not timings: the figures do not depend on the
 machine. The fidelity report (`benchmarks.fidelity`, "Per feature") prices published MoE runs: the figures here are
 the cost model's, whose MoE error there is far larger than its dense one.
@@ -45,7 +45,7 @@ def _cell(plan) -> str:
         return "no layout fits"
     stages = plan.replicas[0].stages
     return (f"{plan.predicted.iteration_time_s:.3f} s (tp {stages[0].tp} pp {len(stages)} dp {len(plan.replicas)} "
-            f"ep {plan.ep}, {plan.recompute}; {max(s.memory_gib for r in plan.replicas for s in r.stages):.0f} GiB; "
+            f"ep {plan.ep}{'' if plan.etp is None else f' etp {plan.etp}'}, {plan.recompute}; {max(s.memory_gib for r in plan.replicas for s in r.stages):.0f} GiB; "
             f"all-to-all {plan.predicted.breakdown.ep_comm_s:.3f} s; {plan.solver.status} gap {plan.solver.gap:.3f}"
             f"{'' if plan.uniform else ', non-uniform'})")
 

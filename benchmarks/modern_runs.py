@@ -86,13 +86,13 @@ def load_modern_runs(path: Path = MODERN_RUNS_PATH) -> list[ModernRun]:
         virtual = row["virtual_stages"]
         shape = ParallelShape(tp=row["tp"], pp=row["pp"], dp=row["dp"], micro_batch_size=row["micro_batch"],
                               recompute=row["recompute"], schedule="interleaved" if virtual > 1 else "1f1b",
-                              virtual_stages=virtual, cp=row.get("cp", 1), ep=row.get("ep", 1))
+                              virtual_stages=virtual, cp=row.get("cp", 1), ep=row.get("ep", 1), etp=row.get("etp"))
         if shape.devices != row["gpus"]:
             raise ValueError(f"{row['model']} on {row['gpus']} GPUs: tp x cp x pp x dp = {shape.devices}")
         workload = Workload(_model(row), row["seq_length"], row["global_batch"], zero_stage=row["zero_stage"])
         label = (f"{row['model']}, {row['gpus']} x {row['gpu']}, tp {row['tp']}"
                  + (f" cp {shape.cp}" if shape.cp > 1 else "") + f" pp {row['pp']} dp {row['dp']}"
-                 + (f" ep {shape.ep}" if shape.ep > 1 else "")
+                 + (f" ep {shape.ep}" if shape.ep > 1 else "") + (f" etp {shape.etp}" if shape.etp is not None else "")
                  + (f" v {virtual}" if virtual > 1 else "") + (f", {row['precision']}" if row["precision"] != "bf16" else ""))
         software = SoftwareConfig(**row["software"])
         runs.append(ModernRun(row["source_id"], label, workload, hardware, shape, software, published_iteration_s(row),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from cost_models.choices import Recompute
 from cost_models.comm import NVLINK_STEP_LATENCY_S, ring_all_reduce_s
 from cost_models.context_parallel import BACKWARD_EXCHANGE_FACTOR, exchange_ms, exposed_exchange_ms, kv_exchange_bytes
-from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+from cost_models.efficiency import FLEX, EfficiencyParams, SoftwareConfig
 from cost_models.fp8 import CAST_BYTES_PER_ELEMENT, cast_elements_per_token
 from cost_models.flops import (
     BACKWARD_TO_FORWARD,
@@ -104,11 +104,12 @@ class LayerTime:
 
 
 def _projection_gemms_s(
-    model: ModelSpec, tokens: int, tp: int, gpu: GpuSpec, efficiency: EfficiencyParams, peak_tflops: float | None = None
+    model: ModelSpec, tokens: int, tp: int, gpu: GpuSpec, efficiency: EfficiencyParams, peak_tflops: float | None = None,
+    expert_tp: int | None = None,
 ) -> float:
     """QKV, output projection, MLP (and router) GEMMs, each with its own shard width (`layer_projection_gemms`)."""
     return sum(gemm_time_s(flops, width, gpu, efficiency, peak_tflops)
-               for flops, width in layer_projection_gemms(model, tokens, tp))
+               for flops, width in layer_projection_gemms(model, tokens, tp, expert_tp))
 
 
 def _attention_core_forward_s(
@@ -153,6 +154,33 @@ def tp_all_reduce_ms(
     return 1e3 * ring_all_reduce_s(bytes_total, tp, bandwidth, NVLINK_STEP_LATENCY_S)
 
 
+def mlp_tp_comm_ms(
+    model: ModelSpec, tokens: float, tp: int, intra_bandwidth_gb_s: float, efficiency: EfficiencyParams,
+    expert_tp: int | None = None, dispatcher: str = "alltoall",
+) -> tuple[float, float]:
+    """(collectives Megatron can overlap with GEMMs, collectives it cannot) of one layer's MLP in one pass.
+
+    A dense MLP (or a mixture of experts' dense first layers and its shared experts, TP linears like a
+    dense MLP's) all-gathers and reduce-scatters the layer's tokens over TP. Routed experts with the all-to-all
+    dispatcher instead gather, after the all-to-all, every routed copy their expert-TP group received and
+    reduce-scatter the results (megatron/core/transformer/moe/token_dispatcher.py,
+    `MoEAlltoAllTokenDispatcher.token_dispatch`/`token_combine` over `expt_tp`): a GPU's tokens / tp x top-k
+    copies, times expert_tp over the group, k times the dense volume at expert-TP = TP and none at expert-TP 1,
+    which is why MoE recipes set --expert-tensor-parallel-size 1. The flex dispatcher sends each copy to every
+    expert-TP rank in its own exchange (`cost_models.expert_parallel`): nothing here. Per mean layer."""
+    dense_ms = tp_all_reduce_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency)
+    if not model.is_moe:
+        return dense_ms, 0.0
+    share = model.expert_layers / model.num_layers
+    shared_ms = dense_ms if model.shared_expert_ffn_hidden_size else 0.0
+    etp = tp if expert_tp is None else expert_tp
+    routed_ms = 0.0
+    if dispatcher != FLEX and etp > 1:
+        copies = etp * tokens * model.experts_per_token / tp
+        routed_ms = tp_all_reduce_ms(model, copies, etp, intra_bandwidth_gb_s, efficiency)
+    return (1 - share) * dense_ms + share * shared_ms, share * routed_ms
+
+
 def exposed_tp_comm_ms(comm_ms: float, gemm_ms: float, tp: int) -> float:
     """A TP collective overlapped with its GEMMs, as Megatron's --tp-comm-overlap runs it.
 
@@ -180,6 +208,7 @@ def layer_time(
     software: SoftwareConfig,
     cp: int = 1,
     cp_link: tuple[float, float] = (0.0, 0.0),
+    expert_tp: int | None = None,
 ) -> LayerTime:
     """Forward and backward time of one layer for one microbatch (Megatron-style TP).
 
@@ -188,10 +217,12 @@ def layer_time(
     inside the backward; selective recompute repeats the attention core.
     With context parallelism (`cp` > 1, its ring's `cp_link` (GB/s, step latency s) from
     `cost_models.context_parallel.ring_link`) one GPU sees seq_length / cp tokens and 1 / cp of the
-    attention, and exchanges keys and values under it.
+    attention, and exchanges keys and values under it. A mixture of experts' routed experts are split over
+    `expert_tp` ranks (default tp; `mlp_tp_comm_ms`).
     """
     tokens = seq_length * micro_batch / cp
-    gemm_s = _projection_gemms_s(model, tokens, tp, gpu, efficiency, gpu.peak_fp8_tflops if software.fp8 else None)
+    gemm_s = _projection_gemms_s(model, tokens, tp, gpu, efficiency, gpu.peak_fp8_tflops if software.fp8 else None,
+                                 expert_tp)
     attention_s = _attention_core_forward_s(model, seq_length, micro_batch, tp, gpu, efficiency, software, cp)
     elementwise_s = _elementwise_forward_s(model, tokens, tp, gpu, efficiency, software)
     cast_forward_s = cast_backward_s = 0.0
@@ -207,11 +238,13 @@ def layer_time(
         BACKWARD_TO_FORWARD * (gemm_s + elementwise_s + overhead_s) + attention_backward_ratio * attention_s
         + cast_backward_s
     )
-    comm_ms = 2.0 * tp_all_reduce_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency)
-    backward_comm_ms = comm_ms
+    mlp_ms, dispatched_ms = mlp_tp_comm_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency, expert_tp,
+                                           software.moe_dispatcher)
+    comm_ms = tp_all_reduce_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency) + mlp_ms
     if software.tp_comm_overlap:
-        # The backward's collectives overlap its dX GEMMs, of the forward's size.
-        comm_ms = backward_comm_ms = exposed_tp_comm_ms(comm_ms, 1e3 * gemm_s, tp)
+        # The backward's collectives overlap its dX GEMMs, of the forward's size; the dispatcher's do not.
+        comm_ms = exposed_tp_comm_ms(comm_ms, 1e3 * gemm_s, tp)
+    comm_ms = backward_comm_ms = comm_ms + dispatched_ms
     kv_bytes = kv_exchange_bytes(model, seq_length, micro_batch, tp, cp)
     forward_cp_ms = exposed_exchange_ms(exchange_ms(kv_bytes, cp, *cp_link), 1e3 * attention_s, cp)
     backward_cp_ms = exposed_exchange_ms(

@@ -81,6 +81,10 @@ def fitted_efficiency() -> EfficiencyParams:
     return EfficiencyParams(**{name: float(values[name]) for name in EfficiencyParams.field_names()})
 
 
+# Megatron token dispatchers of a mixture of experts (`SoftwareConfig.moe_dispatcher`).
+ALL_TO_ALL, FLEX = "alltoall", "flex"
+
+
 @dataclass(frozen=True)
 class SoftwareConfig:
     """How the trainer runs kernels; set by what the framework does, never fitted.

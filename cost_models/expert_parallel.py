@@ -1,11 +1,16 @@
 """Expert parallelism: a mixture of experts' routed experts split over `ep` data-parallel replicas.
 
-Layout (Megatron-core's expert mesh with `--expert-tensor-parallel-size` unset, so expert-TP = TP, and
-rank order tp-cp-ep-dp-pp: megatron/core/parallel_state.py `initialize_model_parallel`): the EP group of a
-GPU is the GPUs of the same stage and TP rank in `ep` consecutive replicas. Each holds num_experts / ep
-of the stage's routed experts, every expert sharded over TP as a dense MLP is; attention, router, norms
-and shared experts stay replicated across the EP group. Expert gradients are reduced over the dp / ep
-replicas holding the same experts, the rest over all dp.
+Layout (Megatron-core's expert mesh, rank order etp-ep-edp over a stage's tp x dp ranks, dense order
+tp-cp-dp: megatron/core/parallel_state.py `initialize_model_parallel`, `expert_decoder_rank_generator`): each
+routed expert is split over `etp` ranks (`--expert-tensor-parallel-size`, default tp) and the experts over
+`ep` ranks, so an EP group is `ep` GPUs of one stage, `etp` apart, in ep x etp / tp consecutive replicas
+(`ParallelShape.expert_replicas`; with etp = tp, the same TP rank of ep replicas). Each holds num_experts / ep
+of the stage's routed experts, 1 / etp of each; attention, router, norms and shared experts stay split over
+TP and replicated across the EP group. Expert gradients are reduced over the dp / expert_replicas replicas
+holding the same experts, the rest over all dp. Expert-TP below TP changes no GPU's FLOPs or expert memory
+(tp / etp TP ranks' routed tokens on wider expert shards): it trades the expert-TP group's all-gather and
+reduce-scatter of routed tokens (`cost_models.compute.mlp_tp_comm_ms`) for wider GEMMs and more GPUs in the
+all-to-all.
 
 Time (Megatron's all-to-all token dispatcher, megatron/core/transformer/moe/token_dispatcher.py
 `MoEAlltoAllTokenDispatcher`; GShard, Lepikhin et al. 2020, section 2.2): per MoE layer, each GPU sends
@@ -37,6 +42,7 @@ from __future__ import annotations
 from math import comb
 
 from cost_models.compute import BYTES_PER_ELEMENT
+from cost_models.efficiency import ALL_TO_ALL, FLEX
 from cost_models.model_spec import ModelSpec
 
 # A dispatch and a combine per MoE layer in the forward; the backward sends the gradients of both.
@@ -52,19 +58,56 @@ def expert_parallel_sizes(model: ModelSpec, dp: int, most: int | None = None) ->
     return [ep for ep in range(1, top + 1) if dp % ep == 0 and model.num_experts % ep == 0]
 
 
-def layer_params_per_gpu(model: ModelSpec, tp: int, ep: int) -> float:
-    """One layer's weights on one GPU: all of it over TP, the routed experts over EP as well; with dense layers
-    among the expert ones, the larger of the two kinds (a stage may hold either)."""
-    expert_layer = (model.params_per_layer - model.routed_expert_params_per_layer * (1 - 1 / ep)) / tp
+def expert_layouts(model: ModelSpec, tp: int, dp: int, most: int | None = None) -> list[tuple[int, int | None]]:
+    """(ep, etp) pairs the search tries for `dp` replicas of TP `tp`: expert-TP = TP (etp None, Megatron's
+    default) and, with tp > 1, expert-TP 1 (what Megatron's MoE recipes set); for each, every ep of at most
+    `most` dividing the routed experts whose EP group spans a divisor of dp replicas ((1, None) alone for a
+    dense model). Other expert-TP sizes are estimated (`expert_layout_problem`), not searched."""
+    if not model.is_moe:
+        return [(1, None)]
+    out: list[tuple[int, int | None]] = []
+    for etp in ((tp, 1) if tp > 1 else (tp,)):
+        for replicas in range(1, dp + 1):
+            ep = replicas * tp // etp
+            if dp % replicas == 0 and model.num_experts % ep == 0 and (most is None or ep <= most):
+                out.append((ep, None if etp == tp else etp))
+    return out if out[0] == (1, None) else [(1, None)] + out
+
+
+def expert_layout_problem(model: ModelSpec, tp: int, dp: int, ep: int, etp: int | None) -> str | None:
+    """Why experts cannot be laid out as (ep, etp) over `dp` replicas of TP `tp`, in a user's terms; None if
+    they can: etp divides tp, and the EP group covers whole TP groups (tp / etp divides ep) of replicas
+    dividing dp, ep dividing the routed experts."""
+    expert_tp = tp if etp is None else etp
+    if tp % expert_tp:
+        return f"etp {expert_tp} must divide tp {tp}"
+    if ep == 1 and expert_tp == tp:
+        return None
+    if not model.is_moe:
+        return f"ep {ep}, etp {expert_tp} need a mixture-of-experts model; this one is dense"
+    if ep % (tp // expert_tp):
+        return (f"ep {ep} must be a multiple of tp / etp = {tp // expert_tp}: an EP group of etp-wide experts spans "
+                f"whole TP groups")
+    if model.num_experts % ep:
+        return f"ep {ep} must divide the {model.num_experts} routed experts"
+    replicas = ep * expert_tp // tp
+    if dp % replicas:
+        return (f"ep {ep} with etp {expert_tp} spans {replicas} replicas (ep x etp / tp), which must divide the "
+                f"{dp} replicas")
+    return None
+
+
+def layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, expert_tp: int | None = None) -> float:
+    """One layer's weights on one GPU: the routed experts over ep x expert_tp ranks (expert-TP default tp), the
+    rest over TP; with dense layers among the expert ones, the larger of the two kinds (a stage may hold either)."""
+    routed = model.routed_expert_params_per_layer
+    expert_layer = (model.params_per_layer - routed) / tp + routed / (ep * (tp if expert_tp is None else expert_tp))
     return max(expert_layer, model.dense_layer_params / tp)
 
 
 def expert_data_parallel(grad_sync_ranks: int, ep: int) -> int:
     """Ranks among which the experts' gradients are reduced and their optimizer state sharded."""
     return max(1, grad_sync_ranks // ep)
-
-
-ALL_TO_ALL, FLEX = "alltoall", "flex"
 
 
 def remote_nodes_hit(num_experts: int, experts_per_token: int, ep: int, in_node: int) -> float:
@@ -79,8 +122,11 @@ def remote_nodes_hit(num_experts: int, experts_per_token: int, ep: int, in_node:
 
 
 def all_to_all_ms(model: ModelSpec, tokens: float, tp: int, ep: int, ranks_per_node: int,
-                  intra_gb_s: float, inter_gb_s: float, dispatcher: str = ALL_TO_ALL) -> float:
-    """One all-to-all of a layer's routed tokens (dispatch or combine) on one GPU: 0 without EP."""
+                  intra_gb_s: float, inter_gb_s: float, dispatcher: str = ALL_TO_ALL,
+                  expert_tp: int | None = None) -> float:
+    """One all-to-all of a layer's routed tokens (dispatch or combine) on one GPU: 0 without EP. `ranks_per_node`:
+    the EP group's GPUs in one node. The flex dispatcher sends each routed copy to all `expert_tp` ranks of its
+    expert over NVLink (Megatron's `MoEFlexTokenDispatcher` dispatches top-k x tp over the TP x EP group)."""
     if ep <= 1 or not model.is_moe:
         return 0.0
     # Per mean layer: dense layers among the expert ones send nothing.
@@ -88,7 +134,7 @@ def all_to_all_ms(model: ModelSpec, tokens: float, tp: int, ep: int, ranks_per_n
     routed_bytes = token_bytes * model.experts_per_token
     in_node = min(ep, max(1, ranks_per_node))
     if dispatcher == FLEX:
-        intra_bytes = routed_bytes * (in_node - 1) / in_node
+        intra_bytes = routed_bytes * (tp if expert_tp is None else expert_tp) * (in_node - 1) / in_node
         inter_bytes = token_bytes * remote_nodes_hit(model.num_experts, model.experts_per_token, ep, in_node)
     else:
         intra_bytes = routed_bytes * (in_node - 1) / ep
@@ -97,7 +143,8 @@ def all_to_all_ms(model: ModelSpec, tokens: float, tp: int, ep: int, ranks_per_n
 
 
 def layer_all_to_all_ms(model: ModelSpec, tokens: float, tp: int, ep: int, ranks_per_node: int,
-                        intra_gb_s: float, inter_gb_s: float, dispatcher: str = ALL_TO_ALL) -> float:
+                        intra_gb_s: float, inter_gb_s: float, dispatcher: str = ALL_TO_ALL,
+                        expert_tp: int | None = None) -> float:
     """A pass's (forward's or backward's) all-to-alls of one layer."""
     return ALL_TO_ALLS_PER_PASS * all_to_all_ms(model, tokens, tp, ep, ranks_per_node, intra_gb_s, inter_gb_s,
-                                                dispatcher)
+                                                dispatcher, expert_tp)

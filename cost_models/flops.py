@@ -17,16 +17,18 @@ def layer_matmul_forward_flops(model: ModelSpec, seq_length: int, micro_batch: i
     return float(sum(flops for flops, _ in layer_projection_gemms(model, seq_length * micro_batch, 1)))
 
 
-def layer_projection_gemms(model: ModelSpec, tokens: float, tp: int) -> tuple[tuple[float, float], ...]:
+def layer_projection_gemms(model: ModelSpec, tokens: float, tp: int,
+                           expert_tp: int | None = None) -> tuple[tuple[float, float], ...]:
     """(FLOPs, narrow width) of each projection GEMM of one layer's forward on one GPU of a TP group:
     QKV (latent attention's down and up projections), output projection, the MLP's first (gate and up with
     SwiGLU) and second matrices, and a mixture of experts' router. A routed expert's GEMMs are as wide as
-    one expert (`ffn_hidden_size`) while their FLOPs count every expert a token runs
-    (`mlp_width_per_token`): experts are sharded over TP like a dense MLP (Megatron's expert-TP = TP)."""
+    one expert (`ffn_hidden_size`) split over `expert_tp` ranks (default tp), while their FLOPs count every
+    expert a token runs (`mlp_width_per_token`) over tp: with expert-TP below TP a GPU runs whole (wider)
+    expert shards on the routed tokens of tp / expert_tp TP ranks, the same FLOPs."""
     h, out = model.hidden_size, model.attention_output_width
     gate_up = 2 if model.swiglu else 1
     per_token = model.mlp_width_per_token / tp
-    one_gemm = model.ffn_hidden_size / tp
+    one_gemm = model.ffn_hidden_size / (expert_tp if model.is_moe and expert_tp else tp)
     gemms = _qkv_gemms(model, tokens, tp) + (
         (2 * tokens * (out / tp) * h, min(h, out / tp)),
         (2 * tokens * h * gate_up * per_token, min(h, gate_up * one_gemm)),

@@ -35,7 +35,9 @@ class ParallelShape:
     schedule: "1f1b", or "interleaved" with virtual_stages > 1 model chunks
     per pipeline rank. num_microbatches is per replica. cp: context-parallel ranks that split each
     sequence (`cost_models.context_parallel`); a stage runs on tp x cp GPUs. ep: expert-parallel size of a
-    mixture of experts, its routed experts split over ep consecutive replicas (`cost_models.expert_parallel`).
+    mixture of experts, its routed experts split over ep ranks; etp: expert tensor parallelism, each expert
+    split over etp ranks (None: tp, Megatron's default), so an EP group spans ep x etp / tp consecutive
+    replicas (`expert_replicas`, `cost_models.expert_parallel`).
     dp_shard: replicas whose ZeRO state is sharded together, dp_shard consecutive replicas to a shard group
     and dp / dp_shard groups holding the same shards (hybrid sharding, `cost_models.sharded_dp`); None: all
     dp replicas, one group.
@@ -51,6 +53,11 @@ class ParallelShape:
     cp: int = 1
     ep: int = 1
     dp_shard: int | None = None
+    etp: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.etp == self.tp:  # one spelling of Megatron's default, so equal layouts compare equal
+            object.__setattr__(self, "etp", None)
 
     def num_microbatches(self, global_batch_size: int) -> int:
         return global_batch_size // (self.dp * self.micro_batch_size)
@@ -59,6 +66,16 @@ class ParallelShape:
     def group_size(self) -> int:
         """GPUs of one stage: its TP group times its CP group."""
         return self.tp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks each routed expert is split over."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_replicas(self) -> int:
+        """Consecutive replicas one EP group spans: ep ranks of etp-wide experts over tp-wide stages."""
+        return max(1, self.ep * self.expert_tp // self.tp)
 
     @property
     def grad_sync_ranks(self) -> int:

@@ -147,14 +147,17 @@ def part_costs(
     intra = hardware.intra_node_bandwidth_gb_s
     ring = ring_link(tp, cp, hardware.gpus_per_node, intra * efficiency.nvlink_fraction,
                      hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction)
-    time = layer_time(model, seq, mbs, tp, shape.recompute, gpu, intra, efficiency, software, cp, ring)
+    time = layer_time(model, seq, mbs, tp, shape.recompute, gpu, intra, efficiency, software, cp, ring,
+                      expert_tp=shape.expert_tp)
     if shape.ep > 1:
+        # An EP group's GPUs are expert-TP ranks apart (`cost_models.expert_parallel`).
         all_to_all_ms = layer_all_to_all_ms(
-            model, local_seq * mbs, tp, shape.ep, hardware.gpus_per_node // (tp * cp), intra * efficiency.nvlink_fraction,
-            hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction, software.moe_dispatcher)
+            model, local_seq * mbs, tp, shape.ep, max(1, hardware.gpus_per_node // (shape.expert_tp * cp)),
+            intra * efficiency.nvlink_fraction, hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction,
+            software.moe_dispatcher, shape.expert_tp)
         recomputed = all_to_all_ms if shape.recompute == Recompute.FULL else 0.0  # full recompute redoes the forward's
         time = replace(time, forward_ep_comm_ms=all_to_all_ms, backward_ep_comm_ms=all_to_all_ms + recomputed)
-    params = layer_params_per_gpu(model, tp, shape.ep)
+    params = layer_params_per_gpu(model, tp, shape.ep, shape.expert_tp)
     layer = PartCosts(
         time=time,
         params=params,
@@ -260,7 +263,7 @@ def stage_cost_terms(
     # parallelism the experts' fewer, which is costed for the whole layer (`cost_models.expert_parallel`).
     # Hybrid sharding shards over its group's replicas alone (with ep 1: `planner.estimate` refuses both).
     state_ranks = (shape.shard_replicas * shape.cp if shape.hybrid_sharded
-                   else expert_data_parallel(shape.grad_sync_ranks, shape.ep))
+                   else expert_data_parallel(shape.grad_sync_ranks, shape.expert_replicas))
     if shards_every_microbatch(workload.zero_stage):
         ranks = state_ranks
         group = (ranks, min(ranks, groups_per_node), dp_intra_gb_s, dp_inter_gb_s)

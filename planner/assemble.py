@@ -60,9 +60,9 @@ def place_slots(problem: PlanningProblem, tp: int, pp: int, dp: int, placement: 
     return [[slot for slot in row if slot is not None] for row in grid]
 
 
-def _paced(grid: list[list[Slot]], ep: int) -> tuple[tuple[float, ...], ...]:
-    """Each replica's stage speeds in `grid` as its expert-parallel group paces them."""
-    return expert_group_pace(tuple(tuple(slot.speed for slot in row) for row in grid), ep)
+def _paced(grid: list[list[Slot]], expert_replicas: int) -> tuple[tuple[float, ...], ...]:
+    """Each replica's stage speeds in `grid` as its expert-parallel group (`expert_replicas` replicas) paces them."""
+    return expert_group_pace(tuple(tuple(slot.speed for slot in row) for row in grid), expert_replicas)
 
 
 def stage_grad_sync(terms: StageCostTerms, stage: int, layers: int) -> GradSync:
@@ -90,7 +90,7 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
     terms = found.candidate.terms
     shape = terms.shape
     placement = found.placement
-    if placement is None and shape.ep > 1:
+    if placement is None and shape.expert_replicas > 1:
         placement = packed(degraded_speeds_used(slot_inventory(problem.cluster, shape.group_size), shape.pp,
                                                 shape.dp), shape.pp, shape.dp)
     grid = None
@@ -98,12 +98,12 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
         grid = placement_grid(problem, shape.group_size, shape.pp, shape.dp, placement)
         # It may reorder replicas; with expert parallelism that regroups them, kept only if every group
         # then runs at the pace that was priced (else the placement's own order, whose groups were).
-        if grid is not None and shape.ep > 1 and sorted(_paced(grid, shape.ep)) != sorted(
-                expert_group_pace(placement.rows, shape.ep)):
+        if grid is not None and shape.expert_replicas > 1 and sorted(_paced(grid, shape.expert_replicas)) != sorted(
+                expert_group_pace(placement.rows, shape.expert_replicas)):
             grid = None
     if grid is None:
         grid = place_slots(problem, shape.group_size, shape.pp, shape.dp, placement)
-    paced = _paced(grid, shape.ep)
+    paced = _paced(grid, shape.expert_replicas)
 
     bounds = []
     first = 0
@@ -151,6 +151,7 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
         problem, tuple(replicas), used, found.objective_ms, found.estimate.breakdown_s, solver,
         micro_batch_size=shape.micro_batch_size, schedule=shape.schedule,
         virtual_stages=shape.virtual_stages, recompute=shape.recompute, ep=shape.ep, dp_shard=shape.shard_replicas,
+        etp=shape.etp,
     )
 
 
@@ -192,6 +193,7 @@ def finish_plan(
     recompute: str,
     ep: int = 1,
     dp_shard: int | None = None,
+    etp: int | None = None,
 ) -> PlanResult:
     """Everything a plan reports beyond its replicas: device accounting, predictions, solver status.
     `dp_shard`: replicas of a ZeRO shard group (uniform plans; ZeRO-0 shards nothing: 1)."""
@@ -226,6 +228,7 @@ def finish_plan(
         gpu_memory_gib=problem.hardware.gpu.memory_gib,
         memory_reserve_gib=problem.memory_reserve_gib,
         ep=ep,
+        etp=etp,
         dp_shard=1 if problem.workload.zero_stage == 0 else dp_shard,
         grad_precision=None if problem.precision == "fp16" else ("bf16" if problem.software.grad_bytes == 2 else "fp32"),
         moe_dispatcher=problem.software.moe_dispatcher if problem.workload.model.is_moe else None,

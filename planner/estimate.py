@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from cost_models.choices import Recompute
 from cost_models.hardware import GIB
+from cost_models.expert_parallel import expert_layout_problem
 from cost_models.layout import ParallelShape
 from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
 from planner.assemble import assemble_plan, place_slots
@@ -39,6 +40,7 @@ class FixedLayout:
     cp: int = 1
     ep: int = 1
     dp_shard: int | None = None  # replicas of a ZeRO shard group; None: all of them
+    etp: int | None = None  # expert tensor parallelism; None: tp
 
     @property
     def group_size(self) -> int:
@@ -114,15 +116,18 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
 
 
 def _check_expert_parallel(problem: PlanningProblem, layout: FixedLayout, dp: int, counts: list[int]) -> None:
-    """PlanningError unless the layout's EP groups can exist: a mixture of experts, ep dividing its routed
-    experts and the replicas, no CP, and equal microbatch counts (replicas sharing experts run in step)."""
-    if layout.ep == 1:
-        return
+    """PlanningError unless the layout's EP groups can exist (`expert_layout_problem`): a mixture of experts,
+    ep dividing its routed experts, whole TP groups of whole replicas, no CP, and equal microbatch counts
+    (replicas sharing experts run in step)."""
     model = problem.workload.model
+    if layout.ep == 1 and layout.etp in (None, layout.tp):
+        return
     if not model.is_moe:
-        raise PlanningError(f"ep {layout.ep} needs a mixture-of-experts model; {problem.model_name} is dense")
-    if model.num_experts % layout.ep or dp % layout.ep:
-        raise PlanningError(f"ep {layout.ep} must divide the {model.num_experts} routed experts and the {dp} replicas")
+        raise PlanningError(f"ep {layout.ep}{f', etp {layout.etp}' if layout.etp is not None else ''} needs a "
+                            f"mixture-of-experts model; {problem.model_name} is dense")
+    problem_text = expert_layout_problem(model, layout.tp, dp, layout.ep, layout.etp)
+    if problem_text is not None:
+        raise PlanningError(problem_text)
     if layout.cp > 1:
         raise PlanningError("ep > 1 with cp > 1 is not supported: resiplan splits experts over replicas, not CP ranks")
     if len(set(counts)) > 1:
@@ -266,7 +271,7 @@ def _priced(problem: PlanningProblem, layout: FixedLayout, dp: int, split: tuple
     """The layout (equal microbatch counts) priced by the bubble model, every stage checked to fit."""
     shape = ParallelShape(
         layout.tp, layout.pp, dp, layout.micro_batch_size, layout.recompute, layout.schedule, layout.virtual_stages,
-        layout.cp, layout.ep, layout.shape_dp_shard(dp, problem.workload.zero_stage),
+        layout.cp, layout.ep, layout.shape_dp_shard(dp, problem.workload.zero_stage), layout.etp,
     )
     terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
     capacity = problem.usable_memory_bytes

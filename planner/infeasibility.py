@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cost_models.choices import Recompute, ScheduleName
 from cost_models.hardware import GIB
-from cost_models.expert_parallel import expert_parallel_sizes
+from cost_models.expert_parallel import expert_layouts
 from cost_models.layout import ParallelShape
 from cost_models.memory import (
     OPTIMIZER_BYTES_PER_PARAM,
@@ -39,9 +41,12 @@ def _leanest_layout(problem: PlanningProblem) -> tuple[float, ParallelShape] | N
         dp = max(1, slots // pp) if problem.workload.zero_stage >= 1 else 1
         recompute = Recompute.FULL if Recompute.FULL in problem.recompute_modes else problem.recompute_modes[0]
         # A mixture of experts splits its experts over the most replicas it may (or none: see expert_parallel)
-        experts = expert_parallel_sizes(problem.workload.model, max(1, slots // pp), problem.max_expert_parallel)
-        for ep in sorted({1, experts[-1]}):
-            shape = ParallelShape(tp, pp, max(dp, ep), 1, recompute, ep=ep)
+        experts = expert_layouts(problem.workload.model, tp, max(1, slots // pp), problem.max_expert_parallel)
+        # Memory depends on ep x etp alone: the layout splitting the experts most needs no other.
+        widest = max(experts, key=lambda pair: pair[0] * (tp if pair[1] is None else pair[1]))
+        for ep, etp in dict.fromkeys([(1, None), widest]):
+            shape = ParallelShape(tp, pp, 1, 1, recompute, ep=ep, etp=etp)
+            shape = replace(shape, dp=max(dp, shape.expert_replicas))
             terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
             base, extra = divmod(layers, pp)
             need = max(stage_memory_bytes(terms, i, base + (1 if i < extra else 0)) for i in range(pp))
@@ -90,7 +95,7 @@ def explain_infeasible(problem: PlanningProblem) -> str:
         if need > problem.usable_memory_bytes:
             return (
                 f"no layout fits in memory: even the leanest (tp={shape.tp}, pp={shape.pp}, dp={shape.dp}, "
-                f"{f'ep={shape.ep}, ' if shape.ep > 1 else ''}"
+                f"{f'ep={shape.ep}, ' if shape.ep > 1 else ''}{f'etp={shape.etp}, ' if shape.etp is not None else ''}"
                 f"zero_stage={problem.workload.zero_stage}, micro_batch_size=1, "
                 f"recompute={shape.recompute}) needs {need / GIB:.1f} GiB on its fullest GPU, and "
                 f"{problem.capacity_text()} at seq_length {problem.workload.seq_length}"

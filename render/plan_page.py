@@ -240,7 +240,13 @@ def _header(plan: Plan) -> str:
     if plan.memory_reserve_gib is not None:
         facts.append(("Memory reserve", f"{plan.memory_reserve_gib:g} GiB per GPU left free"))
     if plan.ep > 1:
-        facts.append(("Expert parallelism", f"experts split over {plan.ep} replicas; each group runs at its slowest GPU"))
+        tp = plan.replicas[0].stages[0].tp
+        expert_tp = tp if plan.etp is None else plan.etp
+        replicas = plan.ep * expert_tp // tp
+        whole = "whole experts" if expert_tp == 1 else f"each expert split over {expert_tp} GPUs"
+        facts.append(("Expert parallelism", f"experts split over {plan.ep} GPUs of {replicas} "
+                                            f"{'replica' if replicas == 1 else 'replicas'} ({whole}); each group "
+                                            "runs at its slowest GPU"))
     if plan.zero_stage >= 1 and plan.dp_shard is not None and plan.dp_shard < len(plan.replicas):
         facts.append(("Hybrid sharding", f"ZeRO state sharded over groups of {plan.dp_shard} replicas, "
                                          f"{len(plan.replicas) // plan.dp_shard} groups holding the same shards"))

@@ -247,6 +247,7 @@ def to_fixed_layout(layout: Layout) -> FixedLayout | ReplicaLayout:
         cp=layout.cp,
         ep=layout.ep,
         dp_shard=layout.dp_shard,
+        etp=layout.etp,
     )
 
 

@@ -295,8 +295,11 @@ class Layout(_Strict):
                     "runs on tp x cp GPUs, inside a node or on whole nodes. Needs flash attention and a seq_length "
                     "that cuts into 2 cp equal chunks.")
     ep: int = Field(default=1, ge=1, le=4096, description="Expert parallelism of a mixture-of-experts model: each "
-                    "stage's routed experts split over ep consecutive replicas; ep divides the experts and dp, with "
-                    "cp 1.")
+                    "stage's routed experts split over ep GPUs (Megatron's --expert-model-parallel-size), in "
+                    "ep x etp / tp consecutive replicas; ep divides the experts, that replica count divides dp, cp 1.")
+    etp: int | None = Field(default=None, ge=1, le=1024, description="Expert tensor parallelism: each routed expert "
+                            "split over etp GPUs (Megatron's --expert-tensor-parallel-size); divides tp, and tp / etp "
+                            "divides ep. Omitted: tp.")
     dp_shard: int | None = Field(
         default=None, ge=1, le=1_048_576, description="Replicas whose ZeRO state (zero_stage 1-3) is sharded together: "
         "dp_shard consecutive replicas form a shard group and the dp / dp_shard groups hold the same shards and "
@@ -314,6 +317,7 @@ class Layout(_Strict):
         if self.replicas is not None:
             given = [name for name in ("tp", "pp", "dp", "layers_per_stage") if getattr(self, name) is not None]
             given += [name for name in ("cp", "ep") if getattr(self, name) != 1]
+            given += ["etp"] if self.etp is not None else []
             given += ["dp_shard"] if self.dp_shard is not None else []
             if given:
                 raise ValueError(f"give either replicas or {', '.join(given)}, not both: replicas fix every stage")
@@ -507,9 +511,12 @@ class Plan(BaseModel):
     memory_reserve_gib: float | None = Field(
         default=None, description="GiB per GPU the plan leaves free for the CUDA context, NCCL buffers and the "
         "allocator (options.memory_reserve_gib or its default): every stage's memory_gib fits gpu_memory_gib less this.")
-    ep: int = Field(default=1, ge=1, description="Expert parallelism (mixture-of-experts models): replicas 0..ep-1, "
-                    "ep..2ep-1, ... each hold 1/ep of every stage's routed experts and exchange tokens all-to-all; "
-                    "a stage runs at the pace of the slowest of its EP group (its `speed`).")
+    ep: int = Field(default=1, ge=1, description="Expert parallelism (mixture-of-experts models): each stage's routed "
+                    "experts split over ep GPUs, which exchange tokens all-to-all. With n = ep x etp / tp (ep with "
+                    "etp null), replicas 0..n-1, n..2n-1, ... form the EP groups (Megatron's rank order), and a stage "
+                    "runs at the pace of the slowest of its EP group (its `speed`).")
+    etp: int | None = Field(default=None, ge=1, description="Expert tensor parallelism: each routed expert split over "
+                            "etp GPUs of a stage's TP group; null: tp (Megatron's default, and every dense model).")
     grad_precision: Literal["fp32", "bf16"] | None = Field(
         default=None, description="The dtype gradients accumulate and are reduced in (training.grad_precision); "
         "null for fp16 training (fp32 accumulation, fp16 reduction) and plans stored before it was recorded (fp32).")

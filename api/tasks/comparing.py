@@ -33,7 +33,7 @@ def _shape(plan: Plan) -> dict:
     split = [stage.layers[1] - stage.layers[0] for stage in stages]
     shape = {"tp": max(stage.tp for stage in stages), "cp": max(stage.cp for stage in stages), "pp": len(stages), "layers_per_stage": split,
              "micro_batch_size": plan.micro_batch_size, "recompute": plan.recompute,
-             "schedule": plan.schedule, "virtual_stages": plan.virtual_stages, "ep": plan.ep,
+             "schedule": plan.schedule, "virtual_stages": plan.virtual_stages, "ep": plan.ep, "etp": plan.etp,
              "dp_shard": _hybrid_shard(plan)}
     # CP-SAT's order is built for this plan: the best named schedule it was chosen over is one a user can apply.
     named = {name: ms for name, ms in (plan.pipeline_schedule.candidates_ms if plan.pipeline_schedule else {}).items()
@@ -67,6 +67,16 @@ def _check_searched_shard(yours: Plan, gpus_per_node: int | None) -> None:
                             f"left out{also}, or estimate it alone with /v1/estimate")
 
 
+def _check_searched_expert_tp(yours: Plan) -> None:
+    """PlanningError when the user's expert-TP is one the planner does not search (it tries expert-TP = TP and 1,
+    `cost_models.expert_parallel.expert_layouts`): the best plan could then be slower than the user's."""
+    tp = yours.replicas[0].stages[0].tp
+    if yours.etp not in (None, 1, tp):
+        raise PlanningError(f"etp {yours.etp} (experts split over {yours.etp} of tp {tp}) is estimated but not searched "
+                            "by the planner, which tries etp 1 and etp = tp, so the best plan would not weigh it: compare "
+                            "with etp 1 or left out, or estimate it alone with /v1/estimate")
+
+
 def _split(layout: dict, layers: int) -> list[int]:
     return layout.get("layers_per_stage") or [layers // layout["pp"]] * layout["pp"]
 
@@ -81,7 +91,11 @@ def _candidate_changes(yours: dict, best: dict, layers: int) -> list[tuple[str, 
         out.append((f"tp {yours['tp']} → {best['tp']}", {**yours, "tp": best["tp"], "dp": None}))
     if yours["cp"] != best["cp"]:
         out.append((f"cp {yours['cp']} → {best['cp']}", {**yours, "cp": best["cp"], "dp": None}))
-    if yours["ep"] != best["ep"]:
+    if yours["etp"] != best["etp"]:  # EP groups depend on both: one change
+        def experts(layout: dict) -> str:
+            return f"ep {layout['ep']}, etp {'= tp' if layout['etp'] is None else layout['etp']}"
+        out.append((f"{experts(yours)} → {experts(best)}", {**yours, "ep": best["ep"], "etp": best["etp"]}))
+    elif yours["ep"] != best["ep"]:
         out.append((f"ep {yours['ep']} → {best['ep']}", {**yours, "ep": best["ep"]}))
     if yours["dp_shard"] != best["dp_shard"]:
         def shards(value: int | None) -> str:
@@ -144,9 +158,11 @@ def compare_for(request: EstimateRequest, calibration: AppliedCalibration | None
                             "a plan: estimate it with /v1/estimate")
     yours = estimate_for(request, calibration)
     _check_searched_shard(yours, request.cluster.gpus_per_node if request.options.allow_hybrid_sharding else None)
+    _check_searched_expert_tp(yours)
     best = plan_for(_best_request(request), calibration=calibration)
-    stated = request.layout.model_dump(include={"tp", "cp", "ep", "pp", "dp", "micro_batch_size", "recompute",
+    stated = request.layout.model_dump(include={"tp", "cp", "ep", "etp", "pp", "dp", "micro_batch_size", "recompute",
                                                 "schedule", "virtual_stages", "layers_per_stage", "dp_shard"})
+    stated["etp"] = yours.etp
     stated["dp_shard"] = _hybrid_shard(yours)
     your_s, best_s = yours.predicted.iteration_time_s, best.predicted.iteration_time_s
     changes = []

@@ -64,9 +64,10 @@ class PlacedLayout:
     virtual_stages: int
     zero_stage: int
     num_layers: int
-    ep: int = 1  # expert parallelism: replicas 0..ep-1, ep..2ep-1, ... split each layer's routed experts
+    ep: int = 1  # expert parallelism: each layer's routed experts split over ep GPUs (Megatron's EP size)
     expert_share: float = 0.0  # the routed experts' share of a layer's weights (0: a dense model)
     dp_shard: int | None = None  # replicas of a ZeRO shard group (hybrid sharding); None: all of them
+    etp: int | None = None  # expert tensor parallelism: each routed expert split over etp GPUs; None: tp
 
 
 def placed_layout(result: PlanShape) -> PlacedLayout:
@@ -78,7 +79,8 @@ def placed_layout(result: PlanShape) -> PlacedLayout:
     )
     num_layers = replicas[0][-1].layers[1] if replicas else 0
     return PlacedLayout(replicas, result.virtual_stages, result.zero_stage, num_layers, getattr(result, "ep", 1),
-                        _expert_share(getattr(result, "architecture", None)), getattr(result, "dp_shard", None))
+                        _expert_share(getattr(result, "architecture", None)), getattr(result, "dp_shard", None),
+                        getattr(result, "etp", None))
 
 
 def _expert_share(architecture: object) -> float:
@@ -145,7 +147,10 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
     so a TP rank's slice holds its part of each expert, in expert order), each slice in ep equal blocks.
     Replica r holds block r mod ep of its TP slice and shards its optimizer state with the replicas
     holding the same block, as megatron-core's expert-data-parallel group does. Changing ep alone then
-    keeps a GPU's experts inside what it held. Embedding and head are dense.
+    keeps a GPU's experts inside what it held. With expert-TP etp below tp the slices are etp's and the
+    blocks follow megatron-core's expert rank order (etp fastest, then ep, then expert data parallel, over
+    the stage's ranks tp fastest, then replicas): TP rank t of replica r holds slice t mod etp of block
+    t // etp + (tp / etp)(r mod n), n = ep etp / tp the replicas of an EP group. Embedding and head are dense.
 
     Hybrid sharding (`dp_shard` s below the replica count): the ZeRO state is sharded over replicas
     0..s-1, s..2s-1, ... alone, so replica r holds the (r mod s)-th share, as replica r + s does."""
@@ -154,6 +159,7 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
     shard = layout.dp_shard if layout.dp_shard and layout.dp_shard < replicas else replicas
     finest = math.lcm(*(len(stage.devices) // stage.cp for stages in layout.replicas for stage in stages)) if replicas else 1
     share, ep = layout.expert_share, max(1, layout.ep)
+    etp = layout.etp
     for index, stages in enumerate(layout.replicas):
         counts = [stage.layers[1] - stage.layers[0] for stage in stages]
         runs = chunk_layer_runs(counts, layout.virtual_stages)
@@ -163,18 +169,22 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
                 [(layout.num_layers + 1, layout.num_layers + 2)] if s == len(stages) - 1 else [])
             tp = len(stage.devices) // stage.cp
             pieces = finest // tp if layout.zero_stage >= 1 else 1
+            expert_tp = tp if etp is None else etp
+            across, group = tp // expert_tp, max(1, ep * expert_tp // tp)  # TP ranks per expert slice; EP replicas
             for position, device in enumerate(stage.devices):
                 cp_rank, rank = divmod(position, tp)
                 dense = _Region(0.0, 1.0 - share, shard * stage.cp, index % shard * stage.cp + cp_rank)
                 if not share:
-                    parts = [(dense, _merged(layer_units + end_units))]
+                    parts = [(dense, _merged(layer_units + end_units), rank, tp)]
                 else:
-                    experts = _Region(1.0 - share, share, replicas // ep * stage.cp, index // ep * stage.cp + cp_rank,
-                                      index % ep, ep)
-                    parts = [(dense, _merged(layer_units)), (experts, _merged(layer_units)),
-                             (_Region(0.0, 1.0, dense.sharers, dense.member), _merged(end_units))]
-                holdings[device] = tuple(block for region, units in parts if units
-                                         for block in _region_blocks(region, units, rank, tp, pieces, layout.zero_stage))
+                    experts = _Region(1.0 - share, share, replicas // group * stage.cp,
+                                      index // group * stage.cp + cp_rank, rank // expert_tp + across * (index % group), ep)
+                    parts = [(dense, _merged(layer_units), rank, tp),
+                             (experts, _merged(layer_units), rank % expert_tp, expert_tp),
+                             (_Region(0.0, 1.0, dense.sharers, dense.member), _merged(end_units), rank, tp)]
+                holdings[device] = tuple(block for region, units, slice_rank, slices in parts if units
+                                         for block in _region_blocks(region, units, slice_rank, slices, pieces,
+                                                                     layout.zero_stage))
     return holdings
 
 

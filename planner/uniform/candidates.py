@@ -23,7 +23,7 @@ from cost_models.stage_costs import (
     stage_cost_terms,
 )
 from cost_models.context_parallel import load_balanced_chunks
-from cost_models.expert_parallel import expert_parallel_sizes
+from cost_models.expert_parallel import expert_layouts
 from cost_models.sharded_dp import node_shard_replicas, shards_every_microbatch
 from planner.budget import Budget
 from planner.devices import SlotInventory, nodes_per_group, slot_inventory
@@ -47,7 +47,7 @@ class Candidate:
 
     @property
     def replica_speeds(self) -> tuple[tuple[float, ...], ...]:
-        return replica_speed_vectors(self.inventory, self.shape.pp, self.shape.dp, self.shape.ep)
+        return replica_speed_vectors(self.inventory, self.shape.pp, self.shape.dp, self.shape.expert_replicas)
 
     def max_layers(self, memory_bytes: float) -> tuple[int, ...]:
         """Per stage position, the most layers that fit in `memory_bytes`."""
@@ -96,11 +96,11 @@ def _split_sequences_win(problem: PlanningProblem, cp: int, mbs: int) -> bool:
     return cp > 1 and mbs % cp == 0 and mbs // cp in problem.micro_batch_sizes
 
 
-def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int, ep: int = 1) -> tuple[tuple[float, ...], ...]:
+def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int, expert_replicas: int = 1) -> tuple[tuple[float, ...], ...]:
     """Per-position speeds of the distinct replicas when the degraded groups among the fastest dp * pp
     slots are packed into as few replicas as possible (`placements.packed`), paced by their expert-parallel
     groups: the bubble-model searches' placement; the stock search tries others (`planner.uniform.placements`)."""
-    return replace(packed(degraded_speeds_used(inventory, pp, dp), pp, dp), ep=ep).distinct
+    return replace(packed(degraded_speeds_used(inventory, pp, dp), pp, dp), ep=expert_replicas).distinct
 
 
 def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float | None = None,
@@ -181,11 +181,11 @@ class LowerBounds:
     def bound_ms(self, terms: StageCostTerms, prefix_share: float | None = None,
                  chunk_sync_overlap: bool = False) -> float:
         shape = terms.shape
-        work_key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.ep)
+        work_key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.ep, shape.etp)
         if self._sharded_parts:
             work_key += (shape.dp, shape.dp_shard)
         work = self._works.get(work_key) or self._works.setdefault(work_key, _work_ms(terms))
-        sync_key = (shape.tp, shape.cp, shape.ep, shape.dp, shape.dp_shard, shape.pp, chunk_sync_overlap)
+        sync_key = (shape.tp, shape.cp, shape.ep, shape.etp, shape.dp, shape.dp_shard, shape.pp, chunk_sync_overlap)
         dp_floor, optimizer_floor = self._syncs.get(sync_key) or self._syncs.setdefault(
             sync_key, _sync_floor_ms(terms, self._layers, chunk_sync_overlap))
         return _pipeline_floor_ms(terms, self._layers, *work, prefix_share) + dp_floor + optimizer_floor
@@ -255,18 +255,18 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
                 for dp in reversed([d for d in divisors(batch // mbs) if d <= inventory.total]):
                     microbatches = batch // (dp * mbs)
                     # Expert parallelism splits a mixture of experts over replicas, not over a stage's CP ranks.
-                    experts = [1] if cp > 1 else expert_parallel_sizes(
-                        problem.workload.model, dp, problem.max_expert_parallel)
+                    experts = [(1, None)] if cp > 1 else expert_layouts(
+                        problem.workload.model, tp, dp, problem.max_expert_parallel)
                     shards = shard_group_sizes(problem, tp * cp, dp)
                     for pp in range(min(layers, inventory.total // dp), 0, -1):
                         for schedule, v in _schedules(layers, pp, microbatches, most_chunks, allowed):
                             if not problem.allows_virtual_stages(v):
                                 continue
                             for recompute in modes:
-                                for ep in experts:
+                                for ep, etp in experts:
                                     for dp_shard in shards if ep == 1 else (None,):
                                         yield ParallelShape(tp, pp, dp, mbs, recompute, schedule, v, cp, ep,
-                                                            dp_shard), inventory
+                                                            dp_shard, etp), inventory
 
 
 def shard_group_sizes(problem: PlanningProblem, group_gpus: int, dp: int) -> tuple[int | None, ...]:
@@ -294,8 +294,8 @@ def uniform_shape_count(problem: PlanningProblem) -> int:
                       else cluster.total_devices // size)
             for mbs in problem.micro_batch_sizes:
                 if batch % mbs == 0 and not _split_sequences_win(problem, cp, mbs):
-                    count += sum(min(layers, groups // dp) * (len(expert_parallel_sizes(problem.workload.model, dp,
-                                                                                        problem.max_expert_parallel))
+                    count += sum(min(layers, groups // dp) * (len(expert_layouts(problem.workload.model, tp, dp,
+                                                                                 problem.max_expert_parallel))
                                                               if cp == 1 else 1)
                                  for dp in divisors(batch // mbs) if dp <= groups)
     return count * len(problem.recompute_modes)
@@ -319,7 +319,7 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
             if budget.expired():
                 complete = False
                 break
-        key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.ep)
+        key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.ep, shape.etp)
         if key not in parts:
             parts[key] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
         terms = stage_cost_terms(
@@ -327,13 +327,13 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
         )
         out.append(Candidate(terms=terms, inventory=inventory, lower_bound_ms=bounds.bound_ms(terms)))
     # Equal bounds in the ascending order of tp, cp, micro-batch size, dp, pp, chunks, recompute mode and ep,
-    # full sharding before hybrid.
+    # expert-TP = TP before 1, full sharding before hybrid.
     modes = {mode: index for index, mode in enumerate(problem.recompute_modes)}
 
     def rank(candidate: Candidate) -> tuple:
         shape = candidate.terms.shape
         return (candidate.lower_bound_ms, shape.tp, shape.cp, shape.micro_batch_size, shape.dp, shape.pp,
-                shape.virtual_stages, modes[shape.recompute], shape.ep, -shape.shard_replicas)
+                shape.virtual_stages, modes[shape.recompute], shape.ep, -shape.expert_tp, -shape.shard_replicas)
 
     out.sort(key=rank)
     if budget is not None and complete:  # the shapes since the last look at the clock, and the sort

@@ -159,8 +159,8 @@ class StockSearch:
             shape = self._candidates[index].shape
             speeds = degraded_speeds_used(self._candidates[index].inventory, shape.pp, shape.dp)
             found, complete = placements(speeds, shape.pp, shape.dp, self._problem.config.max_slow_placements)
-            if shape.ep > 1:  # replicas sharing experts run at their group's pace
-                found = [replace(placement, ep=shape.ep) for placement in found]
+            if shape.expert_replicas > 1:  # replicas sharing experts run at their group's pace
+                found = [replace(placement, ep=shape.expert_replicas) for placement in found]
             self._placed[index] = (found, complete, speeds)
         return self._placed[index]
 

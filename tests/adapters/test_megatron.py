@@ -156,6 +156,10 @@ PLANS = {
         cluster={"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
         failures={"slow": [{"device": "3:2", "speed": 0.6}]},
         training={"global_batch_size": 256, "seq_length": 4096}, options=STOCK))),
+    # the same on 16 H100s as Megatron's MoE recipes lay it out: tp 2, whole experts (expert-TP 1) over 4 GPUs
+    "moe-expert-tp-1": lambda: estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 2, "pp": 4, "ep": 4, "etp": 1}, cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"},
+        model=SMALL_MOE, training={"global_batch_size": 64, "seq_length": 4096}))),
     # the same, its tokens sent with DeepEP's kernels (the flex dispatcher)
     "moe-flex-dispatcher": lambda: plan_for(PlanRequest.model_validate(small_request(
         cluster={"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
@@ -222,6 +226,7 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--moe-ffn-hidden-size", type=int, default=None)
     add("--moe-shared-expert-intermediate-size", type=int, default=None)
     add("--expert-model-parallel-size", type=int, default=1)
+    add("--expert-tensor-parallel-size", type=int, default=None)
     add("--moe-layer-freq", type=_moe_freq_type, default=1)
     add("--moe-token-dispatcher-type", type=str, default="allgather", choices=["allgather", "alltoall", "flex"])
     add("--moe-flex-dispatcher-backend", type=str, default="deepep", choices=["deepep", "hybridep"])
@@ -338,6 +343,8 @@ def validate_like_megatron_lm(ns: argparse.Namespace) -> None:
     if ns.recompute_granularity == "selective":
         assert ns.recompute_method is None
     assert ns.tensor_model_parallel_size > 1 or not ns.sequence_parallel
+    if ns.expert_tensor_parallel_size is None:  # validate_args: expert-TP defaults to TP
+        ns.expert_tensor_parallel_size = ns.tensor_model_parallel_size
     if ns.add_bias_linear:  # validate_args keeps the two in sync
         ns.add_qkv_bias = True
 
@@ -480,13 +487,20 @@ def check_rank(plan: Plan, ns: argparse.Namespace, config: TransformerConfig, de
             rep.stages[s].devices[cc * tp + t_rank] for rep in group for cc in range(cp))
         assert len(group_devices(parallel_state.get_inter_distributed_optimizer_instance_group())) == dp // shard
 
-    # expert parallelism: this stage's rank in ep consecutive replicas share the experts (the groups priced)
-    ep = plan.ep
+    # expert parallelism: the stage's TP ranks congruent to this one modulo expert-TP, in ep x etp / tp consecutive
+    # replicas, share the experts, each split over the etp consecutive TP ranks holding this one (the groups priced)
+    ep, etp = plan.ep, plan.etp or tp
     assert parallel_state.get_expert_model_parallel_world_size() == ep
+    assert parallel_state.get_expert_tensor_parallel_world_size() == etp
     if ep > 1:
-        block = replicas[(r // ep) * ep:(r // ep + 1) * ep]
+        n = ep * etp // tp
+        block = replicas[(r // n) * n:(r // n + 1) * n]
         assert group_devices(parallel_state.get_expert_model_parallel_group()) == [
-            rep.stages[s].devices[t] for rep in block]
+            rep.stages[s].devices[u] for rep in block for u in range(tp) if u % etp == t_rank % etp]
+    if etp > 1:
+        first = t_rank - t_rank % etp
+        assert group_devices(parallel_state.get_expert_tensor_parallel_group()) == [
+            replicas[r].stages[s].devices[c * tp + u] for u in range(first, first + etp)]
 
     # the layers this pipeline rank builds, chunk by chunk
     for chunk in range(v):
@@ -527,6 +541,7 @@ def run_megatron_core(plan: Plan, ns: argparse.Namespace, devices: list[str], ra
                 pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
                 context_parallel_size=ns.context_parallel_size,
                 expert_model_parallel_size=ns.expert_model_parallel_size,
+                expert_tensor_parallel_size=ns.expert_tensor_parallel_size,
                 virtual_pipeline_model_parallel_size=ns.virtual_pipeline_model_parallel_size,
                 num_distributed_optimizer_instances=ns.num_distributed_optimizer_instances,
                 order=order,
@@ -645,22 +660,25 @@ def test_cases_cover_the_flag_variants():
     assert real_plan("zero1-partial-instances").zero_stage == 1
     assert real_plan("zero1-partial-instances").replicas[0].stages[0].cp == 2
     moe = {name for name, f in flags.items() if "--num-experts" in f}
-    assert moe == {"moe-experts-over-tp", "moe-expert-parallel", "moe-flex-dispatcher", "qwen3-moe"}
+    assert moe == {"moe-experts-over-tp", "moe-expert-parallel", "moe-expert-tp-1", "moe-flex-dispatcher", "qwen3-moe"}
+    assert real_plan("moe-expert-tp-1").etp == 1 and "--expert-tensor-parallel-size" in flags["moe-expert-tp-1"]
     assert {"--kv-channels", "--qk-layernorm"} <= set(flags["qwen3-moe"])
     assert real_plan("moe-experts-over-tp").replicas[0].stages[0].tp > 1
     assert real_plan("moe-expert-parallel").ep > 1
     assert {name for name, f in flags.items() if "--grad-reduce-in-bf16" in f} == {"bf16-grads"}
 
 
-@pytest.mark.parametrize("tp,ep,shared,head_dim", [(1, 1, 0, None), (2, 1, 128, None), (4, 1, 0, 64), (1, 4, 0, None),
-                                                   (2, 2, 128, 64)])
-def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, ep, shared, head_dim):
+@pytest.mark.parametrize("tp,ep,shared,head_dim,etp", [(1, 1, 0, None, None), (2, 1, 128, None, None),
+                                                       (4, 1, 0, 64, None), (1, 4, 0, None, None),
+                                                       (2, 2, 128, 64, None), (2, 2, 128, None, 1), (4, 4, 0, None, 2)])
+def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, ep, shared, head_dim, etp):
     """One mixture-of-experts layer as megatron-core builds it on one rank (its local spec, experts
     split over `ep` and sharded over TP as the export asks): the weights the memory model gives a GPU
     (`cost_models.expert_parallel.layer_params_per_gpu`) are the ones megatron-core allocates, its share of
     every expert included, up to the norms and router it replicates on each TP rank. With `head_dim` (64:
     8 heads 512 wide over a hidden size of 256) the heads are wider than hidden / heads and normalize their
-    queries and keys, as Qwen3's do."""
+    queries and keys, as Qwen3's do. With `etp` (--expert-tensor-parallel-size) each expert is split over etp
+    GPUs instead of TP."""
     from cost_models.expert_parallel import layer_params_per_gpu
 
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -672,17 +690,19 @@ def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, ep, shared
                      num_kv_heads=2, vocab_size=1000, swiglu=True, tied_embeddings=False, num_experts=4,
                      experts_per_token=2, shared_expert_ffn_hidden_size=shared, head_dim=head_dim,
                      qk_norm=head_dim is not None)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp * ep)
+    expert_tp = tp if etp is None else etp
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp * ep * expert_tp)
     try:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
-                                                 create_gloo_process_groups=False)
+                                                 expert_tensor_parallel_size=etp, create_gloo_process_groups=False)
         config = TransformerConfig(
             num_layers=2, hidden_size=256, ffn_hidden_size=384, num_attention_heads=8, num_query_groups=2,
             kv_channels=head_dim, qk_layernorm=head_dim is not None,
             num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=384,
             moe_shared_expert_intermediate_size=shared or None, add_bias_linear=False, gated_linear_unit=True,
             activation_func=F.silu, normalization="RMSNorm", use_cpu_initialization=True,
-            tensor_model_parallel_size=tp, expert_model_parallel_size=ep, params_dtype=torch.float32)
+            tensor_model_parallel_size=tp, expert_model_parallel_size=ep, expert_tensor_parallel_size=expert_tp,
+            params_dtype=torch.float32)
         layer_spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False, normalization="RMSNorm",
                                               qk_layernorm=head_dim is not None)
         layer = TransformerLayer(config, layer_spec.submodules, layer_number=1)
@@ -691,10 +711,10 @@ def test_megatron_core_builds_the_experts_the_memory_model_counts(tp, ep, shared
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
-    assert experts == spec.routed_expert_params_per_layer / (tp * ep)  # 4 / ep experts, each sharded over TP
+    assert experts == spec.routed_expert_params_per_layer / (expert_tp * ep)  # 4 / ep experts, each over expert-TP
     # router, two norms and the query/key norms, whole on every TP rank
     replicated = spec.hidden_size * spec.num_experts + 2 * spec.hidden_size + (2 * head_dim if head_dim else 0)
-    counted = layer_params_per_gpu(spec, tp, ep)
+    counted = layer_params_per_gpu(spec, tp, ep, etp)
     assert built == counted - replicated / tp + replicated
     assert abs(counted - built) / built < 0.01
 

@@ -100,6 +100,7 @@ def test_export_then_import_gives_the_same_layout_and_model(name):
                                                                       plan.virtual_stages)
     assert layout.get("cp", 1) == first.stages[0].cp
     assert layout.get("ep", 1) == plan.ep
+    assert layout.get("etp") == plan.etp
     assert layout.get("layers_per_stage", [arch.num_layers // len(split)] * len(split)) == split
     assert (layout["micro_batch_size"], layout["recompute"]) == (plan.micro_batch_size, plan.recompute)
     assert layout["schedule"] == ("interleaved" if plan.virtual_stages > 1 else "1f1b")

@@ -122,11 +122,15 @@ CONTEXT_PARALLEL = {
     "cp-zero0": estimate_request({"tp": 4, "cp": 2, "pp": 1}, model="llama3-8b", cluster=H100,
                                  training={"global_batch_size": 16, "seq_length": 16384, "zero_stage": 0}),
 }
-# Expert parallelism: Qwen3-30B-A3B (torchtitan's own qwen3_30b_a3b) with its 128 experts over 4 replicas, tp 1
-# (torchtitan never splits an expert over TP) and ZeRO-1 (its EP groups come from the FSDP ranks)
+# Expert parallelism: Qwen3-30B-A3B (torchtitan's own qwen3_30b_a3b) with its 128 experts over 4 replicas, tp 1,
+# and over the 8 GPUs of 4 tp-2 replicas with whole experts (etp 1: torchtitan never splits an expert over TP),
+# ZeRO-1 (its EP groups come from the FSDP ranks)
 EXPERT_PARALLEL = {
     "ep-pp": estimate_request({"tp": 1, "pp": 2, "ep": 4}, model="qwen3-30b-a3b", cluster=H100,
                               training={"global_batch_size": 32, "seq_length": 4096}),
+    "ep-tp-etp1": estimate_request({"tp": 2, "pp": 2, "ep": 8, "etp": 1, "recompute": "full"},
+                                   model="qwen3-30b-a3b", cluster=H100,
+                                   training={"global_batch_size": 32, "seq_length": 4096}),
 }
 # Hybrid sharding (HSDP): FSDP2 over torchtitan's (dp_replicate, dp_shard) mesh, shard groups of a node's replicas:
 # ZeRO-3 without PP (llama3-8b, 32 A100s, what the search picks on them), and ZeRO-1 under a tp 2 x pp 2 pipeline
@@ -407,12 +411,14 @@ def test_parallel_dims_and_mesh_place_every_rank_where_the_plan_did(case, plan, 
         replicate = [layout.rank_devices[rank] for rank in dims.get_mesh("dp_replicate").mesh.tolist()]
         assert replicate == [replicas[i].stages[0].devices[0] for i in range(0, layout.dp, shard)]
     if layout.ep > 1:
-        # torchtitan's EP group of rank 0 holds the first stage of the plan's first ep replicas, which share its
-        # experts; the experts' FSDP group is the dp / ep ranks holding the same experts
+        # torchtitan's EP group of rank 0 holds the first stage of the plan's first ep x etp / tp replicas (every TP
+        # rank of each with etp 1), which share its experts; the experts' FSDP group is the dp / that many ranks
+        # holding the same experts
+        expert_replicas = layout.ep * (plan.etp or layout.tp) // layout.tp
         group = dims.get_mesh("ep").mesh.tolist()
-        assert [layout.rank_devices[rank] for rank in group] == [replicas[i].stages[0].devices[0]
-                                                                 for i in range(layout.ep)]
-        assert dims.get_mesh("efsdp").size() == layout.dp // layout.ep
+        assert [layout.rank_devices[rank] for rank in group] == [
+            replicas[i].stages[0].devices[t] for i in range(expert_replicas) for t in range(layout.ep // expert_replicas)]
+        assert dims.get_mesh("efsdp").size() == layout.dp // expert_replicas
 
 
 def test_model_config_accepts_tp_and_seq_len(plan):
@@ -842,6 +848,7 @@ def test_torchtitan_refuses_zero3_under_pipeline_parallelism():
 
 @pytest.mark.parametrize(("layout", "training", "refused"), [
     ({"tp": 2, "pp": 1, "ep": 8}, {}, "ep 8 with tp 2: torchtitan never splits an expert over TP"),
+    ({"tp": 2, "pp": 2, "ep": 8, "etp": 1}, {"zero_stage": 0}, "ep 8 with zero_stage 0"),
     ({"tp": 1, "pp": 2, "ep": 8}, {"zero_stage": 0}, "ep 8 with zero_stage 0: torchtitan forms EP groups from its FSDP"),
     ({"tp": 1, "pp": 2, "ep": 8}, {"precision": "fp8"}, "fp8 with a mixture of experts"),
 ])

@@ -131,13 +131,14 @@ def test_hybrid_sharding_round_trips_and_estimates_to_the_plans_prediction(name)
     assert estimate.predicted.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=2e-3)
 
 
-def test_torchtitans_expert_groups_over_tp_ranks_are_read_as_experts_split_over_tp():
+def test_torchtitans_expert_groups_over_tp_ranks_are_read_as_whole_experts():
+    """torchtitan's EP ranks include the TP ranks and hold whole experts: Megatron's expert-TP 1, read exactly."""
     text = ("--module qwen3 --config qwen3_30b_a3b --parallelism.tensor_parallel_degree 2 "
             "--parallelism.data_parallel_shard_degree 8 --parallelism.expert_parallel_degree 8 "
             "--training.seq_len 4096 --training.global_batch_size 32")
     imported = import_torchtitan(text)
-    assert imported.request["layout"]["ep"] == 4
-    assert any("estimated as ep 4 with each expert split over tp 2" in entry for entry in imported.not_modelled)
+    assert (imported.request["layout"]["ep"], imported.request["layout"]["etp"]) == (8, 1)
+    assert not any("expert" in entry for entry in imported.not_modelled)
     uneven = import_torchtitan(text.replace("expert_parallel_degree 8", "expert_parallel_degree 3"))
     assert "ep" not in uneven.request["layout"]
     assert any("estimated without expert parallelism" in entry for entry in uneven.not_modelled)

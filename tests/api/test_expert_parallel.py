@@ -79,9 +79,18 @@ def test_expert_parallelism_is_refused_where_it_cannot_exist(client):
     response, _ = _estimate(client, {"tp": 2, "pp": 4, "dp": 8, "ep": 2}, model="llama2-7b")
     assert_detail(response, "ep 2 needs a mixture-of-experts model")
     response, _ = _estimate(client, {"tp": 2, "pp": 4, "dp": 6, "ep": 3})
-    assert_detail(response, "ep 3 must divide the 8 routed experts and the 6 replicas")
+    assert_detail(response, "ep 3 must divide the 8 routed experts")
     response, _ = _estimate(client, {"tp": 2, "pp": 4, "dp": 8, "ep": 16})
     assert_detail(response, "ep 16 must divide")
+    # expert-TP: a divisor of tp, EP groups of whole TP groups, whole replicas
+    response, _ = _estimate(client, {"tp": 2, "pp": 4, "dp": 8, "ep": 2, "etp": 4})
+    assert_detail(response, "etp 4 must divide tp 2")
+    response, _ = _estimate(client, {"tp": 4, "pp": 2, "dp": 8, "ep": 2, "etp": 1})
+    assert_detail(response, "ep 2 must be a multiple of tp / etp = 4")
+    response, _ = _estimate(client, {"tp": 2, "pp": 4, "dp": 6, "ep": 8, "etp": 1})
+    assert_detail(response, "ep 8 with etp 1 spans 4 replicas (ep x etp / tp), which must divide the 6 replicas")
+    response, _ = _estimate(client, {"tp": 2, "pp": 4, "dp": 8, "etp": 1}, model="llama2-7b")
+    assert_detail(response, "needs a mixture-of-experts model")
 
 
 def test_max_expert_parallel_bounds_the_search(client):

@@ -128,7 +128,8 @@ def test_the_flex_dispatcher_sends_a_token_once_per_remote_node_hit(experts, k, 
 def test_the_flex_dispatcher_prices_network_copies_per_node_and_nvlink_forwarding():
     """16 experts, top-2, over ep 16 in nodes of 8: the all-to-all sends 2 x 8/16 = 1 copy of a token over the
     network, the flex dispatcher 1 - C(8, 2) / C(16, 2) = 0.767 (the other node holds 8 of the 16 experts);
-    NVLink carries 7/8 of the routed copies (forwarded to their experts' GPUs) where the all-to-all carries 7/16."""
+    NVLink carries 7/8 of the routed copies (forwarded to their experts' GPUs) where the all-to-all carries 7/16.
+    Whole experts (expert-TP 1); split over expert-TP 2, Megatron's flex dispatcher sends each copy to both shards."""
     from dataclasses import replace
 
     from cost_models.expert_parallel import FLEX
@@ -136,8 +137,59 @@ def test_the_flex_dispatcher_prices_network_copies_per_node_and_nvlink_forwardin
     model = replace(MIXTRAL, num_experts=16)
     tokens, token_bytes = 4096, 4096 * 4096 * BYTES_PER_ELEMENT / 2  # tp 2: half the tokens per GPU
     remote = 1 - 28 / 120
-    flex = all_to_all_ms(model, tokens, 2, 16, 8, 400.0, 50.0, FLEX)
+    flex = all_to_all_ms(model, tokens, 2, 16, 8, 400.0, 50.0, FLEX, expert_tp=1)
     assert flex == pytest.approx(1e3 * max(2 * token_bytes * 7 / 8 / 400e9, token_bytes * remote / 50e9))
     assert all_to_all_ms(model, tokens, 2, 16, 8, 400.0, 50.0) == pytest.approx(1e3 * token_bytes * 1 / 50e9)
     # inside one node the network carries nothing and NVLink the forwarded copies
-    assert all_to_all_ms(model, tokens, 2, 8, 8, 400.0, 50.0, FLEX) == pytest.approx(1e3 * 2 * token_bytes * 7 / 8 / 400e9)
+    in_node = 1e3 * 2 * token_bytes * 7 / 8 / 400e9
+    assert all_to_all_ms(model, tokens, 2, 8, 8, 400.0, 50.0, FLEX, expert_tp=1) == pytest.approx(in_node)
+    assert all_to_all_ms(model, tokens, 2, 8, 8, 400.0, 50.0, FLEX, expert_tp=2) == pytest.approx(2 * in_node)
+
+
+def test_expert_tp_gathers_every_routed_copy_and_expert_tp_1_gathers_none():
+    """Megatron's all-to-all dispatcher all-gathers, over the expert-TP group, every routed copy the group's GPUs
+    received and reduce-scatters the results (`MoEAlltoAllTokenDispatcher`, over `expt_tp`). A GPU of tp 2 holds
+    4096 / 2 tokens of Mixtral (top-2): with expert-TP 2 the group gathers 2 x 2048 x 2 = 8192 copies of 4096 bf16
+    values, twice the dense MLP's 4096 tokens; with expert-TP 1 nothing. Written from the ring formula: 2 (n - 1)
+    / n of the buffer per rank at the NVLink rate, 2 (n - 1) steps of latency. Attention and a dense MLP's
+    collectives are the layer's other part, unchanged."""
+    from cost_models.comm import NVLINK_STEP_LATENCY_S
+    from cost_models.compute import mlp_tp_comm_ms
+    from cost_models.efficiency import fitted_efficiency
+
+    efficiency = fitted_efficiency()
+    rate = 400.0 * efficiency.nvlink_fraction * 1e9
+
+    def ring_ms(tokens: float) -> float:  # over 2 ranks
+        return 1e3 * (1 / 1 * tokens * 4096 * 2 / rate + 2 * NVLINK_STEP_LATENCY_S)
+
+    overlappable, dispatched = mlp_tp_comm_ms(MIXTRAL, 4096, 2, 400.0, efficiency)
+    assert overlappable == 0.0 and dispatched == pytest.approx(ring_ms(8192), rel=1e-9)
+    assert mlp_tp_comm_ms(MIXTRAL, 4096, 2, 400.0, efficiency, expert_tp=1) == (0.0, 0.0)
+    # the flex dispatcher's exchange carries each copy to every expert-TP shard itself (`all_to_all_ms`)
+    assert mlp_tp_comm_ms(MIXTRAL, 4096, 2, 400.0, efficiency, dispatcher="flex") == (0.0, 0.0)
+    # a shared expert is a TP MLP: the dense layer's collectives, whatever the expert-TP
+    shared = ModelSpec(**{**MIXTRAL.__dict__, "shared_expert_ffn_hidden_size": 4096})
+    assert mlp_tp_comm_ms(shared, 4096, 2, 400.0, efficiency, expert_tp=1) == pytest.approx((ring_ms(4096), 0.0))
+    dense = ModelSpec(**{**MIXTRAL.__dict__, "num_experts": 0, "experts_per_token": 0})
+    assert mlp_tp_comm_ms(dense, 4096, 2, 400.0, efficiency) == pytest.approx((ring_ms(4096), 0.0))
+
+
+def test_expert_tp_1_keeps_the_flops_and_expert_memory_and_widens_the_expert_gemms():
+    """tp 2 with whole experts over ep 4 (2 replicas) against experts split over TP over ep 2 (the same 2
+    replicas): a GPU holds the same expert weights (8 / 4 whole experts = 8 / 2 halves) and runs the same
+    FLOPs; with experts narrower than the hidden size (Qwen3-30B-A3B's 768 against 2048) their GEMMs are 768
+    wide instead of 384."""
+    from cost_models.flops import layer_projection_gemms
+
+    assert layer_params_per_gpu(MIXTRAL, 2, 4, 1) == pytest.approx(layer_params_per_gpu(MIXTRAL, 2, 2))
+    assert layer_params_per_gpu(MIXTRAL, 2, 4, 1) == pytest.approx((ATTENTION + 4096 * 8 + 2 * 4096) / 2
+                                                                   + 2 * ONE_EXPERT)
+    narrow = ModelSpec("narrow", num_layers=4, hidden_size=2048, ffn_hidden_size=768, num_attention_heads=32,
+                       num_kv_heads=4, vocab_size=1000, swiglu=True, tied_embeddings=False, num_experts=128,
+                       experts_per_token=8, head_dim=128)
+    whole, split = layer_projection_gemms(narrow, 2048, 2, 1), layer_projection_gemms(narrow, 2048, 2)
+    assert [flops for flops, _ in whole] == [flops for flops, _ in split]
+    assert (whole[2][1], split[2][1]) == (2 * 768, 2 * 384)  # gate and up together
+    assert (whole[3][1], split[3][1]) == (768, 384)  # down
+    assert [width for _, width in whole[:2]] == [width for _, width in split[:2]]  # attention: over TP either way

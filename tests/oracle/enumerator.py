@@ -85,13 +85,21 @@ def max_context_parallel(body: dict) -> int:
 
 
 
-def _expert_parallel_sizes(model: dict, dp: int, cp: int) -> list[int]:
-    """API.md's `layout.ep`: a mixture of experts' routed experts split over ep replicas, ep dividing the
-    experts and dp, with cp 1; a dense model has none."""
+def _expert_layouts(model: dict, tp: int, dp: int, cp: int) -> list[tuple[int, int | None]]:
+    """API.md's `layout.ep` and `layout.etp` as the README declares the search: a mixture of experts' routed
+    experts split over ep GPUs, each expert whole over its TP group (etp omitted) or, with tp > 1, on one GPU
+    (etp 1); ep divides the experts and is a multiple of tp / etp, its ep x etp / tp replicas divide dp; cp 1.
+    A dense model has neither."""
     experts = model.get("num_experts", 0)
     if not experts or cp > 1:
-        return [1]
-    return [ep for ep in range(1, dp + 1) if dp % ep == 0 and experts % ep == 0]
+        return [(1, None)]
+    out = []
+    for etp in sorted({tp, 1}, reverse=True):
+        for ep in range(1, experts + 1):
+            if experts % ep or ep % (tp // etp) or dp % (ep * etp // tp):
+                continue
+            out.append((ep, None if etp == tp else etp))
+    return out
 
 
 def _shard_groups(body: dict, tp: int, cp: int, dp: int) -> list[int | None]:
@@ -119,9 +127,11 @@ def _layouts(body: dict):
             for dp in range(1, gpus // (tp * cp * pp) + 1):
                 for mbs in (m for m in range(1, batch + 1) if batch % (m * dp) == 0):
                     microbatches = batch // (mbs * dp)
-                    for recompute, ep, shard in itertools.product(RECOMPUTE, _expert_parallel_sizes(model, dp, cp),
-                                                                   _shard_groups(body, tp, cp, dp)):
+                    for recompute, (ep, etp), shard in itertools.product(RECOMPUTE, _expert_layouts(model, tp, dp, cp),
+                                                                          _shard_groups(body, tp, cp, dp)):
                         base = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "micro_batch_size": mbs, "recompute": recompute}
+                        if etp is not None:
+                            base["etp"] = etp
                         if ep > 1:
                             if shard is not None:
                                 continue  # hybrid sharding is declared for ep 1

@@ -1,6 +1,6 @@
 """Expert parallelism against the exhaustive oracle (`tests/oracle/enumerator.py`: every stock layout,
-every ep dividing the experts and the replicas, estimated through `/v1/estimate`, sharing no code with
-the search).
+every ep dividing the experts whose EP groups span whole replicas, each expert over its TP group or (etp 1)
+on one GPU, estimated through `/v1/estimate`, sharing no code with the search).
 
 The instances are the oracle's small healthy clusters with a mixture-of-experts model (4 or 8 experts,
 top-1 or top-2, sometimes a shared expert) on GPUs small enough that where the experts sit decides what
@@ -39,10 +39,14 @@ def _instances() -> list[dict]:
 def test_the_stock_plan_of_a_mixture_of_experts_is_the_oracles_optimum(body: dict) -> None:
     plan = check_plans_against(body, *oracle_best(body))
     if plan is not None:
-        assert len(plan.replicas) % plan.ep == 0 and body["model"]["num_experts"] % plan.ep == 0
+        tp = plan.replicas[0].stages[0].tp
+        expert_replicas = plan.ep * (plan.etp or tp) // tp
+        assert len(plan.replicas) % expert_replicas == 0 and body["model"]["num_experts"] % plan.ep == 0
 
 
 def test_the_instances_exercise_expert_parallelism() -> None:
-    """Guards what the instances were drawn for: in some of them the optimum splits the experts."""
+    """Guards what the instances were drawn for: in some of them the optimum splits the experts, in some it keeps
+    them whole beside TP (etp 1)."""
     best = [oracle_best(body)[1] for body in _instances()]
     assert any(layout is not None and layout.get("ep", 1) > 1 for layout in best)
+    assert any(layout is not None and layout.get("etp") == 1 for layout in best)

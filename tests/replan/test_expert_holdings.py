@@ -20,11 +20,11 @@ REPLICATED = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 4096 * 8 + 2 * 4096  # att
 TOTAL = 32 * (REPLICATED + 8 * ONE_EXPERT) + 2 * 32000 * 4096  # layers, embedding, head (units leave out the final norm)
 
 
-def _plan(ep: int):
+def _plan(ep: int, etp: int | None = None):
+    layout = {"tp": 2, "pp": 4, "dp": 8, "ep": ep, "recompute": "full"} | ({"etp": etp} if etp else {})
     request = EstimateRequest.model_validate({
         "cluster": {"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}, "model": MIXTRAL,
-        "training": {"global_batch_size": 256, "seq_length": 4096},
-        "layout": {"tp": 2, "pp": 4, "dp": 8, "ep": ep, "recompute": "full"}})
+        "training": {"global_batch_size": 256, "seq_length": 4096}, "layout": layout})
     return estimate_for(request), request
 
 
@@ -34,22 +34,38 @@ def _bytes(blocks: tuple[ShardBlock, ...], units, weights: bool) -> float:
                   else (b.optimizer_hi - b.optimizer_lo) * OPTIMIZER_BYTES_PER_PARAM) for b in blocks)
 
 
-@pytest.mark.parametrize("ep", [1, 2, 8])
-def test_every_gpu_holds_its_experts_and_the_job_holds_one_optimizer_copy(ep):
-    plan, request = _plan(ep)
+@pytest.mark.parametrize(("ep", "etp"), [(1, None), (2, None), (8, None), (2, 1), (4, 1), (8, 1)])
+def test_every_gpu_holds_its_experts_and_the_job_holds_one_optimizer_copy(ep, etp):
+    """With etp 1 a GPU holds 8 / ep whole experts (ep over both TP ranks of ep / 2 replicas)."""
+    plan, request = _plan(ep, etp)
     units = unit_params(resolve_model(request.model))
     holdings = device_holdings(placed_layout(plan))
     assert TOTAL == pytest.approx(units.params(0, 34), rel=1e-9)
-    # weights: a middle stage's GPU holds 8 layers of the replicated part and 8 / ep experts, halved by TP
-    middle = plan.replicas[0].stages[1].devices[0]
-    assert _bytes(holdings[middle], units, True) == pytest.approx(
-        8 * (REPLICATED + 8 // ep * ONE_EXPERT) / 2 * WEIGHT_BYTES_PER_PARAM)
-    # across the job: 8 replicas of the replicated part, 8 / ep copies of the experts, one optimizer state
+    # weights: a middle stage's GPU holds 8 layers of the replicated part (halved by TP) and 8 / ep experts,
+    # each halved by expert-TP 2 or whole
+    expert_tp = etp or 2
+    for device in plan.replicas[-1].stages[1].devices:
+        assert _bytes(holdings[device], units, True) == pytest.approx(
+            8 * (REPLICATED / 2 + 8 / ep * ONE_EXPERT / expert_tp) * WEIGHT_BYTES_PER_PARAM)
+    # across the job: 8 replicas of the replicated part, 16 GPUs a stage holding 8 / (ep x etp) of the experts
+    # (16 / (ep x etp) copies), one optimizer state
     weights = sum(_bytes(h, units, True) for h in holdings.values())
     dense_total = TOTAL - 32 * 8 * ONE_EXPERT
-    assert weights == pytest.approx((8 * dense_total + 8 // ep * 32 * 8 * ONE_EXPERT) * WEIGHT_BYTES_PER_PARAM)
+    assert weights == pytest.approx((8 * dense_total + 16 / (ep * expert_tp) * 32 * 8 * ONE_EXPERT)
+                                    * WEIGHT_BYTES_PER_PARAM)
     optimizer = sum(_bytes(h, units, False) for h in holdings.values())
     assert optimizer == pytest.approx(TOTAL * OPTIMIZER_BYTES_PER_PARAM)
+    # every expert byte of a layer is held somewhere: the stage's GPUs' expert ranges cover [1 - e, 1) as many
+    # times as there are copies, no more in one place than another
+    share = 8 * ONE_EXPERT / (REPLICATED + 8 * ONE_EXPERT)
+    cover: dict[tuple[float, float], int] = {}
+    for device in (d for r in plan.replicas for d in r.stages[1].devices):
+        for block in holdings[device]:
+            if block.first_unit <= 10 < block.end_unit and block.weight_lo >= 1 - share - 1e-9:
+                key = (round(block.weight_lo, 9), round(block.weight_hi, 9))
+                cover[key] = cover.get(key, 0) + 1
+    assert set(cover.values()) == {16 // (ep * expert_tp)}
+    assert sum(hi - lo for lo, hi in cover) == pytest.approx(share)
 
 
 def test_splitting_the_experts_receives_no_weights():

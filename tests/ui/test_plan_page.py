@@ -243,8 +243,11 @@ def test_script_hash_matches_the_script():
 def test_an_expert_parallel_plan_says_so_and_a_dense_one_does_not():
     plan = small_plan()
     assert "Expert parallelism" not in plan_page_html(plan, None, SLOW_SPEEDS)
+    tp = plan.replicas[0].stages[0].tp
     html = plan_page_html(plan.model_copy(update={"ep": 2}), None, SLOW_SPEEDS)
-    assert "experts split over 2 replicas" in html
+    assert "experts split over 2 GPUs of 2 replicas" in html
+    html = plan_page_html(plan.model_copy(update={"ep": 2 * tp, "etp": 1}), None, SLOW_SPEEDS)
+    assert f"experts split over {2 * tp} GPUs of 2 replicas (whole experts)" in html
 
 
 def test_a_hybrid_sharded_plan_says_so_and_a_fully_sharded_one_does_not():
