@@ -26,10 +26,12 @@ What the plan sets, and how:
                              pipeline ranks), --use-tp-pp-dp-mapping orders tp, pp, dp
     tp > 1                   --sequence-parallel
     experts (mixture)        --num-experts, --moe-router-topk, --moe-ffn-hidden-size,
-                             --moe-shared-expert-intermediate-size; ep: --expert-model-parallel-size
-                             (expert-TP left to megatron-core's default, tp; default rank order only);
+                             --moe-shared-expert-intermediate-size; ep: --expert-model-parallel-size,
+                             etp: --expert-tensor-parallel-size (default rank order only);
                              --moe-token-dispatcher-type alltoall, or flex --moe-flex-dispatcher-backend
-                             deepep (training.moe_dispatcher); dense first layers: --moe-layer-freq
+                             deepep (training.moe_dispatcher); dense first layers: --moe-layer-freq;
+                             moe_a2a_overlap: --overlap-moe-expert-parallel-comm and
+                             CUDA_DEVICE_MAX_CONNECTIONS=8
     recompute                selective: --recompute-granularity selective (core attention);
                              full: --recompute-granularity full --recompute-method uniform
                              --recompute-num-layers 1
@@ -248,6 +250,8 @@ def _args(layout: StockLayout, order: str) -> list[str]:
         args.append("--use-tp-pp-dp-mapping")
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
+    if layout.moe_a2a_overlap:  # the plan priced its all-to-alls under the batch-level EP overlap
+        args.append("--overlap-moe-expert-parallel-comm")
     args += megatron_lm_model_args(arch, layout.seq_length, TARGET, layout.ep, layout.moe_dispatcher, layout.etp)
     args += [
         "--seq-length", str(layout.seq_length),
@@ -413,7 +417,11 @@ def launch_command(plan: Plan) -> str:
                 f"  {node_rank}) {nproc}export CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))} ;;  # node {node}"
             )
         lines.append("esac")
-    if layout.tp > 1 or layout.cp > 1:
+    if layout.moe_a2a_overlap:
+        # Its communication stream runs beside the computation only with several connections (megatron-core's
+        # MoE README); Megatron-LM then only warns about TP and CP, which want 1.
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=8  # the EP all-to-all overlap needs more than 1")
+    elif layout.tp > 1 or layout.cp > 1:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM requires it with tensor or context parallelism")
     nproc = f'"${{NPROC_PER_NODE:?NODE_RANK must be 0..{last}}}"' if len(counts) > 1 else str(counts.pop())
     command = (

@@ -12,6 +12,7 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
     --context-parallel-size                           layout.cp
     --expert-model-parallel-size                      layout.ep
     --expert-tensor-parallel-size                     layout.etp (when not tp)
+    --overlap-moe-expert-parallel-comm                training.moe_a2a_overlap
     --num-virtual-stages-per-pipeline-rank v,          layout.virtual_stages, schedule interleaved
       --num-layers-per-virtual-pipeline-stage n
     --decoder-first/last-pipeline-num-layers,          layout.layers_per_stage
@@ -78,6 +79,7 @@ _SWITCHES = frozenset({
     "--no-bias-dropout-fusion", "--no-rope-fusion", "--tp-comm-overlap", "--finetune", "--eod-mask-loss",
     "--no-load-optim", "--no-load-rng", "--use-checkpoint-args", "--reset-position-ids", "--reset-attention-mask",
     "--no-position-embedding", "--fp16-lm-cross-entropy", "--accumulate-allreduce-grads-in-fp32",
+    "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
 })
 def _flags(words: list[str]) -> tuple[dict[str, str | None], list[str]]:
     """flag -> value (None for a switch), and the words that are not flags or values."""
@@ -146,6 +148,7 @@ _NOT_MODELLED = {
     "--fp8-param-gather": "FP8 primary weights (all-gathered in FP8, no bf16 copy) are not in the cost model: "
                           "priced with bf16 weights and FP8 copies",
     "--tp-comm-overlap": "TP communication overlap is not a request field: estimated without it",
+    "--delay-wgrad-compute": "delaying weight gradients to widen the EP overlap is not modelled: estimated without it",
     "--cpu-offloading": "CPU offloading is not in the cost model",
     "--apply-layernorm-1p": "a LayerNorm variant: timed as LayerNorm",
     "--cross-entropy-loss-fusion": "a fused loss kernel: its speed is not modelled",
@@ -266,6 +269,8 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
                 "precision": _precision(flags)}
     if experts is not None:
         _dispatcher(flags, training, not_modelled)
+        if "--overlap-moe-expert-parallel-comm" in flags:
+            training["moe_a2a_overlap"] = True
     if "--grad-reduce-in-bf16" in flags and training["precision"] != "fp16":
         training["grad_precision"] = "bf16"  # arguments.py: it turns accumulate_allreduce_grads_in_fp32 off
     ignored = sorted(name for name in flags if name.startswith(_NO_EFFECT_PREFIXES))
@@ -285,6 +290,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--outer-dp-sharding-strategy", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
         "--softmax-type", "--window-size", "--window-attn-skip-freq", "--moe-layer-freq", *_LATENT_FLAGS,
         "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--mtp-num-layers",
+        "--expert-tensor-parallel-size", "--overlap-moe-expert-parallel-comm",
         *_NOT_MODELLED,
     }
     for name in sorted(flags):

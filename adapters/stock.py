@@ -50,6 +50,7 @@ class StockLayout:
     dp_shard: int | None = None  # replicas of a ZeRO shard group (None: all of them; with ZeRO-0, nothing is sharded)
     grad_precision: str | None = None  # "bf16": gradients accumulate and reduce in bf16; else fp32 (fp16: its own)
     moe_dispatcher: str | None = None  # "flex": DeepEP/HybridEP token dispatch; else the all-to-all
+    moe_a2a_overlap: bool = False  # Megatron's batch-level EP overlap hides the all-to-alls
 
     @property
     def shard_replicas(self) -> int:
@@ -164,6 +165,7 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
         dp_shard=plan.dp_shard,
         grad_precision=plan.grad_precision,
         moe_dispatcher=plan.moe_dispatcher,
+        moe_a2a_overlap=plan.moe_a2a_overlap,
         pp=pp,
         dp=len(replicas),
         virtual_stages=plan.virtual_stages,

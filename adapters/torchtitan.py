@@ -385,6 +385,9 @@ def _expert_problems(layout: StockLayout) -> list[str]:
                         "bf16, which the plan did not price); plan it in bf16")
     if layout.ep == 1:
         return problems
+    if layout.moe_a2a_overlap:
+        problems.append("the all-to-alls priced under Megatron's batch-level EP overlap (training.moe_a2a_overlap), "
+                        "which torchtitan does not run; plan without it, or export to Megatron-LM")
     if layout.tp > 1 and layout.etp != 1:
         problems.append(f"ep {layout.ep} with tp {layout.tp}: torchtitan never splits an expert over TP (its EP "
                         "takes TP ranks instead), the plan splits each over its TP group as Megatron-LM does; "

@@ -116,6 +116,9 @@ class SoftwareConfig:
     moe_dispatcher: how a mixture of experts' tokens reach their experts: "alltoall" (Megatron's all-to-all
         dispatcher, one copy per routed expert) or "flex" (DeepEP/HybridEP kernels: one network copy per
         remote node; `cost_models.expert_parallel`).
+    moe_a2a_overlap: Megatron's batch-level EP overlap (--overlap-moe-expert-parallel-comm): the forward of
+        one microbatch and the backward of another run as one step, each one's all-to-alls under the other's
+        computation, where megatron-core allows it (`cost_models.expert_parallel.a2a_overlap_applies`).
     """
 
     flash_attention: bool = True
@@ -130,6 +133,7 @@ class SoftwareConfig:
     tp_comm_overlap: bool = False
     fp8: bool = False
     moe_dispatcher: str = "alltoall"
+    moe_a2a_overlap: bool = False
 
 
 # Megatron-LM of 2021-2022 (the calibration runs): no flash attention, dropout

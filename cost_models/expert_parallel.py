@@ -148,3 +148,35 @@ def layer_all_to_all_ms(model: ModelSpec, tokens: float, tp: int, ep: int, ranks
     """A pass's (forward's or backward's) all-to-alls of one layer."""
     return ALL_TO_ALLS_PER_PASS * all_to_all_ms(model, tokens, tp, ep, ranks_per_node, intra_gb_s, inter_gb_s,
                                                 dispatcher, expert_tp)
+
+
+def merged_share(pp: int, virtual_stages: int, microbatches: int) -> float:
+    """Share of a stage's forward and backward ops Megatron's batch-level EP overlap merges into pairs: all
+    but the warmup forwards (and as many cooldown backwards). Without pipelining the first forward and the
+    last backward run alone; interleaved 1F1B warms up with (p - 1 - rank) 2 + (v - 1) p chunk forwards,
+    (p - 1) + (v - 1) p on average over ranks (megatron/core/pipeline_parallel/schedules.py
+    `get_pp_rank_microbatches`), of m v."""
+    warmup = 1 if pp == 1 else (pp - 1) + (virtual_stages - 1) * pp
+    return max(0.0, 1.0 - warmup / (microbatches * virtual_stages))
+
+
+def a2a_overlap_applies(ep: int, pp: int, virtual_stages: int, recompute: str) -> bool:
+    """Where megatron-core runs its batch-level EP overlap (`--overlap-moe-expert-parallel-comm`;
+    TransformerConfig.__post_init__): expert parallelism, no full recompute, and one pipeline stage or an
+    interleaved pipeline."""
+    return ep > 1 and recompute != "full" and (pp == 1 or virtual_stages > 1)
+
+
+def overlapped_all_to_all_ms(forward_ms: float, backward_ms: float, forward_compute_ms: float,
+                             backward_compute_ms: float, share: float) -> tuple[float, float]:
+    """(forward, backward) all-to-all time left exposed per layer by Megatron's batch-level EP overlap
+    (`--overlap-moe-expert-parallel-comm`, megatron/core/transformer/moe/README.md "EP A2A Overlap": the
+    forward of one microbatch and the backward of another run as one step, each one's all-to-alls on a
+    communication stream under the other's computation). Of the `share` of ops merged into pairs, a layer's
+    all-to-alls hide under as much of the pair's computation as there is; the rest, and the unmerged ops',
+    stay exposed, split between forward and backward as their all-to-alls are."""
+    total = forward_ms + backward_ms
+    if total <= 0.0:
+        return 0.0, 0.0
+    exposed = total - share * min(total, forward_compute_ms + backward_compute_ms)
+    return forward_ms * exposed / total, backward_ms * exposed / total

@@ -21,7 +21,14 @@ from cost_models.choices import Recompute
 from cost_models.compute import LayerTime, embedding_time, gemm_time_s, head_time, layer_time
 from cost_models.efficiency import EfficiencyParams, SoftwareConfig
 from cost_models.flops import BACKWARD_TO_FORWARD
-from cost_models.expert_parallel import expert_data_parallel, layer_all_to_all_ms, layer_params_per_gpu
+from cost_models.expert_parallel import (
+    a2a_overlap_applies,
+    expert_data_parallel,
+    layer_all_to_all_ms,
+    layer_params_per_gpu,
+    merged_share,
+    overlapped_all_to_all_ms,
+)
 from cost_models.fp8 import WEIGHT_CACHE_BYTES_PER_PARAM as FP8_WEIGHT_CACHE_BYTES_PER_PARAM
 from cost_models.hardware import GpuSpec
 from cost_models.layout import Hardware, ParallelShape, Workload
@@ -156,7 +163,13 @@ def part_costs(
             intra * efficiency.nvlink_fraction, hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction,
             software.moe_dispatcher, shape.expert_tp)
         recomputed = all_to_all_ms if shape.recompute == Recompute.FULL else 0.0  # full recompute redoes the forward's
-        time = replace(time, forward_ep_comm_ms=all_to_all_ms, backward_ep_comm_ms=all_to_all_ms + recomputed)
+        forward_ms, backward_ms = all_to_all_ms, all_to_all_ms + recomputed
+        if software.moe_a2a_overlap and a2a_overlap_applies(shape.ep, shape.pp, shape.virtual_stages, shape.recompute):
+            share = merged_share(shape.pp, shape.virtual_stages, shape.num_microbatches(workload.global_batch_size))
+            forward_ms, backward_ms = overlapped_all_to_all_ms(
+                forward_ms, backward_ms, time.forward_compute_ms + time.forward_tp_comm_ms,
+                time.backward_compute_ms + time.backward_tp_comm_ms, share)
+        time = replace(time, forward_ep_comm_ms=forward_ms, backward_ep_comm_ms=backward_ms)
     params = layer_params_per_gpu(model, tp, shape.ep, shape.expert_tp)
     layer = PartCosts(
         time=time,

@@ -9,6 +9,7 @@ the search put them (`planner.uniform.placements`).
 from __future__ import annotations
 
 from cost_models.device import device_id
+from cost_models.expert_parallel import a2a_overlap_applies
 from cost_models.flops import iteration_model_flops
 from cost_models.hardware import GIB
 from cost_models.iteration import StageTime, exposed_dp_sync_ms, exposed_param_gather_ms, stage_time
@@ -152,6 +153,8 @@ def assemble_plan(problem: PlanningProblem, found: SearchResult) -> PlanResult:
         micro_batch_size=shape.micro_batch_size, schedule=shape.schedule,
         virtual_stages=shape.virtual_stages, recompute=shape.recompute, ep=shape.ep, dp_shard=shape.shard_replicas,
         etp=shape.etp,
+        moe_a2a_overlap=problem.software.moe_a2a_overlap and a2a_overlap_applies(
+            shape.ep, shape.pp, shape.virtual_stages, shape.recompute),
     )
 
 
@@ -194,6 +197,7 @@ def finish_plan(
     ep: int = 1,
     dp_shard: int | None = None,
     etp: int | None = None,
+    moe_a2a_overlap: bool = False,
 ) -> PlanResult:
     """Everything a plan reports beyond its replicas: device accounting, predictions, solver status.
     `dp_shard`: replicas of a ZeRO shard group (uniform plans; ZeRO-0 shards nothing: 1)."""
@@ -229,6 +233,7 @@ def finish_plan(
         memory_reserve_gib=problem.memory_reserve_gib,
         ep=ep,
         etp=etp,
+        moe_a2a_overlap=moe_a2a_overlap,
         dp_shard=1 if problem.workload.zero_stage == 0 else dp_shard,
         grad_precision=None if problem.precision == "fp16" else ("bf16" if problem.software.grad_bytes == 2 else "fp32"),
         moe_dispatcher=problem.software.moe_dispatcher if problem.workload.model.is_moe else None,

@@ -88,6 +88,7 @@ class PlanResult:
     grad_precision: str | None = None  # "fp32" or "bf16": what gradients accumulate and reduce in; None with fp16
     moe_dispatcher: str | None = None  # "alltoall" or "flex": the token dispatcher priced; None for dense models
     etp: int | None = None  # expert tensor parallelism: each routed expert split over etp GPUs; None: tp
+    moe_a2a_overlap: bool = False  # the all-to-alls priced under Megatron's batch-level EP overlap
 
     @property
     def expert_replicas(self) -> int:

@@ -173,7 +173,7 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
     bf16_grads = training.grad_precision == "bf16"
     software = SoftwareConfig(grad_reduce_bytes=2 if training.precision == "fp16" or bf16_grads else 4,
                               grad_bytes=2 if bf16_grads else 4, fp8=training.precision == "fp8",
-                              moe_dispatcher=training.moe_dispatcher)
+                              moe_dispatcher=training.moe_dispatcher, moe_a2a_overlap=training.moe_a2a_overlap)
     reserve_gib = request.options.memory_reserve_gib
     if reserve_gib is None:
         reserve_gib = DEFAULT_MEMORY_RESERVE_GIB

@@ -173,6 +173,15 @@ class Training(_Strict):
                     "(Megatron's all-to-all dispatcher: one copy per routed expert) or flex (Megatron's flex "
                     "dispatcher over DeepEP or HybridEP: one network copy per remote node, forwarded over NVLink).",
     )
+    moe_a2a_overlap: bool = Field(
+        default=False,
+        description="Let Megatron's batch-level expert-parallel overlap (--overlap-moe-expert-parallel-comm "
+                    "--delay-wgrad-compute) hide a mixture of experts' all-to-alls: the forward of one microbatch and "
+                    "the backward of another run as one step, each one's all-to-alls under the other's computation. "
+                    "Priced, and exported, for the layouts megatron-core runs it on (ep > 1, no full recompute, one "
+                    "pipeline stage or an interleaved pipeline); other layouts pay their all-to-alls exposed. "
+                    "Plans say whether theirs uses it (moe_a2a_overlap).",
+    )
 
     @model_validator(mode="after")
     def _grad_precision(self) -> Training:
@@ -523,6 +532,10 @@ class Plan(BaseModel):
     moe_dispatcher: Literal["alltoall", "flex"] | None = Field(
         default=None, description="The token dispatcher a mixture of experts' plan is priced with "
         "(training.moe_dispatcher); null for dense models and plans stored before it was recorded (alltoall).")
+    moe_a2a_overlap: bool = Field(
+        default=False, description="Whether the plan's all-to-alls are priced under Megatron's batch-level EP "
+        "overlap (training.moe_a2a_overlap, on a layout megatron-core runs it on); the Megatron-LM export then "
+        "asks for it.")
     dp_shard: int | None = Field(
         default=None, ge=1, description="Replicas of one ZeRO shard group (consecutive replica ids): each GPU holds "
         "1/(dp_shard x cp) of its stage's sharded state, and replicas r and r + dp_shard hold the same shards "

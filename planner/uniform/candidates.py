@@ -10,6 +10,8 @@ stage's memory is affine in its layer count).
 
 from __future__ import annotations
 
+import itertools
+
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -24,6 +26,7 @@ from cost_models.stage_costs import (
 )
 from cost_models.context_parallel import load_balanced_chunks
 from cost_models.expert_parallel import expert_layouts
+from cost_models.efficiency import SoftwareConfig
 from cost_models.sharded_dp import node_shard_replicas, shards_every_microbatch
 from planner.budget import Budget
 from planner.devices import SlotInventory, nodes_per_group, slot_inventory
@@ -175,13 +178,14 @@ class LowerBounds:
     def __init__(self, problem: PlanningProblem) -> None:
         self._layers = problem.workload.model.num_layers
         self._sharded_parts = shards_every_microbatch(problem.workload.zero_stage)  # part times depend on dp
+        self._software = problem.software
         self._works: dict[tuple, tuple[float, float]] = {}
         self._syncs: dict[tuple, tuple[float, float]] = {}
 
     def bound_ms(self, terms: StageCostTerms, prefix_share: float | None = None,
                  chunk_sync_overlap: bool = False) -> float:
         shape = terms.shape
-        work_key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.ep, shape.etp)
+        work_key = parts_key(shape, self._software)
         if self._sharded_parts:
             work_key += (shape.dp, shape.dp_shard)
         work = self._works.get(work_key) or self._works.setdefault(work_key, _work_ms(terms))
@@ -269,6 +273,15 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
                                                             dp_shard, etp), inventory
 
 
+def parts_key(shape: ParallelShape, software: SoftwareConfig) -> tuple:
+    """What a shape's layer, embedding and head costs (`part_costs`) depend on: tp, cp, micro-batch size,
+    recompute and the expert layout; with Megatron's EP overlap, the schedule too (the share of ops it merges)."""
+    key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.ep, shape.etp)
+    if software.moe_a2a_overlap and shape.ep > 1:
+        key += (shape.pp, shape.virtual_stages, shape.dp)
+    return key
+
+
 def shard_group_sizes(problem: PlanningProblem, group_gpus: int, dp: int) -> tuple[int | None, ...]:
     """`ParallelShape.dp_shard` choices: every replica (None) and, under ZeRO-2/3, a node's replicas (hybrid
     sharding), whose per-microbatch collectives then stay on NVLink. ZeRO-1 shards over every replica only:
@@ -319,7 +332,7 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
             if budget.expired():
                 complete = False
                 break
-        key = (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.ep, shape.etp)
+        key = parts_key(shape, problem.software)
         if key not in parts:
             parts[key] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
         terms = stage_cost_terms(
@@ -360,11 +373,14 @@ def uniform_floor_ms(problem: PlanningProblem) -> float:
         groups = slot_inventory(problem.cluster, tp).total
         if groups == 0:
             continue
+        expert_tps = (None, 1) if problem.workload.model.is_moe and tp > 1 else (None,)
         for mbs in problem.micro_batch_sizes:
             if batch % mbs:
                 continue
-            for recompute in problem.recompute_modes:
-                shape = ParallelShape(tp, 1, 1, mbs, recompute)
+            for recompute, etp in itertools.product(problem.recompute_modes, expert_tps):
+                # Whole experts (etp 1) run wider GEMMs without the expert-TP collectives: their work without
+                # the all-to-all (ep 1 here) is below every etp 1 shape's.
+                shape = ParallelShape(tp, 1, 1, mbs, recompute, etp=etp)
                 parts = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
                 work = sum(part.time.forward_ms + part.time.backward_ms for part in (parts.embedding, parts.head))
                 work += layers * (parts.layer.time.forward_ms + parts.layer.time.backward_ms)

@@ -160,6 +160,11 @@ PLANS = {
     "moe-expert-tp-1": lambda: estimate_for(EstimateRequest.model_validate(estimate_request(
         {"tp": 2, "pp": 4, "ep": 4, "etp": 1}, cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"},
         model=SMALL_MOE, training={"global_batch_size": 64, "seq_length": 4096}))),
+    # the same interleaved over 4 stages on 32 H100s, its all-to-alls under Megatron's batch-level EP overlap
+    "moe-a2a-overlap": lambda: estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 2, "pp": 4, "virtual_stages": 2, "schedule": "interleaved", "ep": 8, "etp": 1, "recompute": "selective"},
+        cluster={"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
+        training={"global_batch_size": 64, "seq_length": 4096, "moe_a2a_overlap": True}))),
     # the same, its tokens sent with DeepEP's kernels (the flex dispatcher)
     "moe-flex-dispatcher": lambda: plan_for(PlanRequest.model_validate(small_request(
         cluster={"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
@@ -227,6 +232,7 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--moe-shared-expert-intermediate-size", type=int, default=None)
     add("--expert-model-parallel-size", type=int, default=1)
     add("--expert-tensor-parallel-size", type=int, default=None)
+    add("--overlap-moe-expert-parallel-comm", action="store_true")
     add("--moe-layer-freq", type=_moe_freq_type, default=1)
     add("--moe-token-dispatcher-type", type=str, default="allgather", choices=["allgather", "alltoall", "flex"])
     add("--moe-flex-dispatcher-backend", type=str, default="deepep", choices=["deepep", "hybridep"])
@@ -660,7 +666,10 @@ def test_cases_cover_the_flag_variants():
     assert real_plan("zero1-partial-instances").zero_stage == 1
     assert real_plan("zero1-partial-instances").replicas[0].stages[0].cp == 2
     moe = {name for name, f in flags.items() if "--num-experts" in f}
-    assert moe == {"moe-experts-over-tp", "moe-expert-parallel", "moe-expert-tp-1", "moe-flex-dispatcher", "qwen3-moe"}
+    assert moe == {"moe-experts-over-tp", "moe-expert-parallel", "moe-expert-tp-1", "moe-a2a-overlap",
+                   "moe-flex-dispatcher", "qwen3-moe"}
+    overlapped = {name for name, f in flags.items() if "--overlap-moe-expert-parallel-comm" in f}
+    assert overlapped == {"moe-a2a-overlap"} and real_plan("moe-a2a-overlap").moe_a2a_overlap
     assert real_plan("moe-expert-tp-1").etp == 1 and "--expert-tensor-parallel-size" in flags["moe-expert-tp-1"]
     assert {"--kv-channels", "--qk-layernorm"} <= set(flags["qwen3-moe"])
     assert real_plan("moe-experts-over-tp").replicas[0].stages[0].tp > 1
@@ -864,3 +873,26 @@ def test_rank_order_falls_back_to_tp_pp_dp_and_refuses_what_torchrun_cannot_plac
         replicas[2].stages[0].devices[0], replicas[0].stages[1].devices[0])
     with pytest.raises(ExportError, match="cannot place this plan's ranks"):
         megatron.megatron_args(plan.model_copy(update={"replicas": replicas}))
+
+
+@pytest.mark.parametrize(("ep", "pp", "v", "recompute"), [
+    (4, 1, 1, "none"), (4, 4, 2, "selective"), (4, 4, 1, "none"), (4, 1, 1, "full"), (1, 1, 1, "none"),
+    (4, 2, 4, "none"), (4, 2, 2, "full"),
+])
+def test_the_ep_overlap_is_priced_exactly_where_megatron_core_accepts_it(ep, pp, v, recompute):
+    """`cost_models.expert_parallel.a2a_overlap_applies` against megatron-core's own check of
+    --overlap-moe-expert-parallel-comm (TransformerConfig.__post_init__), for the options it reads."""
+    from cost_models.expert_parallel import a2a_overlap_applies
+
+    recompute_args = {"full": dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+                      "selective": dict(recompute_granularity="selective")}.get(recompute, {})
+    try:
+        TransformerConfig(num_layers=8, hidden_size=64, num_attention_heads=4, num_moe_experts=8, moe_router_topk=2,
+                          expert_model_parallel_size=ep, pipeline_model_parallel_size=pp,
+                          virtual_pipeline_model_parallel_size=v if v > 1 else None, pipeline_dtype=torch.bfloat16,
+                          moe_token_dispatcher_type="alltoall", bf16=True, overlap_moe_expert_parallel_comm=True,
+                          **recompute_args)
+        accepted = True
+    except (AssertionError, ValueError):
+        accepted = False
+    assert a2a_overlap_applies(ep, pp, v, recompute) == accepted

@@ -851,9 +851,11 @@ def test_torchtitan_refuses_zero3_under_pipeline_parallelism():
     ({"tp": 2, "pp": 2, "ep": 8, "etp": 1}, {"zero_stage": 0}, "ep 8 with zero_stage 0"),
     ({"tp": 1, "pp": 2, "ep": 8}, {"zero_stage": 0}, "ep 8 with zero_stage 0: torchtitan forms EP groups from its FSDP"),
     ({"tp": 1, "pp": 2, "ep": 8}, {"precision": "fp8"}, "fp8 with a mixture of experts"),
+    ({"tp": 2, "pp": 2, "ep": 8, "etp": 1, "virtual_stages": 2, "schedule": "interleaved", "recompute": "selective"},
+     {"moe_a2a_overlap": True}, "Megatron's batch-level EP overlap"),
 ])
 def test_torchtitan_refuses_expert_layouts_it_would_run_otherwise(layout, training, refused):
-    body = estimate_request({**layout, "recompute": "full"}, model="qwen3-30b-a3b", cluster=H100,
+    body = estimate_request({"recompute": "full", **layout}, model="qwen3-30b-a3b", cluster=H100,
                             training={"global_batch_size": 32, "seq_length": 4096, **training})
     plan = estimate_for(EstimateRequest.model_validate(body))
     with pytest.raises(ExportError, match=refused):

@@ -120,3 +120,43 @@ def test_the_flex_dispatcher_sends_fewer_bytes_across_nodes_and_the_plan_says_wh
     dense = client.post("/v1/estimate", json={"cluster": CLUSTER, "model": "llama3-8b", "training": TRAINING,
                                               "layout": {"tp": 1, "pp": 1, "dp": 64}})
     assert dense.status_code == 200 and dense.json()["moe_dispatcher"] is None
+
+
+def test_whole_experts_beside_tp_estimate_faster_at_the_same_memory(client):
+    """Qwen3-30B-A3B (top-8) at tp 2: experts split over TP gather 8 routed copies of every token over the TP
+    group and scatter them back; whole experts (etp 1, ep over both TP ranks of the same 4 replicas) do not,
+    and each GPU holds the same expert weights."""
+    cluster = {"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}
+    answers = {}
+    for name, layout in (("split", {"tp": 2, "pp": 1, "ep": 4}), ("whole", {"tp": 2, "pp": 1, "ep": 8, "etp": 1})):
+        body = {"cluster": cluster, "model": "qwen3-30b-a3b", "training": TRAINING,
+                "layout": {**layout, "recompute": "full"}}
+        response = client.post("/v1/estimate", json=body)
+        assert response.status_code == 200, response.text
+        answers[name] = verify_plan(response.json(), body)
+    split, whole = answers["split"], answers["whole"]
+    assert (split.etp, whole.etp, whole.ep) == (None, 1, 8)
+    memory = [max(s.memory_gib for r in plan.replicas for s in r.stages) for plan in (split, whole)]
+    assert memory[0] == pytest.approx(memory[1], rel=1e-3)
+    assert whole.predicted.iteration_time_s < 0.9 * split.predicted.iteration_time_s
+
+
+def test_the_ep_overlap_hides_all_to_alls_on_the_layouts_megatron_runs_it_on(client):
+    """training.moe_a2a_overlap: an interleaved EP layout pays less all-to-all and says so; a non-interleaved
+    pipeline (which megatron-core refuses the overlap on) pays the same as without it."""
+    def estimate(layout: dict, overlap: bool):
+        body = {"cluster": CLUSTER, "model": MIXTRAL, "layout": {**layout, "recompute": "selective"},
+                "training": {**TRAINING, "moe_a2a_overlap": overlap}}
+        response = client.post("/v1/estimate", json=body)
+        assert response.status_code == 200, response.text
+        return verify_plan(response.json(), body)
+
+    interleaved = {"tp": 2, "pp": 4, "virtual_stages": 2, "schedule": "interleaved", "ep": 4}
+    plain, overlapped = estimate(interleaved, False), estimate(interleaved, True)
+    assert (plain.moe_a2a_overlap, overlapped.moe_a2a_overlap) == (False, True)
+    assert overlapped.predicted.breakdown.ep_comm_s < 0.5 * plain.predicted.breakdown.ep_comm_s
+    assert overlapped.predicted.iteration_time_s < plain.predicted.iteration_time_s
+    one_chunk = {"tp": 2, "pp": 4, "ep": 4}
+    plain, asked = estimate(one_chunk, False), estimate(one_chunk, True)
+    assert asked.moe_a2a_overlap is False
+    assert asked.predicted.iteration_time_s == plain.predicted.iteration_time_s

@@ -193,3 +193,27 @@ def test_expert_tp_1_keeps_the_flops_and_expert_memory_and_widens_the_expert_gem
     assert (whole[2][1], split[2][1]) == (2 * 768, 2 * 384)  # gate and up together
     assert (whole[3][1], split[3][1]) == (768, 384)  # down
     assert [width for _, width in whole[:2]] == [width for _, width in split[:2]]  # attention: over TP either way
+
+
+def test_megatrons_batch_level_overlap_hides_the_all_to_alls_under_the_paired_computation():
+    """Megatron's EP overlap runs one microbatch's forward with another's backward, each one's all-to-alls under
+    the other's computation. Written from the rule: of the merged share of ops, min(all-to-all, computation) hides;
+    the warmup forwards run alone (one without pipelining; (p - 1) + (v - 1) p chunk forwards of m v with an
+    interleaved pipeline, on average over ranks: 3 + 4 = 7 of 16 x 2 for p 4, v 2, m 16)."""
+    from cost_models.expert_parallel import a2a_overlap_applies, merged_share, overlapped_all_to_all_ms
+
+    assert merged_share(1, 1, 8) == pytest.approx(7 / 8)
+    assert merged_share(4, 2, 16) == pytest.approx(1 - 7 / 32)
+    assert merged_share(4, 2, 2) == 0.0  # all warmup
+    # computation longer than the all-to-alls: only the unmerged share stays, split as forward 1 : backward 2
+    forward, backward = overlapped_all_to_all_ms(1.0, 2.0, 4.0, 8.0, 0.75)
+    assert (forward, backward) == pytest.approx((0.25, 0.5))
+    # all-to-alls longer than the computation: what the computation cannot cover stays exposed too
+    forward, backward = overlapped_all_to_all_ms(3.0, 6.0, 1.0, 2.0, 1.0)
+    assert forward + backward == pytest.approx(9.0 - 3.0) and forward / backward == pytest.approx(0.5)
+    assert overlapped_all_to_all_ms(0.0, 0.0, 1.0, 1.0, 1.0) == (0.0, 0.0)
+    # where megatron-core runs it (TransformerConfig.__post_init__): EP, no full recompute, pp 1 or interleaved
+    assert a2a_overlap_applies(4, 1, 1, "none") and a2a_overlap_applies(4, 4, 2, "selective")
+    assert not a2a_overlap_applies(1, 1, 1, "none")
+    assert not a2a_overlap_applies(4, 4, 1, "none")
+    assert not a2a_overlap_applies(4, 1, 1, "full")
