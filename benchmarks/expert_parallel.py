@@ -24,6 +24,9 @@ CASES = [
     ("256 x H100, qwen2-57b-a14b, 1,024 x 4k", 32, "qwen2-57b-a14b", 1024, 4096),
     ("16 x H100, qwen3-30b-a3b, 64 x 4k", 2, "qwen3-30b-a3b", 64, 4096),
     ("64 x H100, gpt-oss-120b, 256 x 8k", 8, "gpt-oss-120b", 256, 8192),
+    # long sequences: context parallelism searched beside EP, whose groups may take a replica's CP ranks
+    ("64 x H100, qwen3-30b-a3b, 64 x 32k", 8, "qwen3-30b-a3b", 64, 32768),
+    ("64 x H100, mixtral-8x7b, 64 x 32k", 8, "mixtral-8x7b", 64, 32768),
 ]
 SLOW_SPEED = 0.5
 
@@ -44,7 +47,8 @@ def _cell(plan) -> str:
     if plan is None:
         return "no layout fits"
     stages = plan.replicas[0].stages
-    return (f"{plan.predicted.iteration_time_s:.3f} s (tp {stages[0].tp} pp {len(stages)} dp {len(plan.replicas)} "
+    cp = f" cp {stages[0].cp}" if stages[0].cp > 1 else ""
+    return (f"{plan.predicted.iteration_time_s:.3f} s (tp {stages[0].tp}{cp} pp {len(stages)} dp {len(plan.replicas)} "
             f"ep {plan.ep}{'' if plan.etp is None else f' etp {plan.etp}'}, {plan.recompute}; {max(s.memory_gib for r in plan.replicas for s in r.stages):.0f} GiB; "
             f"all-to-all {plan.predicted.breakdown.ep_comm_s:.3f} s; {plan.solver.status} gap {plan.solver.gap:.3f}"
             f"{'' if plan.uniform else ', non-uniform'})")

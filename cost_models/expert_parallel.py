@@ -1,20 +1,21 @@
-"""Expert parallelism: a mixture of experts' routed experts split over `ep` data-parallel replicas.
+"""Expert parallelism: a mixture of experts' routed experts split over `ep` GPUs of a stage.
 
-Layout (Megatron-core's expert mesh, rank order etp-ep-edp over a stage's tp x dp ranks, dense order
+Layout (Megatron-core's expert mesh, rank order etp-ep-edp over a stage's tp x cp x dp ranks, dense order
 tp-cp-dp: megatron/core/parallel_state.py `initialize_model_parallel`, `expert_decoder_rank_generator`): each
 routed expert is split over `etp` ranks (`--expert-tensor-parallel-size`, default tp) and the experts over
-`ep` ranks, so an EP group is `ep` GPUs of one stage, `etp` apart, in ep x etp / tp consecutive replicas
-(`ParallelShape.expert_replicas`; with etp = tp, the same TP rank of ep replicas). Each holds num_experts / ep
+`ep` ranks, so an EP group is `ep` GPUs of one stage, `etp` apart, over ep x etp / tp consecutive TP groups,
+a replica's CP ranks first, then replicas (`ParallelShape.expert_span`, `expert_replicas`; with etp = tp and
+cp 1, the same TP rank of ep replicas). Each holds num_experts / ep
 of the stage's routed experts, 1 / etp of each; attention, router, norms and shared experts stay split over
-TP and replicated across the EP group. Expert gradients are reduced over the dp / expert_replicas replicas
-holding the same experts, the rest over all dp. Expert-TP below TP changes no GPU's FLOPs or expert memory
+TP and replicated across the EP group. Expert gradients are reduced over the dp x cp / expert_span TP groups
+holding the same experts, the rest over all dp x cp. Expert-TP below TP changes no GPU's FLOPs or expert memory
 (tp / etp TP ranks' routed tokens on wider expert shards): it trades the expert-TP group's all-gather and
 reduce-scatter of routed tokens (`cost_models.compute.mlp_tp_comm_ms`) for wider GEMMs and more GPUs in the
 all-to-all.
 
 Time (Megatron's all-to-all token dispatcher, megatron/core/transformer/moe/token_dispatcher.py
 `MoEAlltoAllTokenDispatcher`; GShard, Lepikhin et al. 2020, section 2.2): per MoE layer, each GPU sends
-each of its tokens (1 / tp of the microbatch's, sequence parallel) to its k routed experts, (ep - 1) / ep
+each of its tokens (1 / (tp cp) of the microbatch's: sequence and context parallel) to its k routed experts, (ep - 1) / ep
 of them on other ranks, in one all-to-all before the experts (dispatch) and one after (combine); the
 backward runs both again with the gradients. The all-to-alls wait for the router and the experts wait
 for them: they are priced exposed (Megatron overlaps them only with shared experts,
@@ -49,35 +50,28 @@ from cost_models.model_spec import ModelSpec
 ALL_TO_ALLS_PER_PASS = 2
 
 
-def expert_parallel_sizes(model: ModelSpec, dp: int, most: int | None = None) -> list[int]:
-    """EP sizes a layout of `dp` replicas can use: divisors of both the replicas and the routed experts, at
-    most `most` (1 alone for a dense model)."""
-    if not model.is_moe:
-        return [1]
-    top = dp if most is None else min(dp, most)
-    return [ep for ep in range(1, top + 1) if dp % ep == 0 and model.num_experts % ep == 0]
-
-
-def expert_layouts(model: ModelSpec, tp: int, dp: int, most: int | None = None) -> list[tuple[int, int | None]]:
-    """(ep, etp) pairs the search tries for `dp` replicas of TP `tp`: expert-TP = TP (etp None, Megatron's
-    default) and, with tp > 1, expert-TP 1 (what Megatron's MoE recipes set); for each, every ep of at most
-    `most` dividing the routed experts whose EP group spans a divisor of dp replicas ((1, None) alone for a
-    dense model). Other expert-TP sizes are estimated (`expert_layout_problem`), not searched."""
+def expert_layouts(model: ModelSpec, tp: int, dp: int, most: int | None = None,
+                   cp: int = 1) -> list[tuple[int, int | None]]:
+    """(ep, etp) pairs the search tries for `dp` replicas of TP `tp` and CP `cp`: expert-TP = TP (etp None,
+    Megatron's default) and, with tp > 1, expert-TP 1 (what Megatron's MoE recipes set); for each, every ep of
+    at most `most` that `expert_layout_problem` allows ((1, None) alone for a dense model). Other expert-TP
+    sizes are estimated, not searched."""
     if not model.is_moe:
         return [(1, None)]
-    out: list[tuple[int, int | None]] = []
+    out: list[tuple[int, int | None]] = [(1, None)]
     for etp in ((tp, 1) if tp > 1 else (tp,)):
-        for replicas in range(1, dp + 1):
-            ep = replicas * tp // etp
-            if dp % replicas == 0 and model.num_experts % ep == 0 and (most is None or ep <= most):
+        for ep in range(tp // etp, model.num_experts + 1, tp // etp):
+            if (ep, etp) != (1, tp) and (most is None or ep <= most) and (
+                    expert_layout_problem(model, tp, dp, ep, None if etp == tp else etp, cp) is None):
                 out.append((ep, None if etp == tp else etp))
-    return out if out[0] == (1, None) else [(1, None)] + out
+    return out
 
 
-def expert_layout_problem(model: ModelSpec, tp: int, dp: int, ep: int, etp: int | None) -> str | None:
-    """Why experts cannot be laid out as (ep, etp) over `dp` replicas of TP `tp`, in a user's terms; None if
-    they can: etp divides tp, and the EP group covers whole TP groups (tp / etp divides ep) of replicas
-    dividing dp, ep dividing the routed experts."""
+def expert_layout_problem(model: ModelSpec, tp: int, dp: int, ep: int, etp: int | None, cp: int = 1) -> str | None:
+    """Why experts cannot be laid out as (ep, etp) over `dp` replicas of TP `tp` and CP `cp`, in a user's terms;
+    None if they can: etp divides tp, ep divides the routed experts, and the EP group covers whole TP groups
+    (tp / etp divides ep) that tile the stage's ranks in megatron-core's order, CP ranks of a replica first:
+    its ep x etp / tp TP groups divide a replica's cp, or are whole replicas dividing dp."""
     expert_tp = tp if etp is None else etp
     if tp % expert_tp:
         return f"etp {expert_tp} must divide tp {tp}"
@@ -90,10 +84,15 @@ def expert_layout_problem(model: ModelSpec, tp: int, dp: int, ep: int, etp: int 
                 f"whole TP groups")
     if model.num_experts % ep:
         return f"ep {ep} must divide the {model.num_experts} routed experts"
-    replicas = ep * expert_tp // tp
-    if dp % replicas:
-        return (f"ep {ep} with etp {expert_tp} spans {replicas} replicas (ep x etp / tp), which must divide the "
-                f"{dp} replicas")
+    span = ep * expert_tp // tp
+    if cp % span == 0:
+        return None
+    if span % cp or dp % (span // cp):
+        if cp > 1:
+            return (f"ep {ep} with etp {expert_tp} spans {span} TP groups (ep x etp / tp): they must divide the {cp} "
+                    f"CP ranks of a replica, or be whole replicas ({cp} each) whose count divides the {dp} replicas")
+        return (f"ep {ep} with etp {expert_tp} spans {span} replicas (ep x etp / tp), which must divide the {dp} "
+                "replicas")
     return None
 
 

@@ -36,8 +36,8 @@ class ParallelShape:
     per pipeline rank. num_microbatches is per replica. cp: context-parallel ranks that split each
     sequence (`cost_models.context_parallel`); a stage runs on tp x cp GPUs. ep: expert-parallel size of a
     mixture of experts, its routed experts split over ep ranks; etp: expert tensor parallelism, each expert
-    split over etp ranks (None: tp, Megatron's default), so an EP group spans ep x etp / tp consecutive
-    replicas (`expert_replicas`, `cost_models.expert_parallel`).
+    split over etp ranks (None: tp, Megatron's default), so an EP group spans ep x etp / tp consecutive TP
+    groups, a replica's CP ranks first (`expert_span`, `expert_replicas`, `cost_models.expert_parallel`).
     dp_shard: replicas whose ZeRO state is sharded together, dp_shard consecutive replicas to a shard group
     and dp / dp_shard groups holding the same shards (hybrid sharding, `cost_models.sharded_dp`); None: all
     dp replicas, one group.
@@ -73,9 +73,14 @@ class ParallelShape:
         return self.tp if self.etp is None else self.etp
 
     @property
-    def expert_replicas(self) -> int:
-        """Consecutive replicas one EP group spans: ep ranks of etp-wide experts over tp-wide stages."""
+    def expert_span(self) -> int:
+        """TP groups one EP group spans (ep ranks of etp-wide experts), CP ranks of a replica first."""
         return max(1, self.ep * self.expert_tp // self.tp)
+
+    @property
+    def expert_replicas(self) -> int:
+        """Consecutive replicas one EP group spans (1 when it lies within a replica's CP ranks)."""
+        return max(1, self.expert_span // self.cp)
 
     @property
     def grad_sync_ranks(self) -> int:

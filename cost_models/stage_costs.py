@@ -157,9 +157,10 @@ def part_costs(
     time = layer_time(model, seq, mbs, tp, shape.recompute, gpu, intra, efficiency, software, cp, ring,
                       expert_tp=shape.expert_tp)
     if shape.ep > 1:
-        # An EP group's GPUs are expert-TP ranks apart (`cost_models.expert_parallel`).
+        # An EP group's GPUs are expert-TP ranks apart over consecutive ranks of the stage, which fill nodes
+        # (`cost_models.expert_parallel`).
         all_to_all_ms = layer_all_to_all_ms(
-            model, local_seq * mbs, tp, shape.ep, max(1, hardware.gpus_per_node // (shape.expert_tp * cp)),
+            model, local_seq * mbs, tp, shape.ep, max(1, hardware.gpus_per_node // shape.expert_tp),
             intra * efficiency.nvlink_fraction, hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction,
             software.moe_dispatcher, shape.expert_tp)
         recomputed = all_to_all_ms if shape.recompute == Recompute.FULL else 0.0  # full recompute redoes the forward's
@@ -276,7 +277,7 @@ def stage_cost_terms(
     # parallelism the experts' fewer, which is costed for the whole layer (`cost_models.expert_parallel`).
     # Hybrid sharding shards over its group's replicas alone (with ep 1: `planner.estimate` refuses both).
     state_ranks = (shape.shard_replicas * shape.cp if shape.hybrid_sharded
-                   else expert_data_parallel(shape.grad_sync_ranks, shape.expert_replicas))
+                   else expert_data_parallel(shape.grad_sync_ranks, shape.expert_span))
     if shards_every_microbatch(workload.zero_stage):
         ranks = state_ranks
         group = (ranks, min(ranks, groups_per_node), dp_intra_gb_s, dp_inter_gb_s)

@@ -117,19 +117,17 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
 
 def _check_expert_parallel(problem: PlanningProblem, layout: FixedLayout, dp: int, counts: list[int]) -> None:
     """PlanningError unless the layout's EP groups can exist (`expert_layout_problem`): a mixture of experts,
-    ep dividing its routed experts, whole TP groups of whole replicas, no CP, and equal microbatch counts
-    (replicas sharing experts run in step)."""
+    ep dividing its routed experts, whole TP groups tiling a replica's CP ranks or whole replicas, and equal
+    microbatch counts (replicas sharing experts run in step)."""
     model = problem.workload.model
     if layout.ep == 1 and layout.etp in (None, layout.tp):
         return
     if not model.is_moe:
         raise PlanningError(f"ep {layout.ep}{f', etp {layout.etp}' if layout.etp is not None else ''} needs a "
                             f"mixture-of-experts model; {problem.model_name} is dense")
-    problem_text = expert_layout_problem(model, layout.tp, dp, layout.ep, layout.etp)
+    problem_text = expert_layout_problem(model, layout.tp, dp, layout.ep, layout.etp, layout.cp)
     if problem_text is not None:
         raise PlanningError(problem_text)
-    if layout.cp > 1:
-        raise PlanningError("ep > 1 with cp > 1 is not supported: resiplan splits experts over replicas, not CP ranks")
     if len(set(counts)) > 1:
         raise PlanningError(f"expert parallelism (ep {layout.ep}) runs its replicas in step: these replicas would take "
                             f"{_counts_text(counts)} microbatches; choose a dp that divides the {sum(counts)} microbatches")

@@ -149,8 +149,9 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
     holding the same block, as megatron-core's expert-data-parallel group does. Changing ep alone then
     keeps a GPU's experts inside what it held. With expert-TP etp below tp the slices are etp's and the
     blocks follow megatron-core's expert rank order (etp fastest, then ep, then expert data parallel, over
-    the stage's ranks tp fastest, then replicas): TP rank t of replica r holds slice t mod etp of block
-    t // etp + (tp / etp)(r mod n), n = ep etp / tp the replicas of an EP group. Embedding and head are dense.
+    the stage's ranks q = t + tp (c + cp r), TP rank t fastest, then CP rank c, then replica r): GPU q holds
+    slice q mod etp of block (q // etp) mod ep and shards its optimizer state with the GPUs of the same
+    q // (etp ep) group. Embedding and head are dense.
 
     Hybrid sharding (`dp_shard` s below the replica count): the ZeRO state is sharded over replicas
     0..s-1, s..2s-1, ... alone, so replica r holds the (r mod s)-th share, as replica r + s does."""
@@ -170,15 +171,16 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
             tp = len(stage.devices) // stage.cp
             pieces = finest // tp if layout.zero_stage >= 1 else 1
             expert_tp = tp if etp is None else etp
-            across, group = tp // expert_tp, max(1, ep * expert_tp // tp)  # TP ranks per expert slice; EP replicas
             for position, device in enumerate(stage.devices):
                 cp_rank, rank = divmod(position, tp)
                 dense = _Region(0.0, 1.0 - share, shard * stage.cp, index % shard * stage.cp + cp_rank)
                 if not share:
                     parts = [(dense, _merged(layer_units + end_units), rank, tp)]
                 else:
-                    experts = _Region(1.0 - share, share, replicas // group * stage.cp,
-                                      index // group * stage.cp + cp_rank, rank // expert_tp + across * (index % group), ep)
+                    # megatron-core's expert rank order over the stage's ranks (tp, then cp, then replicas)
+                    stage_rank = rank + tp * (cp_rank + stage.cp * index)
+                    experts = _Region(1.0 - share, share, replicas * stage.cp * tp // (ep * expert_tp),
+                                      stage_rank // (expert_tp * ep), stage_rank // expert_tp % ep, ep)
                     parts = [(dense, _merged(layer_units), rank, tp),
                              (experts, _merged(layer_units), rank % expert_tp, expert_tp),
                              (_Region(0.0, 1.0, dense.sharers, dense.member), _merged(end_units), rank, tp)]

@@ -258,9 +258,7 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
                     continue
                 for dp in reversed([d for d in divisors(batch // mbs) if d <= inventory.total]):
                     microbatches = batch // (dp * mbs)
-                    # Expert parallelism splits a mixture of experts over replicas, not over a stage's CP ranks.
-                    experts = [(1, None)] if cp > 1 else expert_layouts(
-                        problem.workload.model, tp, dp, problem.max_expert_parallel)
+                    experts = expert_layouts(problem.workload.model, tp, dp, problem.max_expert_parallel, cp)
                     shards = shard_group_sizes(problem, tp * cp, dp)
                     for pp in range(min(layers, inventory.total // dp), 0, -1):
                         for schedule, v in _schedules(layers, pp, microbatches, most_chunks, allowed):
@@ -307,9 +305,8 @@ def uniform_shape_count(problem: PlanningProblem) -> int:
                       else cluster.total_devices // size)
             for mbs in problem.micro_batch_sizes:
                 if batch % mbs == 0 and not _split_sequences_win(problem, cp, mbs):
-                    count += sum(min(layers, groups // dp) * (len(expert_layouts(problem.workload.model, tp, dp,
-                                                                                 problem.max_expert_parallel))
-                                                              if cp == 1 else 1)
+                    count += sum(min(layers, groups // dp) * len(expert_layouts(
+                                     problem.workload.model, tp, dp, problem.max_expert_parallel, cp))
                                  for dp in divisors(batch // mbs) if dp <= groups)
     return count * len(problem.recompute_modes)
 

@@ -165,6 +165,11 @@ PLANS = {
         {"tp": 2, "pp": 4, "virtual_stages": 2, "schedule": "interleaved", "ep": 8, "etp": 1, "recompute": "selective"},
         cluster={"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
         training={"global_batch_size": 64, "seq_length": 4096, "moe_a2a_overlap": True}))),
+    # the same with context parallelism 2: each EP group takes a replica's two CP ranks, then the next replica's
+    "moe-expert-cp": lambda: estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 2, "cp": 2, "pp": 4, "ep": 4, "recompute": "full"},
+        cluster={"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
+        training={"global_batch_size": 32, "seq_length": 8192}))),
     # the same, its tokens sent with DeepEP's kernels (the flex dispatcher)
     "moe-flex-dispatcher": lambda: plan_for(PlanRequest.model_validate(small_request(
         cluster={"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
@@ -493,20 +498,25 @@ def check_rank(plan: Plan, ns: argparse.Namespace, config: TransformerConfig, de
             rep.stages[s].devices[cc * tp + t_rank] for rep in group for cc in range(cp))
         assert len(group_devices(parallel_state.get_inter_distributed_optimizer_instance_group())) == dp // shard
 
-    # expert parallelism: the stage's TP ranks congruent to this one modulo expert-TP, in ep x etp / tp consecutive
-    # replicas, share the experts, each split over the etp consecutive TP ranks holding this one (the groups priced)
+    # expert parallelism in megatron-core's expert rank order over the stage's ranks q = t + tp (c + cp r): the EP
+    # group is the ep ranks etp apart in this rank's block of etp x ep, each expert split over etp consecutive
+    # ranks (the groups priced: a replica's CP ranks first, then consecutive replicas)
     ep, etp = plan.ep, plan.etp or tp
     assert parallel_state.get_expert_model_parallel_world_size() == ep
     assert parallel_state.get_expert_tensor_parallel_world_size() == etp
+    q = t_rank + tp * (c + cp * r)
+
+    def device_of(stage_rank: int) -> str:
+        replica, rest = divmod(stage_rank, tp * cp)
+        return replicas[replica].stages[s].devices[rest]
+
     if ep > 1:
-        n = ep * etp // tp
-        block = replicas[(r // n) * n:(r // n + 1) * n]
+        first = q - q % (etp * ep) + q % etp
         assert group_devices(parallel_state.get_expert_model_parallel_group()) == [
-            rep.stages[s].devices[u] for rep in block for u in range(tp) if u % etp == t_rank % etp]
+            device_of(first + e * etp) for e in range(ep)]
     if etp > 1:
-        first = t_rank - t_rank % etp
         assert group_devices(parallel_state.get_expert_tensor_parallel_group()) == [
-            replicas[r].stages[s].devices[c * tp + u] for u in range(first, first + etp)]
+            device_of(q - q % etp + u) for u in range(etp)]
 
     # the layers this pipeline rank builds, chunk by chunk
     for chunk in range(v):
@@ -666,8 +676,9 @@ def test_cases_cover_the_flag_variants():
     assert real_plan("zero1-partial-instances").zero_stage == 1
     assert real_plan("zero1-partial-instances").replicas[0].stages[0].cp == 2
     moe = {name for name, f in flags.items() if "--num-experts" in f}
-    assert moe == {"moe-experts-over-tp", "moe-expert-parallel", "moe-expert-tp-1", "moe-a2a-overlap",
+    assert moe == {"moe-experts-over-tp", "moe-expert-parallel", "moe-expert-tp-1", "moe-a2a-overlap", "moe-expert-cp",
                    "moe-flex-dispatcher", "qwen3-moe"}
+    assert real_plan("moe-expert-cp").ep == 4 and real_plan("moe-expert-cp").replicas[0].stages[0].cp == 2
     overlapped = {name for name, f in flags.items() if "--overlap-moe-expert-parallel-comm" in f}
     assert overlapped == {"moe-a2a-overlap"} and real_plan("moe-a2a-overlap").moe_a2a_overlap
     assert real_plan("moe-expert-tp-1").etp == 1 and "--expert-tensor-parallel-size" in flags["moe-expert-tp-1"]

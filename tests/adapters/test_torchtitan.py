@@ -124,13 +124,16 @@ CONTEXT_PARALLEL = {
 }
 # Expert parallelism: Qwen3-30B-A3B (torchtitan's own qwen3_30b_a3b) with its 128 experts over 4 replicas, tp 1,
 # and over the 8 GPUs of 4 tp-2 replicas with whole experts (etp 1: torchtitan never splits an expert over TP),
-# ZeRO-1 (its EP groups come from the FSDP ranks)
+# and over the CP ranks of 4 cp-2 replicas, ZeRO-1 (its EP groups come from the FSDP and CP ranks)
 EXPERT_PARALLEL = {
     "ep-pp": estimate_request({"tp": 1, "pp": 2, "ep": 4}, model="qwen3-30b-a3b", cluster=H100,
                               training={"global_batch_size": 32, "seq_length": 4096}),
     "ep-tp-etp1": estimate_request({"tp": 2, "pp": 2, "ep": 8, "etp": 1, "recompute": "full"},
                                    model="qwen3-30b-a3b", cluster=H100,
                                    training={"global_batch_size": 32, "seq_length": 4096}),
+    "ep-cp": estimate_request({"tp": 1, "cp": 2, "pp": 2, "ep": 8, "recompute": "full"},
+                              model="qwen3-30b-a3b", cluster=H100,
+                              training={"global_batch_size": 32, "seq_length": 8192}),
 }
 # Hybrid sharding (HSDP): FSDP2 over torchtitan's (dp_replicate, dp_shard) mesh, shard groups of a node's replicas:
 # ZeRO-3 without PP (llama3-8b, 32 A100s, what the search picks on them), and ZeRO-1 under a tp 2 x pp 2 pipeline
@@ -411,14 +414,15 @@ def test_parallel_dims_and_mesh_place_every_rank_where_the_plan_did(case, plan, 
         replicate = [layout.rank_devices[rank] for rank in dims.get_mesh("dp_replicate").mesh.tolist()]
         assert replicate == [replicas[i].stages[0].devices[0] for i in range(0, layout.dp, shard)]
     if layout.ep > 1:
-        # torchtitan's EP group of rank 0 holds the first stage of the plan's first ep x etp / tp replicas (every TP
-        # rank of each with etp 1), which share its experts; the experts' FSDP group is the dp / that many ranks
-        # holding the same experts
-        expert_replicas = layout.ep * (plan.etp or layout.tp) // layout.tp
+        # torchtitan's EP group of rank 0 holds the first ep GPUs of the plan's first stage, which share its experts
+        # (every TP and CP rank of the first replicas); the experts' FSDP group is the other ranks holding the same
+        # experts
+        # (its ranks over tp, then cp, then replicas, as megatron-core's expert order with etp 1)
+        stage_gpus = layout.tp * layout.cp
         group = dims.get_mesh("ep").mesh.tolist()
         assert [layout.rank_devices[rank] for rank in group] == [
-            replicas[i].stages[0].devices[t] for i in range(expert_replicas) for t in range(layout.ep // expert_replicas)]
-        assert dims.get_mesh("efsdp").size() == layout.dp // expert_replicas
+            replicas[q // stage_gpus].stages[0].devices[q % stage_gpus] for q in range(layout.ep)]
+        assert dims.get_mesh("efsdp").size() == layout.dp * stage_gpus // layout.ep
 
 
 def test_model_config_accepts_tp_and_seq_len(plan):

@@ -14,7 +14,7 @@ from cost_models.compute import BYTES_PER_ELEMENT
 from cost_models.expert_parallel import (
     all_to_all_ms,
     expert_data_parallel,
-    expert_parallel_sizes,
+    expert_layouts,
     layer_all_to_all_ms,
     layer_params_per_gpu,
 )
@@ -41,11 +41,18 @@ def test_a_gpu_holds_its_share_of_every_expert(tp, ep):
     assert ep * (layer_params_per_gpu(MIXTRAL, tp, ep) * tp - dense_part) == pytest.approx(8 * ONE_EXPERT)
 
 
-def test_expert_parallel_sizes_divide_experts_and_replicas():
-    assert expert_parallel_sizes(MIXTRAL, 12) == [1, 2, 4]
-    assert expert_parallel_sizes(MIXTRAL, 16) == [1, 2, 4, 8]
+def test_expert_layouts_divide_the_experts_and_tile_the_stage():
+    """Mixtral's 8 experts: ep divides them; at tp 1 the EP group is ep whole replicas dividing dp; at tp 2 experts
+    split over TP (etp omitted) take ep replicas, whole experts (etp 1) ep / 2; with cp 2 the group takes a
+    replica's two CP ranks first (8 TP groups of 2 replicas' 4 would need 4 replicas)."""
+    assert expert_layouts(MIXTRAL, 1, 12) == [(1, None), (2, None), (4, None)]
+    assert expert_layouts(MIXTRAL, 1, 16) == [(1, None), (2, None), (4, None), (8, None)]
+    assert expert_layouts(MIXTRAL, 2, 4) == [(1, None), (2, None), (4, None), (2, 1), (4, 1), (8, 1)]
+    assert expert_layouts(MIXTRAL, 2, 4, most=4) == [(1, None), (2, None), (4, None), (2, 1), (4, 1)]
+    assert expert_layouts(MIXTRAL, 2, 2, cp=2) == [(1, None), (2, None), (4, None), (2, 1), (4, 1), (8, 1)]
+    assert expert_layouts(MIXTRAL, 2, 1, cp=2) == [(1, None), (2, None), (2, 1), (4, 1)]
     dense = ModelSpec("dense", 2, 256, 512, 4, 4, 1000, True, False)
-    assert expert_parallel_sizes(dense, 16) == [1]
+    assert expert_layouts(dense, 2, 16) == [(1, None)]
     assert expert_data_parallel(32, 8) == 4 and expert_data_parallel(4, 8) == 1
 
 

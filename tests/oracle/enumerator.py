@@ -88,17 +88,19 @@ def max_context_parallel(body: dict) -> int:
 def _expert_layouts(model: dict, tp: int, dp: int, cp: int) -> list[tuple[int, int | None]]:
     """API.md's `layout.ep` and `layout.etp` as the README declares the search: a mixture of experts' routed
     experts split over ep GPUs, each expert whole over its TP group (etp omitted) or, with tp > 1, on one GPU
-    (etp 1); ep divides the experts and is a multiple of tp / etp, its ep x etp / tp replicas divide dp; cp 1.
-    A dense model has neither."""
+    (etp 1); ep divides the experts and is a multiple of tp / etp; its ep x etp / tp TP groups divide a
+    replica's cp, or are whole replicas whose count divides dp. A dense model has neither."""
     experts = model.get("num_experts", 0)
-    if not experts or cp > 1:
+    if not experts:
         return [(1, None)]
     out = []
     for etp in sorted({tp, 1}, reverse=True):
         for ep in range(1, experts + 1):
-            if experts % ep or ep % (tp // etp) or dp % (ep * etp // tp):
+            if experts % ep or ep % (tp // etp):
                 continue
-            out.append((ep, None if etp == tp else etp))
+            groups = ep * etp // tp
+            if cp % groups == 0 or (groups % cp == 0 and dp % (groups // cp) == 0):
+                out.append((ep, None if etp == tp else etp))
     return out
 
 

@@ -17,7 +17,8 @@ import pytest
 from tests.oracle.checks import check_plans_against
 from tests.oracle.enumerator import instance, oracle_best
 
-INSTANCES = 6
+INSTANCES = 8
+CP_INSTANCES = 3
 SEED = 4242
 
 
@@ -32,6 +33,9 @@ def _instances() -> list[dict]:
             model["shared_expert_ffn_hidden_size"] = body["model"]["hidden_size"]
         bodies.append({**body, "model": model,
                        "training": {**body["training"], "global_batch_size": rng.choice([4, 8, 12, 16])}})
+    # context parallelism searched beside EP: an EP group may take a replica's CP ranks
+    for body in bodies[:CP_INSTANCES]:
+        body["options"] = {**body["options"], "max_context_parallel": 2}
     return bodies
 
 
@@ -39,14 +43,15 @@ def _instances() -> list[dict]:
 def test_the_stock_plan_of_a_mixture_of_experts_is_the_oracles_optimum(body: dict) -> None:
     plan = check_plans_against(body, *oracle_best(body))
     if plan is not None:
-        tp = plan.replicas[0].stages[0].tp
-        expert_replicas = plan.ep * (plan.etp or tp) // tp
+        stage = plan.replicas[0].stages[0]
+        expert_replicas = max(1, plan.ep * (plan.etp or stage.tp) // (stage.tp * stage.cp))
         assert len(plan.replicas) % expert_replicas == 0 and body["model"]["num_experts"] % plan.ep == 0
 
 
 def test_the_instances_exercise_expert_parallelism() -> None:
     """Guards what the instances were drawn for: in some of them the optimum splits the experts, in some it keeps
-    them whole beside TP (etp 1)."""
+    them whole beside TP (etp 1), in some it splits them over CP ranks."""
     best = [oracle_best(body)[1] for body in _instances()]
     assert any(layout is not None and layout.get("ep", 1) > 1 for layout in best)
     assert any(layout is not None and layout.get("etp") == 1 for layout in best)
+    assert any(layout is not None and layout.get("ep", 1) > 1 and layout.get("cp", 1) > 1 for layout in best)

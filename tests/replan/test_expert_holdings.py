@@ -20,8 +20,8 @@ REPLICATED = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 4096 * 8 + 2 * 4096  # att
 TOTAL = 32 * (REPLICATED + 8 * ONE_EXPERT) + 2 * 32000 * 4096  # layers, embedding, head (units leave out the final norm)
 
 
-def _plan(ep: int, etp: int | None = None):
-    layout = {"tp": 2, "pp": 4, "dp": 8, "ep": ep, "recompute": "full"} | ({"etp": etp} if etp else {})
+def _plan(ep: int, etp: int | None = None, cp: int = 1):
+    layout = {"tp": 2, "cp": cp, "pp": 4, "dp": 8 // cp, "ep": ep, "recompute": "full"} | ({"etp": etp} if etp else {})
     request = EstimateRequest.model_validate({
         "cluster": {"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}, "model": MIXTRAL,
         "training": {"global_batch_size": 256, "seq_length": 4096}, "layout": layout})
@@ -34,10 +34,12 @@ def _bytes(blocks: tuple[ShardBlock, ...], units, weights: bool) -> float:
                   else (b.optimizer_hi - b.optimizer_lo) * OPTIMIZER_BYTES_PER_PARAM) for b in blocks)
 
 
-@pytest.mark.parametrize(("ep", "etp"), [(1, None), (2, None), (8, None), (2, 1), (4, 1), (8, 1)])
-def test_every_gpu_holds_its_experts_and_the_job_holds_one_optimizer_copy(ep, etp):
-    """With etp 1 a GPU holds 8 / ep whole experts (ep over both TP ranks of ep / 2 replicas)."""
-    plan, request = _plan(ep, etp)
+@pytest.mark.parametrize(("ep", "etp", "cp"), [(1, None, 1), (2, None, 1), (8, None, 1), (2, 1, 1), (4, 1, 1),
+                                              (8, 1, 1), (2, None, 2), (4, None, 2), (8, 1, 2), (2, 1, 2)])
+def test_every_gpu_holds_its_experts_and_the_job_holds_one_optimizer_copy(ep, etp, cp):
+    """With etp 1 a GPU holds 8 / ep whole experts (ep over both TP ranks of ep / 2 replicas); with cp 2 the EP
+    group takes a replica's two CP ranks first. Either way a stage's 16 GPUs hold 16 / (ep x etp) copies."""
+    plan, request = _plan(ep, etp, cp)
     units = unit_params(resolve_model(request.model))
     holdings = device_holdings(placed_layout(plan))
     assert TOTAL == pytest.approx(units.params(0, 34), rel=1e-9)
