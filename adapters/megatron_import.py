@@ -52,6 +52,7 @@ import re
 
 from adapters.command_line import CommandLineError, Imported, command_words, world_size
 from adapters.megatron import FSDP_SHARDING
+from cost_models.expert_parallel import a2a_overlap_applies
 from cost_models.model_spec import model_preset, model_preset_names
 
 
@@ -271,6 +272,11 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         _dispatcher(flags, training, not_modelled)
         if "--overlap-moe-expert-parallel-comm" in flags:
             training["moe_a2a_overlap"] = True
+            if not a2a_overlap_applies(ep, pp, layout["virtual_stages"], layout["recompute"]):
+                not_modelled.append("--overlap-moe-expert-parallel-comm: megatron-core runs it only with expert "
+                                    "parallelism, without full recompute, on one pipeline stage or an interleaved "
+                                    "pipeline (its TransformerConfig refuses this command); estimated with the "
+                                    "all-to-alls exposed")
     if "--grad-reduce-in-bf16" in flags and training["precision"] != "fp16":
         training["grad_precision"] = "bf16"  # arguments.py: it turns accumulate_allreduce_grads_in_fp32 off
     ignored = sorted(name for name in flags if name.startswith(_NO_EFFECT_PREFIXES))

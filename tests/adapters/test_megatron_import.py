@@ -274,3 +274,19 @@ def test_a_token_dispatcher_the_cost_model_does_not_price_is_reported(replacemen
         assert found == []
     else:
         assert len(found) == 1 and found[0].startswith(reported)
+
+
+def test_the_ep_overlap_is_read_back_and_reported_where_megatron_core_would_refuse_it():
+    """--overlap-moe-expert-parallel-comm reads as training.moe_a2a_overlap; on a pipeline without virtual stages
+    (which megatron-core's TransformerConfig refuses) it is reported, and the estimate prices the all-to-alls
+    exposed."""
+    plan, args = _stock_plan("moe-a2a-overlap")
+    text = shlex.join(["pretrain_gpt.py", *args])
+    imported = import_megatron(text, vocab_size=plan.architecture.vocab_size)
+    assert imported.request["training"]["moe_a2a_overlap"] is True
+    assert not [entry for entry in imported.not_modelled if entry.startswith("--overlap-moe-expert-parallel-comm")]
+    chunked = "--num-virtual-stages-per-pipeline-rank 2"
+    assert chunked in text
+    flat = import_megatron(text.replace(chunked, "--num-virtual-stages-per-pipeline-rank 1"),
+                           vocab_size=plan.architecture.vocab_size)
+    assert [entry for entry in flat.not_modelled if entry.startswith("--overlap-moe-expert-parallel-comm")]
