@@ -33,7 +33,8 @@ C(E - e, k) / C(E, k).
 
 What is priced conservatively, and why the plan is then never optimistic: the optimizer state and the
 gradient sync of the replicated weights are costed as if they, like the experts, were sharded over
-and reduced among only dp / ep replicas (`expert_data_parallel`), which overstates their memory by at
+and reduced among only the expert data-parallel ranks, dp x cp / (ep x etp / tp) TP groups
+(`expert_data_parallel`), which overstates their memory by at
 most their share of the layer's state (3% for Mixtral-8x7B) and their sync by a ring's (n - 1) / n.
 Expert load is taken as balanced (the auxiliary loss's aim); imbalance is not modelled.
 """
@@ -104,9 +105,11 @@ def layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, expert_tp: int | No
     return max(expert_layer, model.dense_layer_params / tp)
 
 
-def expert_data_parallel(grad_sync_ranks: int, ep: int) -> int:
-    """Ranks among which the experts' gradients are reduced and their optimizer state sharded."""
-    return max(1, grad_sync_ranks // ep)
+def expert_data_parallel(grad_sync_ranks: int, span: int) -> int:
+    """Ranks (TP groups) among which the experts' gradients are reduced and their optimizer state sharded: the
+    `grad_sync_ranks` holding the same dense weights over the `span` TP groups of an EP group
+    (`ParallelShape.expert_span`)."""
+    return max(1, grad_sync_ranks // span)
 
 
 def remote_nodes_hit(num_experts: int, experts_per_token: int, ep: int, in_node: int) -> float:
