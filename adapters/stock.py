@@ -45,7 +45,7 @@ class StockLayout:
     gpus_per_node: int
     nodes: tuple[int, ...]
     cp: int = 1  # context-parallel ranks per stage
-    ep: int = 1  # expert parallelism: each stage's routed experts split over ep GPUs (`expert_replicas` replicas)
+    ep: int = 1  # expert parallelism: each stage's routed experts split over ep GPUs (`ParallelShape.expert_span`)
     etp: int | None = None  # expert tensor parallelism: each routed expert split over etp GPUs; None: tp
     dp_shard: int | None = None  # replicas of a ZeRO shard group (None: all of them; with ZeRO-0, nothing is sharded)
     grad_precision: str | None = None  # "bf16": gradients accumulate and reduce in bf16; else fp32 (fp16: its own)

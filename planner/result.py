@@ -83,18 +83,12 @@ class PlanResult:
     precision: str | None = None
     gpu_memory_gib: float | None = None  # one GPU's capacity
     memory_reserve_gib: float | None = None  # left free per GPU: every stage's memory_gib fits capacity less this
-    ep: int = 1  # expert parallelism: each stage's routed experts split over ep GPUs (`expert_replicas` replicas)
+    ep: int = 1  # expert parallelism: each stage's routed experts split over ep GPUs (`ParallelShape.expert_span`)
     dp_shard: int | None = None  # replicas of a ZeRO shard group, consecutive; None: not one size (non-uniform)
     grad_precision: str | None = None  # "fp32" or "bf16": what gradients accumulate and reduce in; None with fp16
     moe_dispatcher: str | None = None  # "alltoall" or "flex": the token dispatcher priced; None for dense models
     etp: int | None = None  # expert tensor parallelism: each routed expert split over etp GPUs; None: tp
     moe_a2a_overlap: bool = False  # the all-to-alls priced under Megatron's batch-level EP overlap
-
-    @property
-    def expert_replicas(self) -> int:
-        """Consecutive replicas sharing each stage's routed experts (0..n-1, n..2n-1, ...): ep x etp / tp."""
-        tp = self.replicas[0].stages[0].tp if self.replicas and self.replicas[0].stages else 1
-        return max(1, self.ep * (tp if self.etp is None else self.etp) // tp)
 
 
 def stage_schedule_fields(timing: StageTime) -> dict[str, float]:

@@ -240,9 +240,9 @@ def _header(plan: Plan) -> str:
     if plan.memory_reserve_gib is not None:
         facts.append(("Memory reserve", f"{plan.memory_reserve_gib:g} GiB per GPU left free"))
     if plan.ep > 1:
-        tp = plan.replicas[0].stages[0].tp
-        expert_tp = tp if plan.etp is None else plan.etp
-        replicas = plan.ep * expert_tp // tp
+        stage = plan.replicas[0].stages[0]
+        expert_tp = stage.tp if plan.etp is None else plan.etp
+        replicas = max(1, plan.ep * expert_tp // (stage.tp * stage.cp))  # a replica's CP ranks first
         whole = "whole experts" if expert_tp == 1 else f"each expert split over {expert_tp} GPUs"
         facts.append(("Expert parallelism", f"experts split over {plan.ep} GPUs of {replicas} "
                                             f"{'replica' if replicas == 1 else 'replicas'} ({whole}); each group "
