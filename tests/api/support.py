@@ -48,9 +48,12 @@ def verify_plan(plan_json: dict[str, Any], request_json: dict[str, Any]) -> Plan
     model = resolve_model(request.model)
     check_invariants(plan, request, model, resolve_hardware(request.cluster).gpu, speeds)
     replicas = sorted(plan.replicas, key=lambda r: r.id)
+    first = replicas[0].stages[0]
+    # with expert parallelism a stage runs at the pace of its EP group: the same stage of n consecutive replicas,
+    # n = ep x etp / (tp x cp) (a group within one replica's CP ranks: n = 1)
+    n = max(1, plan.ep * (plan.etp or first.tp) // (first.tp * first.cp)) if plan.uniform else plan.ep
     for index, replica in enumerate(replicas):
-        # with expert parallelism a stage runs at the pace of its EP group: the same stage of ep consecutive replicas
-        group = replicas[index - index % plan.ep:index - index % plan.ep + plan.ep]
+        group = replicas[index - index % n:index - index % n + n]
         for position, stage in enumerate(replica.stages):
             assert model.num_kv_heads % stage.tp == 0, f"tp {stage.tp} does not divide {model.num_kv_heads} KV heads"
             slowest = min(speeds.get(device, 1.0) for peer in group for device in peer.stages[position].devices)

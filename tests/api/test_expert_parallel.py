@@ -37,7 +37,7 @@ def test_mixtral_on_64_h100s_is_planned_with_expert_parallelism(client):
     for replica in plan.replicas:
         for stage in replica.stages:
             layers = stage.layers[1] - stage.layers[0]
-            held = layers * layer_params_per_gpu(model, stage.tp, plan.ep) * (2 + 4)
+            held = layers * layer_params_per_gpu(model, stage.tp, plan.ep, plan.etp) * (2 + 4)
             assert stage.static_memory_gib * GIB >= held
 
 

@@ -33,7 +33,7 @@ def test_deepseek_v2_lite_is_planned_with_expert_parallelism_and_every_stage_hol
     for replica in plan.replicas:
         for stage in replica.stages:
             layers = stage.layers[1] - stage.layers[0]
-            held = layers * layer_params_per_gpu(model, stage.tp, plan.ep) * (2 + 4)  # bf16 weights, fp32 grads
+            held = layers * layer_params_per_gpu(model, stage.tp, plan.ep, plan.etp) * (2 + 4)  # bf16 weights, fp32 grads
             assert stage.static_memory_gib * GIB >= held
 
 
