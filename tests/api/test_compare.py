@@ -138,3 +138,31 @@ def test_an_expert_parallel_layout_keeps_its_ep_in_every_change_and_the_ep_chang
     again = {key: value for key, value in {**layout, "tp": 1, "ep": 4}.items() if key != "dp"}
     assert tp_change.iteration_time_s == estimate_for(
         EstimateRequest.model_validate({**mixtral, "layout": again})).predicted.iteration_time_s
+
+
+def test_an_expert_tp_change_moves_ep_and_etp_together():
+    """GPT-OSS-120B on 64 H100s by hand as tp 2, pp 4, dp 8, ep 4 with its experts split over TP: the best plan
+    keeps them whole (etp 1); compare offers ep and etp as one change (the EP group depends on both), priced as
+    the user's layout with that change alone, or with the estimate's reason."""
+    body = {"cluster": {"num_nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"}, "model": "gpt-oss-120b",
+            "training": {"global_batch_size": 256, "seq_length": 8192}, "options": {"time_limit_s": 10}}
+    layout = {"tp": 2, "pp": 4, "dp": 8, "ep": 4, "micro_batch_size": 1, "recompute": "none"}
+    comparison = compare_for(EstimateRequest.model_validate({**body, "layout": layout}))
+    assert comparison.best.etp == 1 and comparison.yours.etp is None
+    (change,) = [c for c in comparison.changes if "etp" in c.change]
+    assert change.change == f"ep 4, etp = tp → ep {comparison.best.ep}, etp 1"
+    alone = EstimateRequest.model_validate({**body, "layout": {**layout, "ep": comparison.best.ep, "etp": 1}})
+    if change.iteration_time_s is None:
+        with pytest.raises(PlanningError) as refused:
+            estimate_for(alone)
+        assert change.why == str(refused.value)
+    else:
+        assert change.iteration_time_s == estimate_for(alone).predicted.iteration_time_s
+
+
+def test_an_expert_tp_the_planner_does_not_search_is_refused():
+    body = estimate_request({"tp": 4, "pp": 2, "dp": 4, "ep": 4, "etp": 2, "recompute": "full"},
+                            cluster={"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="qwen3-30b-a3b",
+                            training={"global_batch_size": 64, "seq_length": 4096})
+    with pytest.raises(PlanningError, match="etp 2 .* is estimated but not searched"):
+        compare_for(EstimateRequest.model_validate(body))
