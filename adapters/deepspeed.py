@@ -61,6 +61,14 @@ What maps to what (DeepSpeed 0.19.8):
     recompute selective                activation_checkpoint_interval 0: see below
     recompute none                     activation_checkpoint_interval 0
     gradient clipping                  gradient_clipping 1.0 (not part of a plan; Megatron-LM's default)
+    mixture of experts, ep             expert_parallel {enabled, autoep_size ep, expert_tensor_parallel_size 1}:
+                                       DeepSpeed's AutoEP swaps a Hugging Face model's MoE blocks (Mixtral,
+                                       Qwen3-MoE, Qwen3.5-MoE, DeepSeek-V2/V3, MiniMax-M3, detected from
+                                       config.model_type) for dropless grouped-GEMM layers holding experts / ep
+                                       whole experts each; its EP groups are ep consecutive ranks, the plan's ep
+                                       consecutive replicas (tp 1, pp 1 only: see below); DeepSpeedEngine, no
+                                       PipelineModule, at every ZeRO stage
+    moe_dispatcher alltoall / flex     expert_parallel.comm_backend "comm" (all-to-all) / "deepep" (DeepEP)
 
 Where DeepSpeed is not what the plan assumed, and refusals:
 
@@ -84,6 +92,16 @@ Where DeepSpeed is not what the plan assumed, and refusals:
 - Layer split inside a stage. `activation_checkpoint_interval` counts the
   PipelineModule's layers, so on the first and last stage the embedding and
   head are checkpointed units too.
+- Mixture-of-experts plans run on AutoEP only as tp 1, pp 1 (ZeRO 0-3): AutoEP
+  swaps the MoE blocks of a plain Hugging Face model, which DeepSpeed's
+  PipelineEngine does not run (pp > 1 is refused), and its tensor
+  parallelism (AutoTP folding) keeps activations whole on every TP rank, where
+  the plan counted them split by sequence parallelism (tp > 1 is refused). It
+  has no expert tensor parallelism and no batch-level all-to-all overlap
+  (`moe_a2a_overlap` plans are refused). Megatron-DeepSpeed's own MoE
+  (`deepspeed.moe.layer.MoE`) is not exported: it drops tokens over a
+  capacity factor and replicates experts across TP ranks, neither of which
+  the plan prices.
 - Refused: interleaved (v > 1) plans (DeepSpeed's PipelineEngine holds one
   model chunk per stage), zero-bubble (zb-h1, zb-h2) and resiplan's optimized
   schedules (TrainSchedule has no split backward or custom order), and every
@@ -319,6 +337,8 @@ def _layout(plan: Plan) -> StockLayout:
         problems.append(f"context parallelism cp {layout.cp} (DeepSpeed's config splits sequences only with "
                         "Ulysses sequence parallelism, an all-to-all over attention heads the plan did not price; "
                         'export to megatron or torchtitan, or plan with "options": {"max_context_parallel": 1})')
+    if architecture.num_experts:
+        problems += _expert_problems(layout)
     if layout.precision == "fp8":
         problems.append("precision fp8 (DeepSpeed's config has no FP8 training: FP8 comes from Transformer Engine "
                         "layers in the model code; export to megatron or torchtitan, or plan with precision bf16)")
@@ -329,6 +349,24 @@ def _layout(plan: Plan) -> StockLayout:
     if problems:
         raise ExportError(f"{TARGET} cannot run this plan: {'; '.join(problems)}; {ASK_FOR_RUNNABLE}")
     return layout
+
+
+def _expert_problems(layout: StockLayout) -> list[str]:
+    """What AutoEP, DeepSpeed's expert parallelism, cannot run of a mixture-of-experts plan."""
+    problems = []
+    if layout.pp > 1:
+        problems.append(f"a mixture of experts with pp {layout.pp} (DeepSpeed's AutoEP swaps the MoE blocks of a "
+                        "Hugging Face model run by its plain engine, not a PipelineModule)")
+    if layout.tp > 1:
+        problems.append(f"a mixture of experts with tp {layout.tp} (AutoEP's tensor parallelism, AutoTP folding, "
+                        "keeps activations whole on every TP rank where the plan splits them by sequence "
+                        "parallelism, and it has no expert tensor parallelism)")
+    if layout.moe_a2a_overlap:
+        problems.append("moe_a2a_overlap (AutoEP has no batch-level overlap of the all-to-alls; plan with "
+                        '"training": {"moe_a2a_overlap": false})')
+    if problems:
+        problems[-1] += "; export to megatron or torchtitan"
+    return problems
 
 
 def _config(layout: StockLayout) -> dict[str, Any]:
@@ -353,6 +391,14 @@ def _config(layout: StockLayout) -> dict[str, Any]:
     else:
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                           "hysteresis": 2, "min_loss_scale": 1}
+    if layout.architecture.num_experts:
+        # AutoEP: dropless grouped GEMMs over ep consecutive ranks, whole experts (no expert-TP)
+        config["expert_parallel"] = {
+            "enabled": True,
+            "autoep_size": layout.ep,
+            "expert_tensor_parallel_size": 1,
+            "comm_backend": "deepep" if layout.moe_dispatcher == "flex" else "comm",
+        }
     if _pipelined(layout):
         config["pipeline"] = {
             "activation_checkpoint_interval": 1 if full else 0,
@@ -372,8 +418,9 @@ def _config(layout: StockLayout) -> dict[str, Any]:
 
 def _pipelined(layout: StockLayout) -> bool:
     """Whether the script builds a PipelineModule (DeepSpeed's PipelineEngine): always, except for ZeRO-2/3,
-    which only the plain DeepSpeedEngine runs (`_layout` refuses them with pp > 1)."""
-    return layout.zero_stage <= 1
+    which only the plain DeepSpeedEngine runs, and a mixture of experts, whose MoE blocks AutoEP swaps in a plain
+    model (`_layout` refuses both with pp > 1)."""
+    return layout.zero_stage <= 1 and not layout.architecture.num_experts
 
 
 def _script_settings(plan: Plan, layout: StockLayout) -> dict[str, Any]:
@@ -390,8 +437,7 @@ def _script_settings(plan: Plan, layout: StockLayout) -> dict[str, Any]:
     }[layout.recompute]
     return {
         "plan_id": plan.plan_id,
-        "engine": "PipelineEngine (a PipelineModule)" if _pipelined(layout) else
-                  f"DeepSpeedEngine: ZeRO-{layout.zero_stage} runs without a PipelineModule; pass the plain model",
+        "engine": _engine(layout),
         "pipeline_module": None if not _pipelined(layout) else {
             "num_stages": layout.pp,
             "topology": {"class": "PipeModelDataParallelTopology", "num_pp": layout.pp, "num_mp": layout.tp,
@@ -402,6 +448,12 @@ def _script_settings(plan: Plan, layout: StockLayout) -> dict[str, Any]:
             "activation_checkpoint_interval": 1 if layout.recompute == "full" else 0,
         },
         "tensor_parallel": {"size": layout.tp, "sequence_parallel": layout.sequence_parallel},
+        "expert_parallel": None if not layout.architecture.num_experts else {
+            "size": layout.ep,
+            "experts_per_gpu": layout.architecture.num_experts // layout.ep,
+            "deepspeed": "AutoEP (the config's expert_parallel section): deepspeed.initialize swaps the Hugging Face "
+                         "model's MoE blocks, found from config.model_type, for layers holding these experts",
+        },
         "schedule": {"plan": layout.schedule,
                      "deepspeed": "TrainSchedule (1F1B)" if layout.pp > 1 else "gradient accumulation (one stage)"},
         "recompute": {"plan": layout.recompute, "deepspeed": recompute},
@@ -411,6 +463,15 @@ def _script_settings(plan: Plan, layout: StockLayout) -> dict[str, Any]:
         "world_size": layout.world_size,
         "rank_devices": list(layout.rank_devices),
     }
+
+
+def _engine(layout: StockLayout) -> str:
+    if _pipelined(layout):
+        return "PipelineEngine (a PipelineModule)"
+    if layout.architecture.num_experts:
+        return ("DeepSpeedEngine: a mixture of experts runs on AutoEP without a PipelineModule; pass the plain "
+                "Hugging Face model")
+    return f"DeepSpeedEngine: ZeRO-{layout.zero_stage} runs without a PipelineModule; pass the plain model"
 
 
 def _megatron_deepspeed(layout: StockLayout) -> dict[str, Any]:

@@ -10,6 +10,9 @@ estimate request; every setting that changes time or memory is mapped or reporte
                                                        default accumulates in the model's dtype)
     bf16.enabled / fp16.enabled                        training.precision
     pipeline.activation_checkpoint_interval 1          layout.recompute full (0: none; others reported)
+    expert_parallel.autoep_size (AutoEP enabled)       layout.ep (expert_tensor_parallel_size must be 1, as AutoEP
+                                                       requires; tp 1: AutoEP refuses Megatron-DeepSpeed's TP)
+    expert_parallel.comm_backend comm / deepep         training.moe_dispatcher alltoall / flex
     "resiplan" (what the DeepSpeed export adds)        the PipelineModule's stages, split and TP size, and the model
 
 The model, tp and pp come from the Megatron-DeepSpeed pretrain_gpt.py flags (its spellings: --num-key-value-heads,
@@ -36,7 +39,10 @@ _SPELLINGS = {
 }
 _KNOWN_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                "zero_optimization", "bf16", "fp16", "pipeline", "activation_checkpointing", "resiplan", "data_types",
-               "gradient_clipping", "communication_data_type"}
+               "gradient_clipping", "communication_data_type", "expert_parallel"}
+# AutoEP settings that change time or memory and are mapped (`_expert_parallel`); others are reported
+_EXPERT_PARALLEL_KEYS = {"enabled", "autoep_size", "expert_tensor_parallel_size", "comm_backend"}
+_DISPATCHERS = {"comm": "alltoall", "deepep": "flex"}
 _NO_EFFECT_KEYS = {"optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown", "tensorboard", "wandb",
                    "csv_monitor", "flops_profiler", "comms_logger", "gradient_clipping", "prescale_gradients",
                    "seed"}
@@ -128,6 +134,7 @@ def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size:
     # (engine.get_data_types); fp32 accumulation in bf16 training exists with ZeRO-1 only (its BF16_Optimizer).
     if training["precision"] == "bf16" and (config.get("data_types") or {}).get("grad_accum_dtype") in (None, "bf16"):
         training["grad_precision"] = "bf16"
+    _expert_parallel(config, model, layout, training, not_modelled)
     for key in sorted(config):
         if key in _NO_EFFECT_KEYS:
             ignored.append(key)
@@ -136,6 +143,34 @@ def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size:
                                 "not modelled")
     return Imported(request={"model": model, "training": training, "layout": layout}, not_modelled=not_modelled,
                     ignored=sorted(set(ignored)), notes=notes)
+
+
+def _expert_parallel(config: dict, model: dict, layout: dict, training: dict, not_modelled: list[str]) -> None:
+    """AutoEP's section (DeepSpeed 0.19: `expert_parallel`) into the layout's ep and the training's dispatcher."""
+    section = config.get("expert_parallel")
+    if section is None:
+        return
+    if not isinstance(section, dict):
+        raise CommandLineError("expert_parallel must be a JSON object")
+    if not section.get("enabled", False):
+        return
+    ep = _number(section, "autoep_size") or 1
+    if section.get("expert_tensor_parallel_size", 1) != 1:
+        raise CommandLineError(f"expert_parallel.expert_tensor_parallel_size {section['expert_tensor_parallel_size']!r}"
+                               ": DeepSpeed's AutoEP runs only 1 (whole experts per GPU), and refuses others")
+    if layout.get("tp", 1) != 1:
+        raise CommandLineError(f"expert_parallel with tp {layout['tp']}: AutoEP refuses Megatron-DeepSpeed's tensor "
+                               "parallelism, and its own (AutoTP folding) is not imported by resiplan")
+    backend = section.get("comm_backend", "comm")
+    if backend not in _DISPATCHERS:
+        raise CommandLineError(f"expert_parallel.comm_backend {backend!r}: AutoEP's are \"comm\" and \"deepep\"")
+    if not (model.get("num_experts") if isinstance(model, dict) else None):
+        not_modelled.append("expert_parallel: the model has no experts to place")
+        return
+    layout["ep"] = ep
+    training["moe_dispatcher"] = _DISPATCHERS[backend]
+    not_modelled += [f"expert_parallel.{key}: not an AutoEP setting resiplan models" for key in sorted(section)
+                     if key not in _EXPERT_PARALLEL_KEYS]
 
 
 def _precision(config: dict) -> str:

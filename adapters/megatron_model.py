@@ -233,8 +233,10 @@ def megatron_deepspeed_model_args(arch: ModelArchitecture, seq_length: int) -> l
     if arch.mtp_layers:
         problems.append("it has no multi-token prediction")
     if arch.num_experts:
-        problems.append("its mixture-of-experts layers (DeepSpeed-MoE) are not exported by resiplan yet; "
-                        "export to Megatron-LM instead")
+        problems.append("its mixture-of-experts layers: Megatron-DeepSpeed's MoE (deepspeed.moe.layer.MoE) drops "
+                        "tokens over a capacity factor and replicates experts across TP ranks, which the plan does "
+                        "not price; run a Hugging Face model under the config's expert_parallel section (DeepSpeed's "
+                        "AutoEP), or export to Megatron-LM")
     if arch.head_dim is not None or arch.qk_norm:
         problems.append("its heads (head_dim apart from hidden / heads, latent attention, or query/key norms) are "
                         "not among Megatron-DeepSpeed's flags; export to Megatron-LM instead")

@@ -699,3 +699,151 @@ def test_bf16_gradients_accumulate_and_reduce_in_bf16_in_deepspeeds_own_config(w
         assert config.communication_data_type == (torch.bfloat16 if grad_precision == "bf16" else None)
         imported = import_deepspeed(document)
         assert imported.request["training"].get("grad_precision", "fp32") == grad_precision
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A mixture of experts: DeepSpeed's AutoEP (the config's expert_parallel section) on a plain engine, tp 1, pp 1
+
+MIXTRAL_LIKE = {"name": "mixtral-like", "num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336,
+                "num_attention_heads": 32, "num_kv_heads": 8, "vocab_size": 32000, "num_experts": 8,
+                "experts_per_token": 2, "rope_theta": 1e6}
+H100_32 = {"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}
+
+
+def _moe_plan(layout: dict[str, Any], **training: Any) -> Plan:
+    return estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"recompute": "full", **layout}, cluster=H100_32, model=MIXTRAL_LIKE,
+        training={"global_batch_size": 64, "seq_length": 4096, **training})))
+
+
+class _FusedExperts(nn.Module):
+    """Experts stored as Hugging Face transformers 5 stores Mixtral's: gate and up fused, one 3-D tensor each."""
+
+    def __init__(self, experts: int, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.randn(experts, 2 * ffn, hidden))
+        self.down_proj = nn.Parameter(torch.randn(experts, hidden, ffn))
+
+
+class _SparseBlock(nn.Module):
+    def __init__(self, experts: int, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(hidden, experts, bias=False)
+        self.experts = _FusedExperts(experts, hidden, ffn)
+
+
+class _DecoderLayer(nn.Module):
+    def __init__(self, experts: int, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.mlp = _SparseBlock(experts, hidden, ffn)
+
+
+class MixtralShaped(nn.Module):
+    """The module tree of a Hugging Face Mixtral (model.layers.N.mlp with gate and experts) and its config's
+    expert fields, at toy widths: what AutoEP detects and swaps."""
+
+    def __init__(self, experts: int, top_k: int, layers: int = 2, hidden: int = 16, ffn: int = 24) -> None:
+        super().__init__()
+        self.model = nn.Module()
+        self.model.layers = nn.ModuleList(_DecoderLayer(experts, hidden, ffn) for _ in range(layers))
+        self.config = types.SimpleNamespace(model_type="mixtral", num_local_experts=experts, num_experts_per_tok=top_k)
+
+
+@pytest.fixture
+def fresh_expert_groups(monkeypatch):
+    """DeepSpeed keeps its expert groups, a clone of the world group and the last engine's model-parallel unit in
+    module globals, and skips creating a group that exists: a fresh set for each fake world, and no unit (the
+    script passes none)."""
+    from deepspeed.utils import groups
+    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS", "_EXPERT_DATA_PARALLEL_GROUP",
+                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS"):
+        monkeypatch.setattr(groups, name, {})
+    for name in ("_WORLD_GROUP", "mpu", "mesh_device"):
+        monkeypatch.setattr(groups, name, None)
+    return groups
+
+
+@pytest.mark.parametrize("zero_stage", [1, 3])
+@pytest.mark.parametrize("rank", [0, 13, 31])
+def test_autoep_holds_the_planned_experts_on_the_planned_expert_groups(world, fresh_expert_groups, zero_stage, rank):
+    """deepspeed.initialize takes the export as it is (plus the script's own optimizer), swaps a Mixtral-shaped
+    model's MoE blocks for AutoEP layers holding experts / ep experts on this rank, and puts the rank's EP group on
+    the plan's ep consecutive replicas and its expert-data-parallel group on the replicas holding the same
+    experts: megatron-core's expert order at tp 1, which the plan prices."""
+    plan = _moe_plan({"tp": 1, "pp": 1, "dp": 32, "ep": 8}, zero_stage=zero_stage)
+    assert (plan.ep, plan.zero_stage, len(plan.replicas)) == (8, zero_stage, 32)
+    document = exported(plan)
+    assert document["expert_parallel"] == {"enabled": True, "autoep_size": 8, "expert_tensor_parallel_size": 1,
+                                           "comm_backend": "comm"}
+    assert document["resiplan"]["pipeline_module"] is None and "pipeline" not in document
+    world.enter(32, rank)
+    config = DeepSpeedConfig(copy.deepcopy(document))
+    assert (config.expert_parallel_config.enabled, config.expert_parallel_config.autoep_size) == (True, 8)
+    experts = plan.architecture.num_experts
+    model = MixtralShaped(experts, plan.architecture.experts_per_token)
+    # ZeRO wants expert parameters in their own optimizer groups: DeepSpeed makes them when it builds the optimizer
+    script = {**copy.deepcopy(document), "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    engine, *_ = deepspeed.initialize(model=model, config=script, model_parameters=model.parameters())
+    assert not isinstance(engine, PipelineEngine)
+    swapped = [m for name, m in engine.module.named_modules() if name.endswith(".mlp")]
+    assert [type(m).__name__ for m in swapped] == ["AutoEPMoELayer"] * 2
+    for layer in swapped:  # ZeRO-3 partitions the tensor: its whole shape is ds_shape
+        weights = layer.experts.w1
+        assert getattr(weights, "ds_shape", weights.shape)[0] == experts // plan.ep == 1
+    devices = document["resiplan"]["rank_devices"]
+    replicas = sorted(plan.replicas, key=lambda r: r.id)
+    first = rank - rank % plan.ep
+    ep_ranks = fresh_expert_groups._EXPERT_PARALLEL_GROUP_RANKS[f"ep_size_{plan.ep}"]
+    assert [devices[q] for q in ep_ranks] == [replicas[i].stages[0].devices[0] for i in range(first, first + plan.ep)]
+    edp_ranks = fresh_expert_groups._EXPERT_DATA_PARALLEL_GROUP_RANKS[f"ep_size_{plan.ep}"]
+    assert [devices[q] for q in edp_ranks] == [replicas[i].stages[0].devices[0]
+                                              for i in range(rank % plan.ep, 32, plan.ep)]
+
+
+def test_autoep_export_reads_back_as_the_plan(world):
+    """The importer reads AutoEP's section back: the same layout and the same estimate (ZeRO-1 keeps the plan's
+    fp32 gradient accumulation); DeepEP's backend is the flex dispatcher."""
+    from adapters.deepspeed_import import import_deepspeed
+
+    for dispatcher, backend in (("alltoall", "comm"), ("flex", "deepep")):
+        plan = _moe_plan({"tp": 1, "pp": 1, "dp": 32, "ep": 8}, zero_stage=1, moe_dispatcher=dispatcher)
+        document = exported(plan)
+        assert document["expert_parallel"]["comm_backend"] == backend
+        world.enter(32, 0)
+        DeepSpeedConfig(copy.deepcopy(document))  # DeepSpeed parses and validates AutoEP's section
+        imported = import_deepspeed(document)
+        assert imported.not_modelled == []
+        assert imported.request["layout"]["ep"] == 8
+        assert imported.request["training"]["moe_dispatcher"] == dispatcher
+        again = estimate_for(EstimateRequest.model_validate({**imported.request, "cluster": H100_32}))
+        assert again.ep == 8 and again.moe_dispatcher == plan.moe_dispatcher
+        assert again.predicted.iteration_time_s == plan.predicted.iteration_time_s
+
+
+def test_importer_refuses_what_autoep_refuses():
+    from adapters.command_line import CommandLineError
+    from adapters.deepspeed_import import import_deepspeed
+
+    document = exported(_moe_plan({"tp": 1, "pp": 1, "dp": 32, "ep": 8}, zero_stage=1))
+    for change, message in (({"expert_tensor_parallel_size": 2}, "AutoEP runs only 1"),
+                            ({"comm_backend": "nccl"}, "comm_backend 'nccl'")):
+        bad = copy.deepcopy(document)
+        bad["expert_parallel"].update(change)
+        with pytest.raises(CommandLineError, match=message):
+            import_deepspeed(bad)
+    odd = copy.deepcopy(document)
+    odd["expert_parallel"]["use_grouped_mm"] = False
+    assert import_deepspeed(odd).not_modelled == ["expert_parallel.use_grouped_mm: not an AutoEP setting resiplan "
+                                                  "models"]
+
+
+@pytest.mark.parametrize(("layout", "training", "reason"), [
+    ({"tp": 2, "pp": 1, "dp": 16, "ep": 8, "etp": 1}, {}, "a mixture of experts with tp 2 .AutoEP's tensor parallelism"),
+    ({"tp": 1, "pp": 2, "dp": 16, "ep": 8}, {}, "a mixture of experts with pp 2 .DeepSpeed's AutoEP swaps"),
+    ({"tp": 1, "pp": 1, "dp": 32, "ep": 8, "recompute": "selective"}, {"moe_a2a_overlap": True, "zero_stage": 3},
+     "moe_a2a_overlap .AutoEP has no batch-level overlap"),
+])
+def test_adapter_refuses_expert_layouts_autoep_cannot_run(layout, training, reason):
+    plan = _moe_plan(layout, **training)
+    with pytest.raises(ExportError, match=reason + ".*export to megatron or torchtitan"):
+        ds_export.render(plan)
