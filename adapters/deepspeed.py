@@ -365,7 +365,8 @@ def _expert_problems(layout: StockLayout) -> list[str]:
         problems.append("moe_a2a_overlap (AutoEP has no batch-level overlap of the all-to-alls; plan with "
                         '"training": {"moe_a2a_overlap": false})')
     if problems:
-        problems[-1] += "; export to megatron or torchtitan"
+        problems[-1] += ("; for DeepSpeed, estimate a tp 1, pp 1 layout (POST /v1/estimate with \"layout\": "
+                         f'{{"tp": 1, "pp": 1, "ep": {layout.ep}}}), or export to megatron or torchtitan')
     return problems
 
 
