@@ -194,7 +194,9 @@ class PlannerClient:
     ) -> httpx.Response:
         url = f"{self.base_url}{path}"
         read_s = read_timeout_s if read_timeout_s is not None else self.timeout_s
-        timeout = httpx.Timeout(read_s, connect=self.connect_timeout_s)
+        # (connect, read, write, pool) as a plain tuple, which httpx and httpx2 (Starlette's TestClient) both
+        # take: httpx2 2.17 refuses an httpx.Timeout object.
+        timeout = (self.connect_timeout_s, read_s, read_s, read_s)
         headers = {**self._headers, "Accept": accept} if accept else self._headers
         idempotent = method in ("GET", "HEAD")
         attempt = 0
