@@ -28,6 +28,11 @@ from cost_models.model_spec import ModelSpec
 CAUSAL_EXECUTED_FRACTION = 0.5
 # FlashAttention-2's backward recomputes the scores: 2.5x its forward FLOPs.
 FLASH_BACKWARD_TO_FORWARD = 2.5
+# FlashAttention-2's kernels on Hopper against the fused ones the model prices (cuDNN's, which FlashAttention-3
+# matches): Shah et al., "FlashAttention-3" (2024), Figures 5-6, H100 80GB SXM5, head dim 128, 16k tokens:
+# forward 335 against 539 TFLOP/s, backward 322 against 516 (2.5 times the forward's FLOPs). The time of a
+# forward and its backward together, FA2 over cuDNN: 1.60.
+FA2_ATTENTION_TIME_FACTOR = (1 / 335 + FLASH_BACKWARD_TO_FORWARD / 322) / (1 / 539 + FLASH_BACKWARD_TO_FORWARD / 516)
 # Bytes per score element moved by unfused attention (write QK^T, softmax
 # read+write, attention-probs read for scores x V) and by attention dropout
 # (read, write, 1-byte mask).
@@ -126,7 +131,8 @@ def _attention_core_forward_s(
     flops = layer_attention_forward_flops(model, seq_length, micro_batch) / (tp * cp)
     if software.flash_attention:
         executed = attention_executed_fraction(model, seq_length, CAUSAL_EXECUTED_FRACTION)
-        return gemm_time_s(flops * executed, model.qk_head_width, gpu, efficiency)
+        kernel = FA2_ATTENTION_TIME_FACTOR if software.attention_kernel == "fa2" else 1.0
+        return kernel * gemm_time_s(flops * executed, model.qk_head_width, gpu, efficiency)
     score_elements = model.num_attention_heads * seq_length * seq_length * micro_batch / (tp * cp)
     score_bytes = SCORE_BYTES_NO_DROPOUT + (SCORE_BYTES_DROPOUT if software.dropout else 0.0)
     return gemm_time_s(flops, model.qk_head_width, gpu, efficiency) + hbm_time_s(score_elements * score_bytes, gpu, efficiency)

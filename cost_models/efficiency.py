@@ -119,6 +119,10 @@ class SoftwareConfig:
     moe_a2a_overlap: Megatron's batch-level EP overlap (--overlap-moe-expert-parallel-comm): the forward of
         one microbatch and the backward of another run as one step, each one's all-to-alls under the other's
         computation, where megatron-core allows it (`cost_models.expert_parallel.a2a_overlap_applies`).
+    attention_kernel: which fused attention kernels run (with flash_attention): "fused", Transformer Engine's
+        cuDNN attention or FlashAttention-3 on Hopper and newer, FlashAttention-2 on Ampere (their own best);
+        or "fa2", FlashAttention-2 kernels (flash-attn 2, PyTorch SDPA's flash backend) on Hopper or newer,
+        which use neither its warpgroup MMA nor TMA (`cost_models.compute.FA2_ATTENTION_TIME_FACTOR`).
     """
 
     flash_attention: bool = True
@@ -134,6 +138,7 @@ class SoftwareConfig:
     fp8: bool = False
     moe_dispatcher: str = "alltoall"
     moe_a2a_overlap: bool = False
+    attention_kernel: str = "fused"
 
 
 # Megatron-LM of 2021-2022 (the calibration runs): no flash attention, dropout

@@ -164,6 +164,10 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
         request.failures.failed,
         [(s.device, s.speed) for s in request.failures.slow],
     )
+    if training.attention_kernel == "fa2" and hardware.gpu.peak_fp8_tflops is None:
+        raise PlanningError(f"training.attention_kernel fa2 prices FlashAttention-2 on a Hopper or newer GPU; on the "
+                            f"{hardware.gpu.name} (no FP8 tensor cores: Ampere or older) FlashAttention-2 is the fused "
+                            'kernel: leave attention_kernel "fused"')
     if training.precision == "fp8" and hardware.gpu.peak_fp8_tflops is None:
         with_fp8 = ", ".join(name for name in gpu_preset_names() if gpu_preset(name).peak_fp8_tflops is not None)
         raise PlanningError(f"training.precision fp8 needs FP8 tensor cores; the {hardware.gpu.name} has none "
@@ -173,7 +177,8 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
     bf16_grads = training.grad_precision == "bf16"
     software = SoftwareConfig(grad_reduce_bytes=2 if training.precision == "fp16" or bf16_grads else 4,
                               grad_bytes=2 if bf16_grads else 4, fp8=training.precision == "fp8",
-                              moe_dispatcher=training.moe_dispatcher, moe_a2a_overlap=training.moe_a2a_overlap)
+                              moe_dispatcher=training.moe_dispatcher, moe_a2a_overlap=training.moe_a2a_overlap,
+                              attention_kernel=training.attention_kernel)
     reserve_gib = request.options.memory_reserve_gib
     if reserve_gib is None:
         reserve_gib = DEFAULT_MEMORY_RESERVE_GIB

@@ -182,6 +182,15 @@ class Training(_Strict):
                     "pipeline stage or an interleaved pipeline); other layouts pay their all-to-alls exposed. "
                     "Plans say whether theirs uses it (moe_a2a_overlap).",
     )
+    attention_kernel: Literal["fused", "fa2"] = Field(
+        default="fused",
+        description="The attention kernels the trainer runs: fused (Transformer Engine's cuDNN attention, as "
+                    "Megatron-LM runs it, or FlashAttention-3; FlashAttention-2 on Ampere GPUs, where it is the "
+                    "fused kernel) or fa2 (FlashAttention-2 on a Hopper or newer GPU: flash-attn 2, or PyTorch "
+                    "SDPA's flash backend, which torchtitan uses), priced 1.6x the fused kernels' attention time "
+                    "from the FlashAttention-3 paper's H100 measurements. Matters at long sequences, where "
+                    "attention dominates.",
+    )
 
     @model_validator(mode="after")
     def _grad_precision(self) -> Training:

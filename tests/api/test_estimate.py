@@ -231,3 +231,24 @@ def test_layout_recompute_auto_is_rejected(client):
 def test_layout_unknown_field(client):
     response = client.post("/v1/estimate", json=estimate_request({"tp": 2, "pp": 2, "dpp": 2}))
     assert_validation(response, ("layout", "dpp"), "Extra inputs are not permitted")
+
+
+def test_flash_attention_2_costs_time_where_attention_dominates_and_is_refused_on_ampere(client):
+    """training.attention_kernel fa2 prices FlashAttention-2 on an H100: at 2k tokens attention is a small part of
+    a layer and the iteration barely moves; at 64k over cp 8 it dominates and the iteration approaches the kernel
+    ratio (1.6x). On an A100 FlashAttention-2 is the fused kernel: asking for fa2 there is a 422 that says so."""
+    h100 = {"num_nodes": 1, "gpus_per_node": 8, "gpu": "H100-SXM"}
+
+    def seconds(kernel: str, seq: int, cp: int) -> float:
+        body = estimate_request({"tp": 1, "cp": cp, "pp": 1, "recompute": "full"}, cluster=h100, model="llama3-8b",
+                                training={"global_batch_size": 8 // cp, "seq_length": seq, "zero_stage": 3,
+                                          "attention_kernel": kernel})
+        return post_estimate(client, body).predicted.iteration_time_s
+
+    short = seconds("fa2", 2048, 1) / seconds("fused", 2048, 1)
+    long = seconds("fa2", 65536, 8) / seconds("fused", 65536, 8)
+    assert 1.0 < short < 1.1
+    assert short + 0.2 < long < 1.6
+    a100 = estimate_request({"tp": 1, "pp": 1}, training={"global_batch_size": 256, "seq_length": 4096,
+                                                          "attention_kernel": "fa2"})
+    assert_detail(client.post("/v1/estimate", json=a100), "FlashAttention-2 is the fused kernel")

@@ -114,6 +114,23 @@ def test_unfused_attention_by_hand_and_backward_is_twice_forward():
     assert lt.backward_tp_comm_ms == pytest.approx(lt.forward_tp_comm_ms, rel=1e-12)
 
 
+def test_flash_attention_2_on_hopper_slows_the_attention_core_alone_by_the_papers_ratio():
+    """FlashAttention-2's kernels (`attention_kernel` fa2) cost the attention core, forward and backward, the
+    FlashAttention-3 paper's H100 ratio to cuDNN's (head dim 128, 16k tokens: forward 335 against 539 TFLOP/s,
+    backward 322 against 516 on 2.5x the FLOPs); GEMMs, elementwise traffic and overhead stay as they were."""
+    ratio = (1 / 335 + 2.5 / 322) / (1 / 539 + 2.5 / 516)
+    assert 1.59 < ratio < 1.61
+    fa2 = SoftwareConfig(flash_attention=True, sequence_parallel=False, dropout=False, attention_kernel="fa2")
+    attn_s = 0.5 * 4 * B * S**2 * H / (PEAK * eff(64))
+    fused, slow = run(1, "none", FLASH), run(1, "none", fa2)
+    assert slow.forward_compute_ms - fused.forward_compute_ms == pytest.approx(1e3 * (ratio - 1) * attn_s, rel=1e-9)
+    assert slow.backward_compute_ms - fused.backward_compute_ms == pytest.approx(
+        1e3 * (ratio - 1) * 2.5 * attn_s, rel=1e-9)
+    # unfused attention (flash_attention off) runs no FlashAttention kernel: the setting changes nothing
+    unfused_fa2 = SoftwareConfig(flash_attention=False, sequence_parallel=False, dropout=True, attention_kernel="fa2")
+    assert run(2, "none", unfused_fa2) == run(2, "none", UNFUSED)
+
+
 @pytest.mark.parametrize("tp", [1, 2, 8])
 @pytest.mark.parametrize("software", [FLASH, FLASH_SP, UNFUSED])
 def test_full_recompute_adds_one_forward(tp, software):
