@@ -13,6 +13,8 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
     --expert-model-parallel-size                      layout.ep
     --expert-tensor-parallel-size                     layout.etp (when not tp)
     --overlap-moe-expert-parallel-comm                training.moe_a2a_overlap
+    --attention-backend fused / auto                  training.attention_kernel fused (flash, unfused and local are
+                                                      reported: FlashAttention-2 or -3, or scores materialized)
     --num-virtual-stages-per-pipeline-rank v,          layout.virtual_stages, schedule interleaved
       --num-layers-per-virtual-pipeline-stage n
     --decoder-first/last-pipeline-num-layers,          layout.layers_per_stage
@@ -155,7 +157,6 @@ _NOT_MODELLED = {
     "--cross-entropy-loss-fusion": "a fused loss kernel: its speed is not modelled",
     "--empty-unused-memory-level": "the allocator's cache emptying is not modelled",
     "--manual-gc": "Python's garbage-collection pauses are not modelled",
-    "--attention-backend": "the attention kernel is not a request field",
     "--calculate-per-token-loss": "the loss reduction's cost is not modelled",
 }
 _HARMLESS_VALUES = {"--empty-unused-memory-level": "0"}
@@ -268,6 +269,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     training = {"global_batch_size": _required(flags, "--global-batch-size"), "seq_length": seq_length,
                 "zero_stage": _zero_stage(flags),
                 "precision": _precision(flags)}
+    _attention_backend(flags, not_modelled)
     if experts is not None:
         _dispatcher(flags, training, not_modelled)
         if "--overlap-moe-expert-parallel-comm" in flags:
@@ -296,7 +298,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--outer-dp-sharding-strategy", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
         "--softmax-type", "--window-size", "--window-attn-skip-freq", "--moe-layer-freq", *_LATENT_FLAGS,
         "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--mtp-num-layers",
-        "--expert-tensor-parallel-size", "--overlap-moe-expert-parallel-comm",
+        "--expert-tensor-parallel-size", "--overlap-moe-expert-parallel-comm", "--attention-backend",
         *_NOT_MODELLED,
     }
     for name in sorted(flags):
@@ -375,6 +377,28 @@ def _latent_attention(flags: dict, arch: dict, notes: list[str]) -> None:
 _DISPATCHERS = {
     "allgather": "gathers every token of the EP x TP group on every GPU (megatron-core's default)",
 }
+
+
+# megatron-core's --attention-backend values beside fused and auto (Transformer Engine's cuDNN attention, priced as
+# training.attention_kernel "fused"), and why each is not that.
+_ATTENTION_BACKENDS = {
+    "flash": "Transformer Engine's FlashAttention backend runs FlashAttention-3 where flash_attn_3 is installed "
+             "(priced: fused) and FlashAttention-2 otherwise, 1.6x the attention time on Hopper: set "
+             'training.attention_kernel "fa2" for that',
+    "unfused": "attention with its s x s scores materialized is not a request field: estimated with a fused kernel, "
+               "faster and with less memory than it runs",
+    "local": "megatron-core's own attention, its s x s scores materialized, is not a request field: estimated with a "
+             "fused kernel, faster and with less memory than it runs",
+}
+
+
+def _attention_backend(flags: dict, not_modelled: list[str]) -> None:
+    """--attention-backend: fused and auto are what the request's default attention_kernel prices."""
+    backend = flags.get("--attention-backend")
+    if backend is None or backend in ("fused", "auto"):
+        return
+    why = _ATTENTION_BACKENDS.get(backend, "not a backend megatron-core knows; estimated with a fused kernel")
+    not_modelled.append(f"--attention-backend {backend}: {why}")
 
 
 def _dispatcher(flags: dict, training: dict, not_modelled: list[str]) -> None:

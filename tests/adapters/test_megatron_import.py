@@ -79,6 +79,7 @@ MAPPED_FLAGS = {
     "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--vocab-size", "--fp8-format",
     "--grad-reduce-in-bf16",
     "--context-parallel-size",  # at 1: no context parallelism, as the model runs it
+    "--attention-backend",  # fused: Transformer Engine's cuDNN attention, the default attention_kernel's price
 }
 
 
@@ -290,3 +291,20 @@ def test_the_ep_overlap_is_read_back_and_reported_where_megatron_core_would_refu
     flat = import_megatron(text.replace(chunked, "--num-virtual-stages-per-pipeline-rank 1"),
                            vocab_size=plan.architecture.vocab_size)
     assert [entry for entry in flat.not_modelled if entry.startswith("--overlap-moe-expert-parallel-comm")]
+
+
+@pytest.mark.parametrize(("backend", "reported"), [
+    ("fused", None), ("auto", None),
+    ("flash", 'set training.attention_kernel "fa2"'),
+    ("unfused", "scores materialized"), ("local", "scores materialized"),
+])
+def test_the_attention_backend_is_priced_as_fused_or_reported(backend, reported):
+    """Transformer Engine's cuDNN attention (fused, auto) is what the default attention_kernel prices; the flash
+    backend may be FlashAttention-2, which the request can say, and unfused attention is not a request field."""
+    imported = import_megatron(LLAMA3_8B_EXAMPLE.replace("--attention-backend fused", f"--attention-backend {backend}"))
+    assert "attention_kernel" not in imported.request["training"]
+    lines = [line for line in imported.not_modelled if line.startswith("--attention-backend")]
+    if reported is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and reported in lines[0]
