@@ -98,7 +98,9 @@ Where DeepSpeed is not what the plan assumed, and refusals:
   parallelism (AutoTP folding) keeps activations whole on every TP rank, where
   the plan counted them split by sequence parallelism (tp > 1 is refused). It
   has no expert tensor parallelism and no batch-level all-to-all overlap
-  (`moe_a2a_overlap` plans are refused). Megatron-DeepSpeed's own MoE
+  (`moe_a2a_overlap` plans are refused). GPT-OSS is refused: AutoEP has no
+  preset for it and leaves a model type it does not recognize unchanged,
+  without an error. Megatron-DeepSpeed's own MoE
   (`deepspeed.moe.layer.MoE`) is not exported: it drops tokens over a
   capacity factor and replicates experts across TP ranks, neither of which
   the plan prices.
@@ -354,6 +356,12 @@ def _layout(plan: Plan) -> StockLayout:
 def _expert_problems(layout: StockLayout) -> list[str]:
     """What AutoEP, DeepSpeed's expert parallelism, cannot run of a mixture-of-experts plan."""
     problems = []
+    if layout.architecture.attention_sinks:
+        # A model type AutoEP has no preset for is left as it is, without an error: its experts would stay whole
+        # on every rank.
+        problems.append("a GPT-OSS-style mixture of experts (DeepSpeed 0.19's AutoEP has no preset for its routers, "
+                        "biased experts and clamped SwiGLU, and leaves a model it does not recognize unchanged, every "
+                        "expert on every rank)")
     if layout.pp > 1:
         problems.append(f"a mixture of experts with pp {layout.pp} (DeepSpeed's AutoEP swaps the MoE blocks of a "
                         "Hugging Face model run by its plain engine, not a PipelineModule)")
@@ -453,7 +461,9 @@ def _script_settings(plan: Plan, layout: StockLayout) -> dict[str, Any]:
             "size": layout.ep,
             "experts_per_gpu": layout.architecture.num_experts // layout.ep,
             "deepspeed": "AutoEP (the config's expert_parallel section): deepspeed.initialize swaps the Hugging Face "
-                         "model's MoE blocks, found from config.model_type, for layers holding these experts",
+                         "model's MoE blocks, found from config.model_type, for layers holding these experts; it "
+                         "leaves a model it does not recognize unchanged, so check that its log says 'AutoEP: "
+                         "replaced N MoE layer(s)' with N the model's expert layers",
         },
         "schedule": {"plan": layout.schedule,
                      "deepspeed": "TrainSchedule (1F1B)" if layout.pp > 1 else "gradient accumulation (one stage)"},

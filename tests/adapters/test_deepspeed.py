@@ -847,3 +847,42 @@ def test_adapter_refuses_expert_layouts_autoep_cannot_run(layout, training, reas
     plan = _moe_plan(layout, **training)
     with pytest.raises(ExportError, match=reason + ".*export to megatron or torchtitan"):
         ds_export.render(plan)
+
+
+class _RoutedBlock(nn.Module):
+    """GPT-OSS's MoE block as Hugging Face names it: a biased `router`, fused experts."""
+
+    def __init__(self, experts: int, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.router = nn.Linear(hidden, experts, bias=True)
+        self.experts = _FusedExperts(experts, hidden, ffn)
+
+
+def test_autoep_leaves_a_model_type_it_has_no_preset_for_unchanged(world, fresh_expert_groups):
+    """Why the adapter refuses GPT-OSS: deepspeed.initialize with AutoEP on a gpt_oss-typed model raises nothing and
+    swaps nothing, so every rank keeps every expert."""
+    model = MixtralShaped(8, 4)
+    for layer in model.model.layers:
+        layer.mlp = _RoutedBlock(8, 16, 24)
+    model.config.model_type = "gpt_oss"
+    world.enter(16, 5)
+    config = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+              "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
+              "expert_parallel": {"enabled": True, "autoep_size": 8, "expert_tensor_parallel_size": 1},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
+    blocks = [m for name, m in engine.module.named_modules() if name.endswith(".mlp")]
+    assert [type(m).__name__ for m in blocks] == ["_RoutedBlock"] * 2
+    assert all(m.experts.gate_up_proj.shape[0] == 8 for m in blocks)
+
+
+def test_adapter_refuses_a_mixture_autoep_has_no_preset_for():
+    """GPT-OSS's MoE blocks match none of AutoEP's presets, and AutoEP leaves a model it does not recognize unchanged
+    (no error): exported, every rank would hold every expert. The adapter refuses it by name."""
+    plan = estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "recompute": "full"}, cluster={"num_nodes": 1, "gpus_per_node": 8,
+                                                                           "gpu": "H100-SXM"},
+        model="gpt-oss-20b", training={"global_batch_size": 8, "seq_length": 4096})))
+    assert plan.ep == 8 and plan.architecture.attention_sinks
+    with pytest.raises(ExportError, match="GPT-OSS-style mixture of experts .DeepSpeed 0.19's AutoEP has no preset"):
+        ds_export.render(plan)
