@@ -886,3 +886,22 @@ def test_adapter_refuses_a_mixture_autoep_has_no_preset_for():
     assert plan.ep == 8 and plan.architecture.attention_sinks
     with pytest.raises(ExportError, match="GPT-OSS-style mixture of experts .DeepSpeed 0.19's AutoEP has no preset"):
         ds_export.render(plan)
+
+
+def test_autoep_without_expert_parallelism_keeps_every_expert_on_every_rank(world, fresh_expert_groups):
+    """ep 1: the export still turns AutoEP on (its grouped GEMMs, the kernels the plan prices) and every swapped
+    layer holds all the experts, its EP group the rank alone."""
+    plan = _moe_plan({"tp": 1, "pp": 1, "dp": 32, "ep": 1}, zero_stage=3)
+    document = exported(plan)
+    assert document["expert_parallel"]["autoep_size"] == 1
+    world.enter(32, 13)
+    experts = plan.architecture.num_experts
+    model = MixtralShaped(experts, plan.architecture.experts_per_token)
+    script = {**copy.deepcopy(document), "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    engine, *_ = deepspeed.initialize(model=model, config=script, model_parameters=model.parameters())
+    swapped = [m for name, m in engine.module.named_modules() if name.endswith(".mlp")]
+    assert [type(m).__name__ for m in swapped] == ["AutoEPMoELayer"] * 2
+    for layer in swapped:
+        weights = layer.experts.w1
+        assert getattr(weights, "ds_shape", weights.shape)[0] == experts
+    assert list(fresh_expert_groups._EXPERT_PARALLEL_GROUP_RANKS["ep_size_1"]) == [13]
