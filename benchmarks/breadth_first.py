@@ -16,19 +16,23 @@ from api.tasks.planning import plan_for
 from benchmarks.report import write_section
 from wire.schemas import PlanRequest
 
-# (label, nodes, gpu, model, global batch, seq)
+# (label, nodes, gpu, model, global batch, seq, network GB/s per GPU or None: the preset's)
 CASES = [
-    ("128 x H100, llama3-8b, 256 x 8k", 16, "H100-SXM", "llama3-8b", 256, 8192),
-    ("512 x H100, llama3-70b, 256 x 8k", 64, "H100-SXM", "llama3-70b", 256, 8192),
-    ("1,024 x H100, llama3-70b, 256 x 8k", 128, "H100-SXM", "llama3-70b", 256, 8192),
-    ("1,024 x H100, llama3-70b, 1,024 x 8k", 128, "H100-SXM", "llama3-70b", 1024, 8192),
-    ("256 x A100, llama2-13b, 128 x 4k", 32, "A100-80GB", "llama2-13b", 128, 4096),
+    ("128 x H100, llama3-8b, 256 x 8k", 16, "H100-SXM", "llama3-8b", 256, 8192, None),
+    ("512 x H100, llama3-70b, 256 x 8k", 64, "H100-SXM", "llama3-70b", 256, 8192, None),
+    ("1,024 x H100, llama3-70b, 256 x 8k", 128, "H100-SXM", "llama3-70b", 256, 8192, None),
+    ("1,024 x H100 on 200 Gb/s NICs, llama3-70b, 256 x 8k", 128, "H100-SXM", "llama3-70b", 256, 8192, 25.0),
+    ("1,024 x H100, llama3-70b, 1,024 x 8k", 128, "H100-SXM", "llama3-70b", 1024, 8192, None),
+    ("256 x A100, llama2-13b, 128 x 4k", 32, "A100-80GB", "llama2-13b", 128, 4096, None),
 ]
 STOCK = ["1f1b", "interleaved"]
 
 
-def _plan(nodes: int, gpu: str, model: str, batch: int, seq: int, schedules: list[str]):
-    body = {"cluster": {"num_nodes": nodes, "gpus_per_node": 8, "gpu": gpu}, "model": model,
+def _plan(nodes: int, gpu: str, model: str, batch: int, seq: int, network_gb_s: float | None, schedules: list[str]):
+    cluster = {"num_nodes": nodes, "gpus_per_node": 8, "gpu": gpu}
+    if network_gb_s is not None:
+        cluster["inter_node_bandwidth_gb_s"] = network_gb_s
+    body = {"cluster": cluster, "model": model,
             "training": {"global_batch_size": batch, "seq_length": seq},
             "options": {"allow_non_uniform": False, "schedules": schedules, "time_limit_s": 30}}
     return plan_for(PlanRequest.model_validate(body))
@@ -46,9 +50,9 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = parser.parse_args()
     rows = []
-    for label, nodes, gpu, model, batch, seq in CASES:
-        stock = _plan(nodes, gpu, model, batch, seq, STOCK)
-        bfs = _plan(nodes, gpu, model, batch, seq, [*STOCK, "looped-bfs"])
+    for label, nodes, gpu, model, batch, seq, network_gb_s in CASES:
+        stock = _plan(nodes, gpu, model, batch, seq, network_gb_s, STOCK)
+        bfs = _plan(nodes, gpu, model, batch, seq, network_gb_s, [*STOCK, "looped-bfs"])
         gain = 1 - bfs.predicted.iteration_time_s / stock.predicted.iteration_time_s
         rows.append(
             f"| {label} | {stock.predicted.iteration_time_s:.3f} s ({_layout(stock)}; sync "

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from cost_models.efficiency import (
     EFFICIENCY_BOUNDS,
+    MEASURED_EFFICIENCY,
     MEGATRON_2021,
     EfficiencyParams,
     SoftwareConfig,
@@ -151,19 +152,22 @@ def korthikanti_memory_rows(directory: Path = CALIBRATION_DIR) -> list[tuple[str
     return out
 
 
-def fit(runs: list[CalibrationRun], start: EfficiencyParams, modern: list | None = None) -> EfficiencyParams:
+def fit(runs: list[CalibrationRun], start: EfficiencyParams, modern: list | None = None,
+        held: dict[str, float] | None = None) -> EfficiencyParams:
     """Least squares on relative errors (each source weighted equally: SC'21, Korthikanti and, when given,
-    the `modern` runs together) over log-parameters."""
+    the `modern` runs together) over log-parameters; the `held` ones (default: the measured link
+    efficiencies, `MEASURED_EFFICIENCY`) keep their values."""
     from benchmarks.modern_runs import predict_iteration_s
 
     from scipy.optimize import minimize
 
-    names = EfficiencyParams.field_names()
+    held = MEASURED_EFFICIENCY if held is None else held
+    names = [n for n in EfficiencyParams.field_names() if n not in held]
     bounds = EFFICIENCY_BOUNDS
 
     def params_of(x) -> EfficiencyParams:
         values = {n: min(max(math.exp(v), bounds[n][0]), bounds[n][1]) for n, v in zip(names, x)}
-        return EfficiencyParams(**values)
+        return EfficiencyParams(**values, **held)
 
     def loss(x) -> float:
         p = params_of(x)
@@ -263,26 +267,51 @@ def joint_fit_report(runs: list[CalibrationRun], start: EfficiencyParams) -> lis
             f"({len(train)} runs), held out {100 * mean_error(held):.1f}% ({len(held)} runs)."]
 
 
+def profile_report(runs: list[CalibrationRun], start: EfficiencyParams, name: str, points: int = 5) -> list[str]:
+    """How well the A100 runs pin `name` down: refit the other fitted parameters with `name` held at `points`
+    values across its range, and print both sources' MAPE at each."""
+    low, high = EFFICIENCY_BOUNDS[name]
+    lines = [f"Profile of {name} (the other fitted parameters refitted at each value):", "",
+             f"| {name} | SC'21 MAPE | Korthikanti MAPE |", "|---:|---:|---:|"]
+    for i in range(points):
+        value = low + (high - low) * i / (points - 1)
+        held = {**{k: v for k, v in MEASURED_EFFICIENCY.items() if k != name}, name: value}
+        params = fit(runs, replace(start, **held), held=held)
+        lines.append(f"| {value:.4g} | {100 * mape(runs, params, 'sc21'):.2f}% | "
+                     f"{100 * mape(runs, params, 'korthikanti'):.2f}% |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fit", action="store_true", help="refit the efficiency parameters and save them")
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
     parser.add_argument("--joint-fit", action="store_true",
                         help="also report a fit that includes half of the 2023+ runs (not saved)")
+    parser.add_argument("--profile", choices=EfficiencyParams.field_names(),
+                        help="only report how well the A100 runs determine this parameter")
     args = parser.parse_args(argv)
     runs = load_runs()
     efficiency = fitted_efficiency()
+    if args.profile:
+        print("\n".join(profile_report(runs, efficiency, args.profile)))
+        return 0
     if args.fit:
         efficiency = fit(runs, efficiency)
         FITTED_PATH.write_text(json.dumps({
-            "doc": "Fitted by `python -m benchmarks.fidelity --fit` to benchmarks/calibration (SC'21 Table 1, Korthikanti et al.).",
+            "doc": "Fitted by `python -m benchmarks.fidelity --fit` to benchmarks/calibration (SC'21 Table 1, Korthikanti "
+                   "et al.), but for " + " and ".join(MEASURED_EFFICIENCY) + ": NCCL's published measurements "
+                   "(cost_models.efficiency.MEASURED_EFFICIENCY).",
             "params": {k: round(v, 5) for k, v in efficiency.to_dict().items()},
         }, indent=2) + "\n")
     sc21, kor = mape(runs, efficiency, "sc21"), mape(runs, efficiency, "korthikanti")
     report = [table(runs, efficiency), "",
               f"MAPE SC'21 TFLOP/s per GPU: {100 * sc21:.2f}% (target <= {100 * SC21_TARGET_MAPE:.0f}%)",
               f"MAPE Korthikanti iteration time: {100 * kor:.2f}% (target <= {100 * KORTHIKANTI_TARGET_MAPE:.0f}%)", "",
-              "Fitted parameters: " + ", ".join(f"{k} = {v:.4g}" for k, v in efficiency.to_dict().items()), "",
+              "Fitted parameters: " + ", ".join(f"{k} = {v:.4g}" for k, v in efficiency.to_dict().items()
+                                                if k not in MEASURED_EFFICIENCY)
+              + "; measured (NCCL's published figures, not fitted): "
+              + ", ".join(f"{k} = {v:.4g}" for k, v in MEASURED_EFFICIENCY.items()), "",
               "| model | state GiB published | predicted | activations (SP + selective) GiB published | predicted |",
               "|---|---:|---:|---:|---:|"]
     for name, sp, sq, ap, aq in korthikanti_memory_rows():

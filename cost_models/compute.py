@@ -9,6 +9,7 @@ per-layer overhead. Tensor-parallel collectives are timed in `tp_comm`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from cost_models.choices import Recompute
 from cost_models.comm import NVLINK_STEP_LATENCY_S, ring_all_reduce_s
@@ -21,7 +22,7 @@ from cost_models.flops import (
     layer_attention_forward_flops,
     layer_projection_gemms,
 )
-from cost_models.hardware import GpuSpec
+from cost_models.hardware import FIT_REFERENCE_GPU, GpuSpec, gpu_preset
 from cost_models.model_spec import ModelSpec
 
 # A causal fused-attention kernel skips the upper triangle of the scores.
@@ -54,11 +55,34 @@ def gemm_efficiency(width: float, efficiency: EfficiencyParams) -> float:
     return efficiency.gemm_peak_fraction * width / (width + efficiency.gemm_half_width)
 
 
-def gemm_time_s(flops: float, width: float, gpu: GpuSpec, efficiency: EfficiencyParams,
-                peak_tflops: float | None = None) -> float:
-    """At the BF16 peak unless `peak_tflops` says another (FP8's)."""
-    peak = gpu.peak_tflops if peak_tflops is None else peak_tflops
-    return flops / (peak * 1e12 * gemm_efficiency(width, efficiency))
+@cache
+def _reference_ceiling_fraction() -> float:
+    reference = gpu_preset(FIT_REFERENCE_GPU)
+    return reference.matmul_ceiling_tflops / reference.peak_tflops
+
+
+def gemm_basis_tflops(gpu: GpuSpec, fp8: bool = False) -> float:
+    """The TFLOP/s that `gemm_peak_fraction` is a fraction of on `gpu` (BF16, or FP8 GEMMs).
+
+    The parameter is fitted on A100s, whose best measured matmul reaches 86.9% of the datasheet peak; newer
+    GPUs reach less of theirs (H100 SXM 80.3% BF16 and 70.9% FP8, B200 77.6%: their datasheet peaks assume
+    the boost clock, which 700-1,000 W do not sustain under dense tensor work). So a GPU's GEMMs run at the
+    fitted fraction of its peak scaled by its measured ceiling against A100's (`gpus.json`,
+    `matmul_ceiling_tflops`). Without a measured ceiling a GPU is taken to reach A100's fraction of its peak
+    (BF16), and FP8 GEMMs the fraction of the FP8 peak that its BF16 GEMMs reach of theirs.
+    """
+    bf16_tflops = (gpu.peak_tflops if gpu.matmul_ceiling_tflops is None
+                   else gpu.matmul_ceiling_tflops / _reference_ceiling_fraction())
+    if not fp8 or gpu.peak_fp8_tflops is None:  # requests for FP8 on such a GPU are refused at the boundary
+        return bf16_tflops
+    if gpu.fp8_matmul_ceiling_tflops is None:
+        return gpu.peak_fp8_tflops * bf16_tflops / gpu.peak_tflops
+    return gpu.fp8_matmul_ceiling_tflops / _reference_ceiling_fraction()
+
+
+def gemm_time_s(flops: float, width: float, gpu: GpuSpec, efficiency: EfficiencyParams, fp8: bool = False) -> float:
+    """BF16 GEMMs, or FP8 ones (`gemm_basis_tflops`)."""
+    return flops / (gemm_basis_tflops(gpu, fp8) * 1e12 * gemm_efficiency(width, efficiency))
 
 
 def hbm_time_s(bytes_moved: float, gpu: GpuSpec, efficiency: EfficiencyParams) -> float:
@@ -109,11 +133,11 @@ class LayerTime:
 
 
 def _projection_gemms_s(
-    model: ModelSpec, tokens: int, tp: int, gpu: GpuSpec, efficiency: EfficiencyParams, peak_tflops: float | None = None,
+    model: ModelSpec, tokens: int, tp: int, gpu: GpuSpec, efficiency: EfficiencyParams, fp8: bool = False,
     expert_tp: int | None = None,
 ) -> float:
     """QKV, output projection, MLP (and router) GEMMs, each with its own shard width (`layer_projection_gemms`)."""
-    return sum(gemm_time_s(flops, width, gpu, efficiency, peak_tflops)
+    return sum(gemm_time_s(flops, width, gpu, efficiency, fp8)
                for flops, width in layer_projection_gemms(model, tokens, tp, expert_tp))
 
 
@@ -227,8 +251,7 @@ def layer_time(
     `expert_tp` ranks (default tp; `mlp_tp_comm_ms`).
     """
     tokens = seq_length * micro_batch / cp
-    gemm_s = _projection_gemms_s(model, tokens, tp, gpu, efficiency, gpu.peak_fp8_tflops if software.fp8 else None,
-                                 expert_tp)
+    gemm_s = _projection_gemms_s(model, tokens, tp, gpu, efficiency, software.fp8, expert_tp)
     attention_s = _attention_core_forward_s(model, seq_length, micro_batch, tp, gpu, efficiency, software, cp)
     elementwise_s = _elementwise_forward_s(model, tokens, tp, gpu, efficiency, software)
     cast_forward_s = cast_backward_s = 0.0

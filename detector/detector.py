@@ -26,8 +26,10 @@ Fail-slow:
    by `SELF_BASELINE_CONFIDENCE`. Such devices are also compared with the whole
    job (ratio / the median ratio of every device that iteration), flagged at
    `cross_role_threshold` (1.5: the cost model's work of one stage against
-   another is a prior) unless every device of their role is: a slowdown present
-   from the first iteration, which no self-baseline sees, is caught this way.
+   another is a prior) unless every device of their role is, or the device is
+   within `slow_threshold` of its role's others (both mean the role's work is
+   misjudged): a slowdown present from the first iteration, which no
+   self-baseline sees, is caught this way.
 3. A device is fail-slow when its normalized time is >= `slow_threshold`
    (1.15) in each of its last `consecutive_iterations` (3) iterations with
    data. speed = 1 / median normalized time over the trailing run of slow
@@ -272,6 +274,13 @@ def decide(
                       for device in reporting]
             if len(reporting) > 1 and all(by_job):
                 by_job = [None] * len(reporting)  # the whole role off the job: its work is misjudged, not its GPUs
+            elif len(reporting) > 1:
+                # Off the job but level with its own role's others (which do the same work): the role's work is
+                # what the cost model misjudged, the others only a little less. A slowdown strong enough to be
+                # off the job is also off a partner that has none.
+                within = _normalized_by_peers(ratios, reporting, 2)
+                by_job = [finding if finding is None or _judge(device, within[device], "peers", options) else None
+                          for device, finding in zip(reporting, by_job, strict=True)]
             found = [job_finding or _judge(device, _normalized_by_self(ratios[device], options), "self", options)
                      for device, job_finding in zip(reporting, by_job, strict=True)]
         findings += [f for f in found if f is not None and f.device not in stopped]

@@ -58,6 +58,8 @@ def resolve_gpu(gpu: str | GpuObject) -> GpuSpec:
         memory_gib=gpu.memory_gib,
         hbm_bandwidth_gb_s=gpu.hbm_bandwidth_gb_s or reference.hbm_bandwidth_gb_s * ratio,
         peak_fp8_tflops=gpu.peak_fp8_tflops,
+        matmul_ceiling_tflops=gpu.matmul_ceiling_tflops,
+        fp8_matmul_ceiling_tflops=gpu.fp8_matmul_ceiling_tflops,
         intra_node_bandwidth_gb_s=reference.intra_node_bandwidth_gb_s,
         inter_node_bandwidth_gb_s=reference.inter_node_bandwidth_gb_s,
     )

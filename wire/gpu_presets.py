@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from cost_models.hardware import gpu_preset, gpu_preset_names, gpu_preset_source
+from cost_models.hardware import gpu_preset, gpu_preset_ceiling_source, gpu_preset_names, gpu_preset_source
 
 
 class GpuPreset(BaseModel):
@@ -17,7 +17,11 @@ class GpuPreset(BaseModel):
     hbm_bandwidth_gb_s: float
     intra_node_bandwidth_gb_s: float = Field(description="Unidirectional GPU-to-GPU bandwidth in a node, per GPU.")
     inter_node_bandwidth_gb_s: float = Field(description="The GPU's unidirectional share of the scale-out network.")
+    matmul_ceiling_tflops: float | None = Field(
+        description="The most dense BF16 matmul TFLOP/s measured on this GPU; GEMMs are priced against it.")
+    fp8_matmul_ceiling_tflops: float | None = Field(description="The same for FP8 matmuls; null: not measured.")
     source: str = Field(description="The datasheet (and reference system) each figure is read from.")
+    matmul_ceiling_source: str | None = Field(description="The measurement the matmul ceilings are read from.")
 
 
 def gpu_presets() -> list[GpuPreset]:
@@ -29,6 +33,8 @@ def gpu_presets() -> list[GpuPreset]:
             name=name, peak_bf16_tflops=spec.peak_tflops, peak_fp8_tflops=spec.peak_fp8_tflops,
             memory_gib=spec.memory_gib, hbm_bandwidth_gb_s=spec.hbm_bandwidth_gb_s,
             intra_node_bandwidth_gb_s=spec.intra_node_bandwidth_gb_s,
-            inter_node_bandwidth_gb_s=spec.inter_node_bandwidth_gb_s, source=gpu_preset_source(name),
+            inter_node_bandwidth_gb_s=spec.inter_node_bandwidth_gb_s, matmul_ceiling_tflops=spec.matmul_ceiling_tflops,
+            fp8_matmul_ceiling_tflops=spec.fp8_matmul_ceiling_tflops, source=gpu_preset_source(name),
+            matmul_ceiling_source=gpu_preset_ceiling_source(name),
         ))
     return out

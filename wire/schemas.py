@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from cost_models.device import MAX_DEVICE_ID_CHARS, Device, DeviceIdError, DeviceSpec
+from wire.gpu_object import MIN_BANDWIDTH_GB_S, GpuObject
 from wire.migration import Migration, ReplanCandidate  # noqa: F401  (re-exported: part of the Plan)
 from wire.model_schemas import HfConfigModel, ModelArchitecture, RopeScalingModel  # noqa: F401  (re-exported)
 from wire.strict import _Strict
@@ -31,9 +32,6 @@ MAX_TOKENS_PER_ITERATION = 2**31  # global_batch_size x seq_length; ~100x the la
 # The largest published batch in sequences is BERT-with-LAMB's 65,536. Every microbatch is an op of every
 # stage's timeline: 65,536 on one 8-GPU node already take ~8 s to simulate and answer 30 MB.
 MAX_GLOBAL_BATCH_SEQUENCES = 65_536
-MIN_PEAK_TFLOPS = 0.1
-MIN_MEMORY_GIB = 0.1
-MIN_BANDWIDTH_GB_S = 0.01
 MIN_SPEED = 0.001  # the least speed the detector reports, so its estimates can be replanned with
 # Tags of the members of "a preset name or an object" fields; wire.errors leaves `<...>` parts out of field paths.
 PRESET_TAG, OBJECT_TAG, ARCHITECTURE_TAG, HF_CONFIG_TAG = "<preset>", "<object>", "<architecture>", "<hf_config>"
@@ -58,22 +56,6 @@ def _member_kind(value: Any, object_kinds: dict[str, str], default_object_kind: 
     if isinstance(value, BaseModel):
         return next((tag for tag, model in _TAGGED_MODELS.items() if isinstance(value, model)), None)
     return None
-
-
-class GpuObject(_Strict):
-    name: str = Field(min_length=1, max_length=64)
-    # Lower bounds keep every derived time finite: near-zero rates make times overflow to inf (a 500, or
-    # NaN in the answer). Each is far below any accelerator a training job runs on.
-    peak_tflops: float = Field(ge=MIN_PEAK_TFLOPS, le=100_000, description="Dense bf16 TFLOP/s per GPU.")
-    memory_gib: float = Field(ge=MIN_MEMORY_GIB, le=4096, description="HBM capacity per GPU, GiB.")
-    hbm_bandwidth_gb_s: float | None = Field(
-        default=None, ge=MIN_BANDWIDTH_GB_S, le=100_000,
-        description="HBM bandwidth GB/s; default scales A100's by peak FLOP/s.",
-    )
-    peak_fp8_tflops: float | None = Field(
-        default=None, ge=MIN_PEAK_TFLOPS, le=200_000,
-        description="Dense FP8 TFLOP/s per GPU; null: the GPU has no FP8 tensor cores (precision fp8 is refused).",
-    )
 
 
 class Cluster(_Strict):

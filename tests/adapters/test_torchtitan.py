@@ -714,15 +714,19 @@ def test_launch_lines_quote_plan_supplied_text(tmp_path):
 
 
 def test_uneven_interleaved_parts_follow_the_looped_placement():
-    layout = stock_layout(real_plan("interleaved"), "torchtitan")  # 2 stages x 4 chunks
-    layout = dataclasses.replace(layout, layers_per_stage=(16, 24))  # 4 + 6 layers a chunk
+    layout = stock_layout(real_plan("interleaved"), "torchtitan")  # 2 stages x v chunks
+    v, total = layout.virtual_stages, sum(layout.layers_per_stage)
+    assert len(layout.layers_per_stage) == 2 and v > 1
+    # the most even uneven split whose stages both cut into v chunks (v = 4 of 40 layers: 16 + 24, 4 + 6 a chunk)
+    first = max(a for a in range(v, total // 2, v) if (total - a) % v == 0)
+    layout = dataclasses.replace(layout, layers_per_stage=(first, total - first))
     parts = module_fqns_per_model_part(layout)
-    assert [sum(f.startswith("layers.") for f in part) for part in parts] == [4, 6] * 4
+    assert [sum(f.startswith("layers.") for f in part) for part in parts] == [first // v, (total - first) // v] * v
     for rank in range(2):
         local = _get_pp_rank_to_stage_indices_mapping(rank, 2, "Interleaved1F1B", len(parts))
         assert sum(f.startswith("layers.") for i in local for f in parts[i]) == layout.layers_per_stage[rank]
-    with pytest.raises(ExportError, match="do not cut into 4 equal model chunks"):
-        module_fqns_per_model_part(dataclasses.replace(layout, layers_per_stage=(18, 22)))
+    with pytest.raises(ExportError, match=f"do not cut into {v} equal model chunks"):
+        module_fqns_per_model_part(dataclasses.replace(layout, layers_per_stage=(first + 1, total - first - 1)))
 
 
 def test_interleaved_with_named_schedule_not_csv():

@@ -23,12 +23,19 @@ def test_readme_example_plans_and_satisfies_the_invariants(client):
     plan = verify_plan(response.json(), body)
     assert "1:7" in plan.excluded_devices
     # A half-speed GPU must not set the pace: where it is used, its stage holds fewer layers than every
-    # full-speed stage of its TP size, and its replica takes no more microbatches than any other.
-    stages = [(r, s) for r in plan.replicas for s in r.stages]
-    slow = [(r, s) for r, s in stages if SLOW in s.devices]
-    for replica, stage in slow:
+    # full-speed stage of its TP size in the same place of a pipeline (the first holds the embedding, the last
+    # the head), and its replica takes no more microbatches than any other.
+    def place(replica, index):
+        return "only" if len(replica.stages) == 1 else ("first" if index == 0 else
+                                                        "last" if index == len(replica.stages) - 1 else "middle")
+
+    stages = [(r, i, s) for r in plan.replicas for i, s in enumerate(r.stages)]
+    slow = [(r, i, s) for r, i, s in stages if SLOW in s.devices]
+    assert slow
+    for replica, index, stage in slow:
         width = stage.layers[1] - stage.layers[0]
-        peers = [s.layers[1] - s.layers[0] for _, s in stages if s.tp == stage.tp and SLOW not in s.devices]
+        peers = [s.layers[1] - s.layers[0] for r, i, s in stages
+                 if s.tp == stage.tp and SLOW not in s.devices and place(r, i) == place(replica, index)]
         assert peers and width < min(peers)
         assert replica.num_microbatches <= min(r.num_microbatches for r in plan.replicas)
     # What the README shows beside it: using the slow GPU beats leaving it out, here the 14 other healthy

@@ -6,6 +6,8 @@ All expected times are written out from a round-number GPU and efficiency set.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cost_models.comm import NVLINK_STEP_LATENCY_S
@@ -129,6 +131,32 @@ def test_flash_attention_2_on_hopper_slows_the_attention_core_alone_by_the_paper
     # unfused attention (flash_attention off) runs no FlashAttention kernel: the setting changes nothing
     unfused_fa2 = SoftwareConfig(flash_attention=False, sequence_parallel=False, dropout=True, attention_kernel="fa2")
     assert run(2, "none", unfused_fa2) == run(2, "none", UNFUSED)
+
+
+# A100 SXM's best measured BF16 matmul against its datasheet peak (ml-engineering's MAMF table, 271.2 of 312
+# TFLOP/s), typed in: the parameters are fitted on A100s.
+A100_CEILING_FRACTION = 271.2 / 312
+
+
+def test_a_measured_matmul_ceiling_scales_gemms_and_attention_against_a100s_and_nothing_else():
+    """A GPU whose best matmul reaches 60% of its peak runs every GEMM (and the fused attention kernel) at the
+    fitted fraction of 60 / 0.869 TFLOP/s; elementwise traffic and overhead keep their times."""
+    measured = replace(GPU, matmul_ceiling_tflops=60.0)
+    basis = 60e12 / A100_CEILING_FRACTION
+    gemm_s = 24 * T * H**2 / (basis * eff(H))
+    attn_s = 0.5 * 4 * B * S**2 * H / (basis * eff(64))
+    elem_s = T * H * (10 + 2 * 4) * 2 / HBM
+    lt = layer_time(MODEL, S, B, 1, "none", measured, 200.0, EFF, FLASH)
+    assert lt.forward_compute_ms == pytest.approx(1e3 * (gemm_s + attn_s + elem_s + 0.1e-3), rel=1e-12)
+    assert lt.backward_compute_ms == pytest.approx(1e3 * (2 * (gemm_s + elem_s + 0.1e-3) + 2.5 * attn_s), rel=1e-12)
+    # the head's GEMM too; a GPU at exactly A100's fraction prices as its datasheet peak says (what a GPU
+    # without a measured ceiling gets)
+    assert head_time(MODEL, S, B, 2, measured, EFF).forward_compute_ms > head_time(MODEL, S, B, 2, GPU,
+                                                                                   EFF).forward_compute_ms
+    at_a100s = replace(GPU, matmul_ceiling_tflops=100.0 * A100_CEILING_FRACTION)
+    reference, same = run(2, "full", FLASH_SP), layer_time(MODEL, S, B, 2, "full", at_a100s, 200.0, EFF, FLASH_SP)
+    assert same.forward_compute_ms == pytest.approx(reference.forward_compute_ms, rel=1e-12)
+    assert same.backward_compute_ms == pytest.approx(reference.backward_compute_ms, rel=1e-12)
 
 
 @pytest.mark.parametrize("tp", [1, 2, 8])

@@ -77,13 +77,15 @@ DEEPEP_INTRANODE_EP8_GB_S = (153.0, 158.0)
 DEEPEP_INTERNODE_GB_S = {16: (43.0, 43.0), 32: (58.0, 57.0), 64: (51.0, 50.0)}
 
 
-def test_all_to_all_is_never_faster_per_byte_than_the_best_published_kernels():
-    """Byte for byte on its bottleneck link, the all-to-all the planner prices (fitted efficiency) takes no
-    less time than DeepEP's published kernels took on the same links, and no more than 2.5x. DeepEP sends a
-    token once per destination rank (or node) where Megatron's all-to-all dispatcher, which the bytes follow,
-    sends one copy per routed expert: the comparison is of the time per byte, the check that the priced
-    links are not optimistic. Measured ratios: 1.17-1.20 inside a node; 1.72-2.32 across nodes, where the
-    fitted network_fraction (0.5, at its bound: issue 17) is pessimistic."""
+def test_all_to_all_per_byte_is_within_a_fifth_of_the_best_published_kernels():
+    """Byte for byte on its bottleneck link, the all-to-all the planner prices (built-in efficiencies: NCCL's
+    measured link efficiencies) takes between 0.85x and 1.25x the time DeepEP's published kernels took on the
+    same links. DeepEP sends a token once per destination rank (or node) where Megatron's all-to-all
+    dispatcher, which the bytes follow, sends one copy per routed expert: the comparison is of the time per
+    byte, the check that the priced links are neither optimistic nor pessimistic beyond that. Measured ratios:
+    1.17-1.20 inside a node; across nodes 0.90 at EP 16 (DeepEP's 43 GB/s is 86% of the NIC's 50, below what
+    NCCL's collectives reach on it, 48), 1.19-1.21 at EP 32, 1.04-1.06 at EP 64. (With the fitted
+    network_fraction of 0.5 before 2026-12-05 the cross-node ratios were 1.72-2.32.)"""
     from cost_models.efficiency import fitted_efficiency
 
     efficiency = fitted_efficiency()
@@ -104,7 +106,7 @@ def test_all_to_all_is_never_faster_per_byte_than_the_best_published_kernels():
         priced_ms = all_to_all_ms(deepseek_v3, tokens, 1, ep, 8, intra_gb_s, inter_gb_s)
         for published_gb_s in published:
             ratios.append(priced_ms / (1e3 * routed * (ep - 8) / ep / (published_gb_s * 1e9)))
-    assert all(1.0 <= ratio <= 2.5 for ratio in ratios), ratios
+    assert all(0.85 <= ratio <= 1.25 for ratio in ratios), ratios
 
 
 def _remote_nodes_sampled(num_experts: int, k: int, ep: int, in_node: int, draws: int = 20_000) -> float:

@@ -9,6 +9,8 @@ GPUs and 7,914 -> 10,280 (1.299x) on 16, memory 71 -> 74 GiB and 62 -> 64 GiB (n
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cost_models.compute import layer_time
@@ -51,6 +53,30 @@ def test_fp8_runs_the_projections_at_the_fp8_peak_and_pays_their_casts():
     assert fp8.backward_compute_ms - bf16.backward_compute_ms == pytest.approx(
         1e3 * (2 * (gemm_fp8_s - gemm_bf16_s) + cast_backward_s), rel=1e-9)
     assert fp8.weight_grad_ms == pytest.approx(1e3 * gemm_fp8_s, rel=1e-9)
+
+
+# A100 SXM's best measured BF16 matmul against its datasheet peak (ml-engineering's MAMF table, 271.2 of 312
+# TFLOP/s), typed in: the built-in parameters are fitted on A100s, so GEMMs reach their fitted fraction of the
+# datasheet peak scaled by a GPU's own measured fraction against this one.
+A100_CEILING_FRACTION = 271.2 / 312
+
+
+def test_a_measured_fp8_ceiling_prices_the_fp8_gemms_and_without_one_they_reach_bf16s_fraction():
+    bf16_ceiling, fp8_ceiling = 80.0, 120.0  # of datasheet peaks 100 and 200
+    measured = replace(GPU, matmul_ceiling_tflops=bf16_ceiling, fp8_matmul_ceiling_tflops=fp8_ceiling)
+    bf16_only = replace(GPU, matmul_ceiling_tflops=bf16_ceiling)
+    plain = layer_time(MODEL, S, B, 1, "none", GPU, 200.0, EFF, SoftwareConfig(fp8=True))
+    gemm_plain_s = 24 * T * H * H / (200e12 * eff(H))
+    for gpu, fp8_basis_tflops in ((measured, fp8_ceiling / A100_CEILING_FRACTION),
+                                  (bf16_only, 200.0 * (bf16_ceiling / 100.0) / A100_CEILING_FRACTION)):
+        fp8 = layer_time(MODEL, S, B, 1, "none", gpu, 200.0, EFF, SoftwareConfig(fp8=True))
+        gemm_s = 24 * T * H * H / (fp8_basis_tflops * 1e12 * eff(H))
+        # the attention core stays in BF16, at the BF16 ceiling
+        attention_s = 0.5 * 4 * B * S**2 * H / (100e12 * eff(64))
+        attention_measured_s = attention_s * 100.0 * A100_CEILING_FRACTION / bf16_ceiling
+        assert fp8.forward_compute_ms - plain.forward_compute_ms == pytest.approx(
+            1e3 * (gemm_s - gemm_plain_s + attention_measured_s - attention_s), rel=1e-9)
+        assert fp8.weight_grad_ms == pytest.approx(1e3 * gemm_s, rel=1e-9)
 
 
 def test_fp8_keeps_the_projection_inputs_in_one_byte():

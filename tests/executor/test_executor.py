@@ -18,7 +18,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.tasks.detection import detect_for
-from api.tasks.planning import plan_for
+from api.tasks.planning import estimate_for, plan_for
 from api.tasks.telemetry_body import parse_detect_body
 from executor import layout as executor_layout
 from executor import model as executor_model
@@ -36,7 +36,7 @@ from tests.executor.support import (
     tiny,
     used_devices,
 )
-from wire.schemas import Plan, PlanRequest
+from wire.schemas import EstimateRequest, Plan, PlanRequest
 
 TOLERANCE = 1e-5  # relative, fp32
 STEPS = 3
@@ -46,7 +46,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def plans() -> dict[str, Plan]:
-    return {name: tiny(plan_for(PlanRequest.model_validate(body))) for name, body in REQUESTS.items()}
+    return {name: tiny(estimate_for(EstimateRequest.model_validate(body)) if "layout" in body
+                       else plan_for(PlanRequest.model_validate(body))) for name, body in REQUESTS.items()}
 
 
 SLOW_RANK = 1
@@ -105,7 +106,7 @@ def _assert_trains_like_one_process(plan: Plan, out_dir: str, steps: int = STEPS
 
 
 def test_uniform_plan_shape(plans):
-    """Today: two replicas of layers [0,3) at tp 1 on node 0 + [3,8) at tp 2 on node 1, 4 microbatches, ZB-H2."""
+    """Two replicas of layers [0,3) at tp 1 on node 0 + [3,8) at tp 2 on node 1, 4 microbatches, ZB-H2 (named)."""
     plan = plans["uniform"]
     assert plan.uniform and len(plan.replicas) == 2 and used_devices(plan) <= 8
     assert [stage.tp for stage in plan.replicas[0].stages] == [1, 2]  # TP changes along the pipeline
