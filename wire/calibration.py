@@ -35,6 +35,14 @@ class CalibratedRun(BaseModel):
     cross_validated_error: float | None = None
 
 
+class CalibrationRefit(BaseModel):
+    """What a refit replaced: the fit made under an earlier cost model."""
+
+    reason: str = Field(description="Why the runs were refitted, with the largest change in a run's prediction.")
+    previous_parameters: dict[str, float]
+    previous_fit_mape: float
+
+
 class Calibration(BaseModel):
     calibration_id: str
     name: str
@@ -52,6 +60,10 @@ class Calibration(BaseModel):
     fit_mape: float = Field(description="Mean absolute relative error of the fitted predictions.")
     cross_validated_mape: float | None = Field(
         description="Mean absolute relative error of each run predicted by a fit to the others; null with one run.")
+    refit: CalibrationRefit | None = Field(
+        default=None, description="Set when the service refitted the stored runs because a newer cost model prices "
+        "them differently under the stored parameters; the fit above is the new one, this is what it replaced. "
+        "Null for a calibration still fitted under the current cost model.")
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from sqlalchemy import (
     insert,
     select,
     text,
+    update,
 )
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
@@ -69,6 +70,16 @@ calibrations_table = Table(
     Column("calibration_id", String(64), primary_key=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("calibration_json", Text, nullable=False),
+)
+
+# The measured runs a calibration was fitted to (its POST body), kept so that the service can refit them when a
+# later cost model prices them differently. A table of its own: calibrations stored before it have no row here,
+# and adding a column would need a migration that `CREATE TABLE IF NOT EXISTS` does not do.
+calibration_runs_table = Table(
+    "calibration_runs",
+    _metadata,
+    Column("calibration_id", String(64), primary_key=True),
+    Column("runs_json", Text, nullable=False),
 )
 
 # Seconds to reach a PostgreSQL server before the store counts as unavailable (an unreachable host would
@@ -274,12 +285,32 @@ class PlanStore:
             row = connection.execute(select(column).where(plans_table.c.plan_id == plan_id)).first()
         return None if row is None else row[0]
 
-    def save_calibration(self, calibration_id: str, calibration_json: str) -> None:
-        """Insert and commit a fitted calibration (POST /v1/calibrations)."""
+    def save_calibration(self, calibration_id: str, calibration_json: str, runs_json: str) -> None:
+        """Insert and commit a fitted calibration and the runs it was fitted to (POST /v1/calibrations)."""
         self._ensure_schema()
         with self._guard("save a calibration"), self._engine.begin() as connection:
             connection.execute(insert(calibrations_table).values(
                 calibration_id=calibration_id, created_at=datetime.now(UTC), calibration_json=calibration_json))
+            connection.execute(insert(calibration_runs_table).values(calibration_id=calibration_id,
+                                                                     runs_json=runs_json))
+
+    def replace_calibration_json(self, calibration_id: str, calibration_json: str) -> None:
+        """Commit a calibration refitted to its own runs under the current cost model."""
+        self._ensure_schema()
+        with self._guard("update a calibration"), self._engine.begin() as connection:
+            connection.execute(update(calibrations_table)
+                               .where(calibrations_table.c.calibration_id == calibration_id)
+                               .values(calibration_json=calibration_json))
+
+    def get_calibration_runs_json(self, calibration_id: str) -> str | None:
+        """The runs a stored calibration was fitted to; None for one stored before the service kept them."""
+        if not _could_be_stored(calibration_id):
+            return None
+        self._ensure_schema()
+        with self._guard("read a calibration's runs"), self._engine.connect() as connection:
+            row = connection.execute(select(calibration_runs_table.c.runs_json)
+                                     .where(calibration_runs_table.c.calibration_id == calibration_id)).first()
+        return None if row is None else row[0]
 
     def get_calibration_json(self, calibration_id: str) -> str | None:
         if not _could_be_stored(calibration_id):

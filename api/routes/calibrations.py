@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.core.body import body_openapi, json_body
 from api.deps import PoolDep, SettingsDep, StoreDep
+from api.routes.calibration_lookup import current_calibration_json
 from api.routes.plans import JSON, SOLVE_RESPONSES, V1_RESPONSES
 from api.tasks.calibrating import calibration_answer
 from wire.calibration import Calibration, CalibrationRequest
@@ -30,13 +31,16 @@ async def create_calibration(
     `measured_iteration_time_s`) and store the fit: its parameters, which the runs determined and which they
     cannot, per-run and leave-one-out errors. `options.calibration_id` on plan, estimate and replan applies it."""
     answer = await pool.run(calibration_answer, request, deadline_s=settings.max_time_limit_s)
-    await run_in_threadpool(store.save_calibration, answer.calibration_id, answer.calibration_json)
+    await run_in_threadpool(store.save_calibration, answer.calibration_id, answer.calibration_json,
+                            request.model_dump_json())
     return Response(answer.calibration_json, status_code=201, media_type=JSON)
 
 
 @router.get("/calibrations/{calibration_id}", response_model=Calibration, responses={404: {"model": ErrorDetail}})
-async def read_calibration(calibration_id: str, store: StoreDep) -> Response:
-    stored = await run_in_threadpool(store.get_calibration_json, calibration_id)
+async def read_calibration(calibration_id: str, settings: SettingsDep, store: StoreDep, pool: PoolDep) -> Response:
+    """A stored calibration. When the cost model changed since its runs were fitted, they are refitted first (and
+    stored so): the answer's `refit` holds the parameters the new fit replaced."""
+    stored = await current_calibration_json(store, pool, calibration_id, settings.max_time_limit_s)
     if stored is None:
         raise HTTPException(status_code=404, detail=f"no calibration with id {calibration_id!r}")
     return Response(stored, media_type=JSON)

@@ -98,9 +98,9 @@ async def create_plan(
     the best plan found by then, with its solver status and gap.
     """
     limit_s = settings.time_limit_s(request.options.time_limit_s)
-    calibration = await applied_calibration(store, request.options)
-    answer = await pool.run(plan_answer, request, settings.max_time_limit_s, Budget.starting_now(limit_s),
-                            calibration, deadline_s=limit_s)
+    budget = Budget.starting_now(limit_s)
+    calibration = await applied_calibration(store, pool, request.options, limit_s)
+    answer = await pool.run(plan_answer, request, settings.max_time_limit_s, budget, calibration, deadline_s=limit_s)
     return await answer_with_plan(store, answer)
 
 
@@ -119,9 +119,9 @@ async def create_estimate(
     pool: PoolDep,
 ) -> Response:
     """The predicted performance of one fixed layout (no search)."""
-    calibration = await applied_calibration(store, request.options)
-    answer = await pool.run(estimate_answer, request, calibration,
-                            deadline_s=settings.time_limit_s(request.options.time_limit_s))
+    limit_s = settings.time_limit_s(request.options.time_limit_s)
+    calibration = await applied_calibration(store, pool, request.options, limit_s)
+    answer = await pool.run(estimate_answer, request, calibration, deadline_s=limit_s)
     return await answer_with_plan(store, answer)
 
 
@@ -151,7 +151,7 @@ async def create_comparison(
     the comparison, and links the best plan's."""
     options = getattr(request.root, "options", None)
     deadline_s = settings.time_limit_s((options or Options()).time_limit_s)
-    calibration = await applied_calibration(store, options)
+    calibration = await applied_calibration(store, pool, options, deadline_s)
     answer = await pool.run(compare_answer, request.root, calibration, deadline_s=deadline_s)
     for plan in answer.plans:
         try:

@@ -55,13 +55,14 @@ async def replan_stored_plan(
     else:
         requested_s = parent_request.get("options", {}).get("time_limit_s", Options().time_limit_s)
     limit_s = settings.time_limit_s(requested_s)
+    budget = Budget.starting_now(limit_s)
     # The calibration: the caller's, else the parent request's (its id was checked when the parent was planned).
     if body.options is not None and "calibration_id" in body.options.model_fields_set:
-        calibration = await applied_calibration(store, body.options)
+        calibration = await applied_calibration(store, pool, body.options, limit_s)
     else:
-        calibration = await applied_calibration(store, Options.model_validate(
-            {"calibration_id": parent_request.get("options", {}).get("calibration_id")}))
+        calibration = await applied_calibration(store, pool, Options.model_validate(
+            {"calibration_id": parent_request.get("options", {}).get("calibration_id")}), limit_s)
     answer = await pool.run(replan_answer, parent_request, body, parent_plan, settings.max_time_limit_s,
-                            Budget.starting_now(limit_s), calibration, deadline_s=limit_s)
+                            budget, calibration, deadline_s=limit_s)
     return await answer_with_plan(store, answer)
 

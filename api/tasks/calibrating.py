@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from api.tasks.planning import new_plan_id
 from cost_models.efficiency import fitted_efficiency
 from planner.calibration import MeasuredRun, calibrate, predicted_s
 from planner.errors import PlanningError
-from wire.calibration import CalibratedRun, Calibration, CalibrationRequest, parameter_bounds
+from wire.calibration import (
+    AppliedCalibration,
+    CalibratedRun,
+    Calibration,
+    CalibrationRefit,
+    CalibrationRequest,
+    parameter_bounds,
+)
 from wire.convert import to_fixed_layout, to_problem
 
 
@@ -30,6 +39,10 @@ def _measured_runs(request: CalibrationRequest) -> list[MeasuredRun]:
 def calibration_for(request: CalibrationRequest) -> Calibration:
     """Fit the built-in parameters to the request's runs; a run that cannot be estimated is a PlanningError
     naming it."""
+    return _fitted(request, new_plan_id())
+
+
+def _fitted(request: CalibrationRequest, calibration_id: str) -> Calibration:
     runs = _measured_runs(request)
     start = fitted_efficiency()
     try:
@@ -42,7 +55,7 @@ def calibration_for(request: CalibrationRequest) -> Calibration:
             + "): their predicted times barely depend on them; measure runs that differ in model size or layout")
     held_out = fit.cross_validated or (None,) * len(fit.runs)
     return Calibration(
-        calibration_id=new_plan_id(),
+        calibration_id=calibration_id,
         name=request.name,
         parameters={name: round(value, 6) for name, value in fit.parameters.to_dict().items()},
         default_parameters=start.to_dict(),
@@ -69,3 +82,38 @@ def calibration_answer(request: CalibrationRequest) -> CalibrationAnswer:
     """calibration_for, for a solver worker."""
     calibration = calibration_for(request)
     return CalibrationAnswer(calibration.calibration_id, calibration.model_dump_json())
+
+
+# A run whose prediction under the stored parameters moved by more than this since the fit was priced by another
+# cost model. Rounding (parameters to 6 decimals, times to the microsecond) moves a prediction far less.
+STALE_PREDICTION_REL = 1e-4
+
+
+def refreshed_calibration(calibration_json: str, runs_json: str) -> str | None:
+    """A stored calibration refitted to its own runs when the current cost model predicts them differently under
+    its stored parameters: the parameters were fitted to another model's prices, and applying them to this one's
+    would mislead every plan. None while the stored fit still holds; a PlanningError naming the calibration when
+    its runs cannot be priced or fitted any more."""
+    stored = Calibration.model_validate_json(calibration_json)
+    where = f"calibration {stored.calibration_id!r} ({stored.name})"
+    try:
+        request = CalibrationRequest.model_validate_json(runs_json)
+        runs = _measured_runs(request)
+    except (ValidationError, PlanningError) as error:
+        raise PlanningError(f"{where} was fitted under an earlier cost model, and its runs cannot be priced by "
+                            f"this one ({error}); POST /v1/calibrations with runs this version accepts") from None
+    parameters = AppliedCalibration.of(stored).parameters
+    moved = [predicted_s(run, parameters) / fitted.predicted_s - 1 for run, fitted in zip(runs, stored.runs)]
+    largest = max(range(len(moved)), key=lambda i: abs(moved[i]))
+    if abs(moved[largest]) <= STALE_PREDICTION_REL:
+        return None
+    try:
+        refit = _fitted(request, stored.calibration_id)
+    except PlanningError as error:
+        raise PlanningError(f"{where} was fitted under an earlier cost model and cannot be refitted under this "
+                            f"one: {error}") from None
+    replaced = CalibrationRefit(
+        reason=f"the cost model changed since the fit: under the stored parameters it prices runs[{largest}] "
+               f"{moved[largest]:+.2%} against the fit's prediction",
+        previous_parameters=stored.parameters, previous_fit_mape=stored.fit_mape)
+    return refit.model_copy(update={"refit": replaced}).model_dump_json()

@@ -8,6 +8,8 @@ tests/planner/test_calibration.py.)
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.api.support import assert_detail, estimate_request, small_request
@@ -76,3 +78,68 @@ def test_unknown_calibration_ids_and_bad_runs_are_422_naming_them(client):
         '"measured_iteration_time_s": NaN}]}'), headers={"content-type": "application/json"})
     assert not_finite.status_code == 422 and "runs[0].measured_iteration_time_s" in not_finite.text
     assert client.post("/v1/calibrations", json={"name": "x", "runs": []}).status_code == 422
+
+
+def _rewrite_stored(db_url: str, sql: str, **values) -> None:
+    """Write a row as an earlier version of the service would have left it."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db_url)
+    with engine.begin() as connection:
+        assert connection.execute(text(sql), values).rowcount == 1
+    engine.dispose()
+
+
+def _stored_under_an_earlier_model(client, db_url) -> tuple[list[dict], dict]:
+    """A calibration as an earlier cost model left it: that model predicted the runs exactly with the built-in
+    parameters, so its fit kept them. The current model prices the same runs 1/SLOWER as fast with them."""
+    runs = _runs(client)
+    calibration = client.post("/v1/calibrations", json={"name": "old model", "runs": runs}).json()
+    earlier = {**calibration, "parameters": calibration["default_parameters"], "fit_mape": 0.0,
+               "runs": [{**run, "predicted_s": run["measured_s"], "error": 0.0} for run in calibration["runs"]]}
+    _rewrite_stored(db_url, "update calibrations set calibration_json = :json where calibration_id = :id",
+                    json=json.dumps(earlier), id=calibration["calibration_id"])
+    return runs, calibration
+
+
+def test_a_calibration_fitted_under_an_earlier_cost_model_is_refitted_to_its_runs_before_it_prices(client, db_url):
+    runs, fresh = _stored_under_an_earlier_model(client, db_url)
+    calibration_id = fresh["calibration_id"]
+    estimate = {key: value for key, value in runs[0].items() if key != "measured_iteration_time_s"}
+    plain_s = client.post("/v1/estimate", json=estimate).json()["predicted"]["iteration_time_s"]
+
+    # Applied as stored, the built-in parameters would predict the built-in 1/SLOWER of the measurement; refitted
+    # to its runs under the current model, the calibration predicts the measurement again.
+    applied = client.post("/v1/estimate", json={**estimate, "options": {"calibration_id": calibration_id}}).json()
+    assert applied["predicted"]["calibration_id"] == calibration_id
+    assert applied["predicted"]["iteration_time_s"] == pytest.approx(runs[0]["measured_iteration_time_s"], rel=0.02)
+    assert applied["predicted"]["iteration_time_s"] > 1.2 * plain_s
+
+    # The refit is stored: it names what it replaced and why, and is the fit a fresh POST of the runs gives.
+    stored = client.get(f"/v1/calibrations/{calibration_id}").json()
+    assert stored["refit"]["previous_parameters"] == fresh["default_parameters"]
+    assert stored["refit"]["previous_fit_mape"] == 0.0
+    assert "cost model changed" in stored["refit"]["reason"] and "-20.00%" in stored["refit"]["reason"]
+    assert stored["parameters"] == fresh["parameters"]
+    assert [run["predicted_s"] for run in stored["runs"]] == [run["predicted_s"] for run in fresh["runs"]]
+    # ...and, now current, it is not refitted again.
+    assert client.get(f"/v1/calibrations/{calibration_id}").json() == stored
+
+
+def test_a_calibration_whose_runs_this_model_cannot_price_is_422_naming_it(client, db_url):
+    runs, fresh = _stored_under_an_earlier_model(client, db_url)
+    runs[1]["layout"] = {**runs[1]["layout"], "tp": 3}  # priced by the earlier model, not by this one
+    _rewrite_stored(db_url, "update calibration_runs set runs_json = :json where calibration_id = :id",
+                    json=json.dumps({"name": "old model", "runs": runs}), id=fresh["calibration_id"])
+    response = client.post("/v1/plan", json=small_request(options={"calibration_id": fresh["calibration_id"]}))
+    assert_detail(response, fresh["calibration_id"], "earlier cost model", "runs[1]")
+
+
+def test_a_calibration_stored_before_its_runs_were_kept_applies_as_stored(client, db_url):
+    runs, fresh = _stored_under_an_earlier_model(client, db_url)
+    _rewrite_stored(db_url, "delete from calibration_runs where calibration_id = :id", id=fresh["calibration_id"])
+    estimate = {key: value for key, value in runs[0].items() if key != "measured_iteration_time_s"}
+    plain_s = client.post("/v1/estimate", json=estimate).json()["predicted"]["iteration_time_s"]
+    applied = client.post("/v1/estimate", json={**estimate, "options": {"calibration_id": fresh["calibration_id"]}})
+    assert applied.json()["predicted"]["iteration_time_s"] == pytest.approx(plain_s, abs=1.01e-6)
+    assert client.get(f"/v1/calibrations/{fresh['calibration_id']}").json()["refit"] is None
