@@ -31,11 +31,19 @@ remote expert, and NVLink every copy whose expert is not on the GPU it lands on.
 and, load balanced, uniformly chosen: a node holding e of the E experts is missed with probability
 C(E - e, k) / C(E, k).
 
-What is priced conservatively, and why the plan is then never optimistic: the optimizer state and the
-gradient sync of the replicated weights are costed as if they, like the experts, were sharded over
-and reduced among only the expert data-parallel ranks, dp x cp / (ep x etp / tp) TP groups
-(`expert_data_parallel`), which overstates their memory by at
-most their share of the layer's state (3% for Mixtral-8x7B) and their sync by a ring's (n - 1) / n.
+State: Megatron's DDP keeps two gradient buffers, the experts' reduced (and, with the distributed optimizer,
+sharded) over the expert data-parallel ranks, dp x cp / (ep x etp / tp) TP groups (`expert_data_parallel`),
+the rest over all dp x cp ranks (megatron/core/distributed/distributed_data_parallel.py: dense parameters over
+`get_data_parallel_group(with_context_parallel=True)`, expert parameters over
+`get_expert_data_parallel_group()`). Memory counts each at its own ranks (`layer_state_bytes_per_gpu`);
+before 2026-12-05 the replicated weights were counted as sharded like the experts, which put Qwen3-30B-A3B's
+published 16-GPU FP8 run (tp 1, ep 16: expert data parallelism 1) at 88.6 GiB, its attention, norms, router
+and 0.6B-parameter embedding and head each holding 18 bytes per parameter where the distributed optimizer
+leaves 6.8.
+
+What is priced conservatively, and why the plan is then never optimistic: the gradient sync of the replicated
+weights is costed as if they, like the experts, were reduced among only the expert data-parallel ranks, which
+overstates it by a ring's (n - 1) / n, and the optimizer step of the embedding and head at the layer's mix.
 Expert load is taken as balanced (the auxiliary loss's aim); imbalance is not modelled.
 """
 
@@ -103,6 +111,18 @@ def layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, expert_tp: int | No
     routed = model.routed_expert_params_per_layer
     expert_layer = (model.params_per_layer - routed) / tp + routed / (ep * (tp if expert_tp is None else expert_tp))
     return max(expert_layer, model.dense_layer_params / tp)
+
+
+def layer_state_bytes_per_gpu(model: ModelSpec, tp: int, ep: int, expert_tp: int | None,
+                              dense_bytes_per_param: float, expert_bytes_per_param: float) -> float:
+    """One layer's weights, gradients and optimizer state on one GPU: the routed experts' at
+    `expert_bytes_per_param` (sharded, with a distributed optimizer, over the expert data-parallel ranks), the
+    rest at `dense_bytes_per_param` (over all data- and context-parallel ranks); with dense layers among the
+    expert ones, the larger of the two kinds (`layer_params_per_gpu`)."""
+    routed = model.routed_expert_params_per_layer
+    experts = routed / (ep * (tp if expert_tp is None else expert_tp))
+    expert_layer = (model.params_per_layer - routed) / tp * dense_bytes_per_param + experts * expert_bytes_per_param
+    return max(expert_layer, model.dense_layer_params / tp * dense_bytes_per_param)
 
 
 def expert_data_parallel(grad_sync_ranks: int, span: int) -> int:

@@ -26,6 +26,7 @@ from cost_models.expert_parallel import (
     expert_data_parallel,
     layer_all_to_all_ms,
     layer_params_per_gpu,
+    layer_state_bytes_per_gpu,
     merged_share,
     overlapped_all_to_all_ms,
 )
@@ -69,7 +70,8 @@ class StageCostTerms:
     embedding: PartCosts
     head: PartCosts
     p2p_ms: float  # per microbatch per stage: v sends forward, v backward
-    state_bytes_per_param: float
+    state_bytes_per_param: float  # the layers' (with experts: the mix of expert and replicated weights)
+    end_state_bytes_per_param: float  # the embedding's and head's: replicated weights, sharded over dp x cp
     sync_bytes_per_param: float  # the sync under the last backward (`sync_bytes_per_param`)
     gather_bytes_per_param: float  # ZeRO-1's weight all-gather after the step (`gather_bytes_per_param`)
     gathered_bytes_per_param: float  # ZeRO-3's working set per parameter of a stage's largest part
@@ -274,10 +276,17 @@ def stage_cost_terms(
     dp_intra_gb_s = intra * efficiency.nvlink_fraction
     dp_inter_gb_s = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction
     # Optimizer state (and ZeRO-2/3's shards) over the ranks holding the same weights: with expert
-    # parallelism the experts' fewer, which is costed for the whole layer (`cost_models.expert_parallel`).
-    # Hybrid sharding shards over its group's replicas alone (with ep 1: `planner.estimate` refuses both).
-    state_ranks = (shape.shard_replicas * shape.cp if shape.hybrid_sharded
+    # parallelism the experts' fewer (`cost_models.expert_parallel`), whose collectives are costed for the
+    # whole layer. Hybrid sharding shards over its group's replicas alone (with ep 1: `planner.estimate`
+    # refuses both).
+    dense_ranks = shape.shard_replicas * shape.cp if shape.hybrid_sharded else shape.grad_sync_ranks
+    state_ranks = (dense_ranks if shape.hybrid_sharded
                    else expert_data_parallel(shape.grad_sync_ranks, shape.expert_span))
+    dense_state_bytes = state_bytes_per_param(workload.zero_stage, dense_ranks, software.grad_bytes)
+    expert_state_bytes = state_bytes_per_param(workload.zero_stage, state_ranks, software.grad_bytes)
+    layer_state_bytes = layer_state_bytes_per_gpu(model, shape.tp, shape.ep, shape.expert_tp, dense_state_bytes,
+                                                  expert_state_bytes)
+    layer_state_bytes_per_param = layer_state_bytes / layer.params if layer.params else dense_state_bytes
     if shards_every_microbatch(workload.zero_stage):
         ranks = state_ranks
         group = (ranks, min(ranks, groups_per_node), dp_intra_gb_s, dp_inter_gb_s)
@@ -285,7 +294,11 @@ def stage_cost_terms(
                                   for part in (layer, embedding, head))
     p2p_ms = pipeline_p2p_ms(workload, hardware, shape, efficiency, software)
 
-    optimizer_params_share = 1.0 / state_ranks if workload.zero_stage >= 1 else 1.0
+    # The step updates the optimizer state each GPU holds: at the layers' mix of expert and replicated weights.
+    expert_fraction = (0.0 if expert_state_bytes == dense_state_bytes else min(1.0, max(0.0, (
+        layer_state_bytes_per_param - dense_state_bytes) / (expert_state_bytes - dense_state_bytes))))
+    optimizer_params_share = ((1 - expert_fraction) / dense_ranks + expert_fraction / state_ranks
+                              if workload.zero_stage >= 1 else 1.0)
     optimizer_ms_per_param = (
         1e3 * ADAM_STEP_BYTES_PER_PARAM * optimizer_params_share / (gpu.hbm_bandwidth_gb_s * 1e9 * efficiency.hbm_fraction)
     )
@@ -296,7 +309,8 @@ def stage_cost_terms(
         embedding=embedding,
         head=head,
         p2p_ms=p2p_ms,
-        state_bytes_per_param=state_bytes_per_param(workload.zero_stage, state_ranks, software.grad_bytes),
+        state_bytes_per_param=layer_state_bytes_per_param,
+        end_state_bytes_per_param=dense_state_bytes,
         sync_bytes_per_param=sync_bytes_per_param(workload.zero_stage, software.grad_reduce_bytes),
         gather_bytes_per_param=gather_bytes_per_param(workload.zero_stage),
         gathered_bytes_per_param=gathered_bytes_per_param(workload.zero_stage),
@@ -366,19 +380,20 @@ class StageMemory:
 
 def stage_memory(terms: StageCostTerms, stage: int, layers: int) -> StageMemory:
     last = terms.shape.pp - 1
-    params = layers * terms.layer.params
+    end_params = 0.0
     per_microbatch = layers * terms.layer.activation_bytes
     # The head's logits live only between its forward and backward, which run back to back.
     once = 0.0
     if stage == 0:
-        params += terms.embedding.params
+        end_params += terms.embedding.params
         per_microbatch += terms.embedding.activation_bytes
     if stage == last:
-        params += terms.head.params
+        end_params += terms.head.params
         once += terms.head.activation_bytes
     fragmentation = 1 + ACTIVATION_FRAGMENTATION
+    state_bytes = layers * terms.layer.params * terms.state_bytes_per_param + end_params * terms.end_state_bytes_per_param
     return StageMemory(
-        static_bytes=params * terms.state_bytes_per_param + layers * terms.layer.cache_bytes + once * fragmentation
+        static_bytes=state_bytes + layers * terms.layer.cache_bytes + once * fragmentation
         + gathered_bytes(terms, stage),
         per_microbatch_bytes=per_microbatch * fragmentation,
     )

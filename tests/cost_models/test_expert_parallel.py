@@ -226,3 +226,38 @@ def test_megatrons_batch_level_overlap_hides_the_all_to_alls_under_the_paired_co
     assert not a2a_overlap_applies(1, 1, 1, "none")
     assert not a2a_overlap_applies(4, 4, 1, "none")
     assert not a2a_overlap_applies(4, 1, 1, "full")
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
+def test_each_kind_of_weight_keeps_its_state_over_the_ranks_that_share_it(zero_stage):
+    """Mixtral on 8 replicas of tp 2, pp 4 with ep 8: each GPU holds one expert per layer, which no other replica
+    shares (expert data parallelism 1), and the replicated weights, which all 8 share. Megatron's DDP keeps one
+    gradient buffer per kind, the replicated weights' over the data-parallel group and the experts' over the
+    expert data-parallel group, and its distributed optimizer shards each over its own group
+    (megatron/core/distributed/distributed_data_parallel.py). ZeRO's table: stage 1 shards the 12 bytes of
+    Adam state, 2 also the 4 of fp32 gradients, 3 also the 2 of weights, over the ranks sharing them."""
+    from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+    from cost_models.hardware import gpu_preset
+    from cost_models.layout import Hardware, ParallelShape, Workload
+    from cost_models.stage_costs import gathered_bytes, stage_cost_terms, stage_memory
+
+    def bytes_per_param(ranks: int) -> float:
+        weights, grads, adam = 2.0, 4.0, 12.0
+        return ((weights / ranks if zero_stage >= 3 else weights) + (grads / ranks if zero_stage >= 2 else grads)
+                + (adam / ranks if zero_stage >= 1 else adam))
+
+    gpu = gpu_preset("H100-SXM")
+    terms = stage_cost_terms(Workload(MIXTRAL, 4096, 256, zero_stage=zero_stage), Hardware(gpu, 8, 900.0, 50.0),
+                             ParallelShape(tp=2, pp=4, dp=8, micro_batch_size=1, recompute="full", ep=8),
+                             EfficiencyParams(), SoftwareConfig())
+    replicated = (ATTENTION + 4096 * 8 + 2 * 4096) / 2  # per GPU of a layer: attention, router, norms
+    expert = ONE_EXPERT / 2  # one of 8 experts, split over TP
+    embedding = 32000 * 4096 / 2
+    per_layer = replicated * bytes_per_param(8) + expert * bytes_per_param(1)
+    for stage in (0, 1, 3):  # layers cost the same on every stage
+        with_layers, without = stage_memory(terms, stage, 8).static_bytes, stage_memory(terms, stage, 0).static_bytes
+        assert with_layers - without == pytest.approx(8 * per_layer, rel=1e-9)
+    # The embedding (stage 0) and the head (the last) are replicated weights.
+    assert stage_memory(terms, 0, 0).static_bytes - gathered_bytes(terms, 0) == pytest.approx(
+        embedding * bytes_per_param(8), rel=1e-9)
+    assert stage_memory(terms, 1, 0).static_bytes - gathered_bytes(terms, 1) == 0.0
