@@ -48,12 +48,23 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _calibration(args: argparse.Namespace):
-    """The calibration `--calibration FILE` names (what `resiplan calibrate` prints), or None."""
+    """The calibration `--calibration FILE` names, or None: FILE is what `resiplan calibrate` prints, or the runs
+    it fits (its --runs file), fitted now under this version's cost model."""
     if args.calibration is None:
         return None
-    from wire.calibration import AppliedCalibration, Calibration
+    import json
 
-    return AppliedCalibration.of(Calibration.model_validate_json(Path(args.calibration).read_text()))
+    from api.tasks.calibrating import calibration_for
+    from wire.calibration import AppliedCalibration, Calibration, CalibrationRequest
+
+    text = Path(args.calibration).read_text()
+    try:
+        is_runs = "runs" in json.loads(text) and "calibration_id" not in json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        is_runs = False  # the calibration's own validation names what is wrong
+    if is_runs:
+        return AppliedCalibration.of(calibration_for(CalibrationRequest.model_validate_json(text)))
+    return AppliedCalibration.of(Calibration.model_validate_json(text))
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -206,8 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--request", required=True, metavar="REQUEST.json")
         command.add_argument("--format", choices=("json", "table"), default="json", help="json (default) or a table for people")
         command.add_argument("--calibration", metavar="CALIBRATION.json",
-                             help="price with this calibration (what `resiplan calibrate` prints); the request's "
-                             "options.calibration_id, if any, must be its id")
+                             help="price with this calibration: what `resiplan calibrate` prints, or its RUNS.json "
+                             "(fitted now, under this version's cost model: a printed calibration keeps the "
+                             "parameters of the version that fitted it); the request's options.calibration_id, if "
+                             "any, must be its id")
         command.set_defaults(run=handler)
 
     calibrate = commands.add_parser(

@@ -284,9 +284,11 @@ def stage_cost_terms(
                    else expert_data_parallel(shape.grad_sync_ranks, shape.expert_span))
     dense_state_bytes = state_bytes_per_param(workload.zero_stage, dense_ranks, software.grad_bytes)
     expert_state_bytes = state_bytes_per_param(workload.zero_stage, state_ranks, software.grad_bytes)
-    layer_state_bytes = layer_state_bytes_per_gpu(model, shape.tp, shape.ep, shape.expert_tp, dense_state_bytes,
-                                                  expert_state_bytes)
-    layer_state_bytes_per_param = layer_state_bytes / layer.params if layer.params else dense_state_bytes
+    if expert_state_bytes == dense_state_bytes or not layer.params:  # every kind over the same ranks
+        layer_state_bytes_per_param = dense_state_bytes
+    else:
+        layer_state_bytes_per_param = layer_state_bytes_per_gpu(
+            model, shape.tp, shape.ep, shape.expert_tp, dense_state_bytes, expert_state_bytes) / layer.params
     if shards_every_microbatch(workload.zero_stage):
         ranks = state_ranks
         group = (ranks, min(ranks, groups_per_node), dp_intra_gb_s, dp_inter_gb_s)

@@ -266,3 +266,18 @@ def test_calibrate_prints_a_calibration_that_estimate_applies(tmp_path, capsys):
     assert "calibration_id" in run_error(capsys, ["estimate", "--request", write(tmp_path, other), "--calibration", path])
     bad = {"name": "cli", "runs": [{**request, "layout": {**layout, "tp": 3}, "measured_iteration_time_s": 1.0}]}
     assert "runs[0]" in run_error(capsys, ["calibrate", "--runs", write(tmp_path, bad, "bad.json")])
+
+    # The runs file itself is fitted there and then, under the running version's cost model.
+    runs_path = write(tmp_path, runs, "runs.json")
+    fitted_now = json.loads(run_ok(capsys, ["estimate", "--request", write(tmp_path, request), "--calibration",
+                                            runs_path]))
+    assert fitted_now["predicted"]["iteration_time_s"] == pytest.approx(measured, rel=0.01)
+    assert fitted_now["predicted"]["calibration_id"] not in (None, calibration["calibration_id"])
+    # A calibration fitted by an earlier version applies as printed: its parameters, not this model's fit.
+    earlier = {**calibration, "parameters": calibration["default_parameters"]}
+    as_printed = json.loads(run_ok(capsys, ["estimate", "--request", write(tmp_path, request), "--calibration",
+                                            write(tmp_path, earlier, "earlier.json")]))
+    assert as_printed["predicted"]["iteration_time_s"] == pytest.approx(plain["predicted"]["iteration_time_s"],
+                                                                         abs=1.01e-6)
+    assert "runs[0]" in run_error(capsys, ["estimate", "--request", write(tmp_path, request), "--calibration",
+                                           write(tmp_path, bad, "bad.json")])
