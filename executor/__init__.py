@@ -24,8 +24,13 @@ devices must be listed in device order (TP rank i on its i-th lowest rank, as
 DTensor places shards; the service's plans are).
 
 Process groups (gloo, all created by every rank in the same order):
-  * TP group per stage with tp > 1: the stage's ranks. Its lowest rank is the
-    stage's *leader*; the others are *followers*.
+  * Stage group per stage of more than one device: the stage's ranks. Its
+    lowest rank is the stage's *leader*; the others are *followers*.
+  * TP group per context-parallel rank of a stage with tp > 1 (the stage
+    group when cp is 1): a stage's tp x cp devices are cp TP groups of tp
+    consecutive devices (Megatron-LM's rank order, TP fastest).
+  * CP group per TP rank of a stage with cp > 1: the stage's ranks holding
+    that TP shard, one per context-parallel rank.
   * PP group per replica: the leaders of its stages. PyTorch's pipelining
     runtime runs on it, so only leaders send activations between stages.
   * Gradient-sync group per distinct set of leaders holding the same layer in
@@ -49,8 +54,21 @@ and the runs are laid out in virtual-stage order; with v = 1 chunk 0 holds
 exactly `layers`. The embedding is on virtual stage 0, final norm + LM head +
 loss on the last.
 
+Context parallelism (a stage's `cp`): every rank of the stage receives the
+chunk's whole input; each CP rank runs the chunk's layers on its positions of
+every sequence, Megatron-LM's load-balanced causal split (2 cp equal pieces,
+rank c holding pieces c and 2 cp - 1 - c), with RoPE at those positions and
+its queries attending over the keys and values all-gathered from its CP group
+under a causal mask by position; the layers' output is all-gathered back to
+whole sequences, and the embedding, final norm and head run on whole
+sequences on every CP rank alike. The backward of the split gathers the
+input's gradient, that of the key/value gather sums every rank's and keeps
+its own positions. A layer's gradients are summed over the CP group before
+the cross-replica sync (each CP rank saw only its positions); the embedding's
+and head's are already whole. Stages with and without CP mix freely.
+
 Tensor parallelism is PyTorch's: each chunk is `parallelize_module`d on a
-DeviceMesh built from the stage's TP group (q/k/v and gate/up projections
+DeviceMesh built from the rank's TP group (q/k/v and gate/up projections
 ColwiseParallel, out and down projections RowwiseParallel, the embedding
 vocab-parallel RowwiseParallel, the LM head ColwiseParallel gathering its
 logits); norms are replicated. The attention and MLP inputs become replicated
@@ -63,20 +81,20 @@ so TP ranks cannot each run their own pipeline lane. Instead the leader alone
 is a `PipelineStage` driven by `_PipelineScheduleRuntime`, which loads the
 replica's torch-csv export (rows reordered to the PP group's rank order, since
 a stage's leader need not have a lower rank than the next stage's). Its chunk
-is wrapped so that forward first broadcasts the chunk input to the TP group,
+is wrapped so that forward first broadcasts the chunk input to the stage group,
 and backward first broadcasts the output gradient (an autograd function on the
 chunk output). Each follower replays the same CSV row: for `F` it receives the
 input and runs its shard of the chunk, for `B`, `I` and `W` it calls the same
 `torch.distributed.pipelining._backward` functions the stage calls (with the
 same first-stage special cases), so every DTensor collective inside the chunk
-happens in the same order on all TP ranks.
+happens in the same order on all the stage's ranks.
 
 Gradient synchronisation, after each step's schedule, for every sync unit
 (the embedding, each layer, the final norm + head) in one global order, which
 keeps the overlapping groups deadlock-free:
   1. every rank holding the unit gathers its gradients to full tensors (one
      all-gather of all its shards over the TP group; replicated norms are
-     already full);
+     already full), and a layer's are summed over the CP group;
   2. the leaders of the replicas holding the unit all-reduce the flattened
      full gradients, each contributing its sum of microbatch mean-loss
      gradients times `micro_batch_size / global_batch_size`: that is its
@@ -84,11 +102,11 @@ keeps the overlapping groups deadlock-free:
      `num_microbatches * micro_batch_size / global_batch_size` of the global
      batch, so the sum is the full-batch mean gradient whatever the TP
      degrees, layer splits and microbatch counts;
-  3. the leader broadcasts the result to its TP group and every rank keeps
+  3. the leader broadcasts the result to its stage group and every rank keeps
      its own shard (`distribute_tensor` without communication).
 Then the optimizer: plain SGD on every rank's slice, or Adam (`optimizer.py`)
 with its moments sharded as the plan's `zero_stage` says (whole TP slice, or the
-replica's ZeRO-1 share, exactly as `planner.replan.holdings` lays state out): each
+share of replicas x CP ranks with ZeRO-1, exactly as `planner.replan.holdings` lays state out): each
 rank updates what it owns and the owners of a unit sum their updated parts.
 `grad_weighting="uniform"` averages replicas equally instead (wrong for unequal
 microbatch counts: the tests' negative control).

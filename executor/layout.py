@@ -21,6 +21,7 @@ class StagePlace:
     ranks: list[int]  # the stage's ranks, in the order of its devices; TP shard i is on the i-th lowest
     virtuals: list[int]  # PyTorch stage indices of its chunks
     layer_count: int
+    cp: int = 1  # context-parallel ranks: the devices are cp TP groups, TP rank fastest (Megatron's order)
 
     @property
     def leader(self) -> int:
@@ -28,7 +29,20 @@ class StagePlace:
 
     @property
     def tp(self) -> int:
-        return len(self.ranks)
+        return len(self.ranks) // self.cp
+
+    def tp_ranks(self, cp_rank: int) -> list[int]:
+        """The TP group of context-parallel rank `cp_rank`."""
+        return self.ranks[cp_rank * self.tp:(cp_rank + 1) * self.tp]
+
+    def cp_ranks(self, tp_rank: int) -> list[int]:
+        """The context-parallel ranks holding TP shard `tp_rank`."""
+        return self.ranks[tp_rank::self.tp]
+
+    def place_of(self, rank: int) -> tuple[int, int]:
+        """(TP rank, CP rank) of one of the stage's ranks."""
+        cp_rank, tp_rank = divmod(self.ranks.index(rank), self.tp)
+        return tp_rank, cp_rank
 
 
 @dataclass
@@ -110,11 +124,6 @@ def build_layout(plan: Plan, num_layers: int | None = None, devices: list[str] |
         raise ValueError(f"plan {plan.plan_id} shards gradients{' and weights' if plan.zero_stage == 3 else ''} "
                          f"(zero_stage {plan.zero_stage}); the reference executor shards optimizer state only "
                          "(zero_stage 0 or 1): run it through the megatron, deepspeed or torchtitan export")
-    context_parallel = sorted({stage.cp for replica in plan.replicas for stage in replica.stages} - {1})
-    if context_parallel:
-        raise ValueError(f"plan {plan.plan_id} splits sequences over context-parallel ranks (cp "
-                         f"{', '.join(map(str, context_parallel))}); the reference executor runs whole sequences per "
-                         "stage group: run it through the megatron or torchtitan export")
     v = plan.virtual_stages
     plan_layers = plan.replicas[0].stages[-1].layers[1]
     num_layers = num_layers or plan_layers
@@ -133,9 +142,12 @@ def build_layout(plan: Plan, num_layers: int | None = None, devices: list[str] |
             # the i-th listed device, so the two must agree.
             if list(stage.devices) != sorted(stage.devices, key=device_key):
                 raise ValueError(f"replica {replica.id}: stage devices {stage.devices} are not in device order")
+            if len(stage.devices) % stage.cp:
+                raise ValueError(f"replica {replica.id}: {len(stage.devices)} stage devices are not cp {stage.cp} "
+                                 "TP groups")
         stages = [
             StagePlace(index, s, [rank_of[d] for d in stage.devices], [c * p + s for c in range(v)],
-                       bounds[s + 1] - bounds[s])
+                       bounds[s + 1] - bounds[s], stage.cp)
             for s, stage in enumerate(replica.stages)
         ]
         parts: list[Part] = []

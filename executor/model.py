@@ -83,13 +83,93 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def _rope(x: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding on (batch, heads, seq, head_dim); per head, so TP-local."""
+@dataclass(frozen=True)
+class ContextParallel:
+    """A stage's context-parallel ranks as one of them sees them: its index among them, their count, and the
+    group of those with its TP index (they hold the same heads).
+
+    Sequences are split as Megatron-LM splits them for causal attention: into 2 x size equal pieces, rank c
+    holding pieces c and 2 size - 1 - c, so every rank attends over the same number of earlier tokens."""
+
+    group: Any  # torch.distributed.ProcessGroup
+    rank: int
+    size: int
+
+    def positions(self, seq_len: int, rank: int | None = None) -> torch.Tensor:
+        """The sequence positions a rank holds, in the order it holds them."""
+        c = self.rank if rank is None else rank
+        piece = seq_len // (2 * self.size)
+        return torch.cat([torch.arange(c * piece, (c + 1) * piece),
+                          torch.arange((2 * self.size - 1 - c) * piece, (2 * self.size - c) * piece)])
+
+    def gathered(self, local: torch.Tensor, dim: int) -> torch.Tensor:
+        """Every rank's `local` along `dim`, put back in sequence order."""
+        import torch.distributed as dist
+
+        pieces = [torch.empty_like(local) for _ in range(self.size)]
+        dist.all_gather(pieces, local.contiguous(), group=self.group)
+        seq_len = local.shape[dim] * self.size
+        full = local.new_empty((*local.shape[:dim], seq_len, *local.shape[dim + 1:]))
+        for rank, piece in enumerate(pieces):
+            full.index_copy_(dim, self.positions(seq_len, rank), piece)
+        return full
+
+
+class _SplitSequence(torch.autograd.Function):
+    """Whole sequences in (every rank of the stage has them), this rank's positions out; backward puts every
+    rank's gradient back together, the gradient of the whole input."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, context: ContextParallel) -> torch.Tensor:
+        ctx.context = context
+        return x.index_select(1, context.positions(x.shape[1])).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return ctx.context.gathered(grad, 1), None
+
+
+class _GatherSequence(torch.autograd.Function):
+    """This rank's positions in, whole sequences out (the same on every rank); backward keeps this rank's
+    positions of the gradient, which every rank holds whole and alike (what follows runs on whole sequences)."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, context: ContextParallel) -> torch.Tensor:
+        ctx.context = context
+        return context.gathered(local, 1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.index_select(1, ctx.context.positions(grad.shape[1])).contiguous(), None
+
+
+class _GatherKeysValues(torch.autograd.Function):
+    """Keys or values (batch, heads, local positions, head_dim) in, every position's out; backward sums what
+    every rank's queries put on each position and keeps this rank's."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, context: ContextParallel) -> torch.Tensor:
+        ctx.context = context
+        return context.gathered(local, 2)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        import torch.distributed as dist
+
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.context.group)
+        return grad.index_select(2, ctx.context.positions(grad.shape[2])).contiguous(), None
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary position embedding on (batch, heads, seq, head_dim) at `positions` (default 0, 1, ...); per head,
+    so TP-local."""
     seq, dim = x.shape[-2], x.shape[-1]
     if dim % 2:
         return x
     inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
+    at = torch.arange(seq) if positions is None else positions
+    angles = torch.outer(at.to(torch.float32), inv)
     cos, sin = angles.cos(), angles.sin()
     first, second = x[..., : dim // 2], x[..., dim // 2 :]
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
@@ -98,9 +178,10 @@ def _rope(x: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     """Causal GQA self-attention. Head counts come from the projection widths, so a TP shard runs its own heads."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, context: ContextParallel | None = None):
         super().__init__()
         self.head_dim = cfg.head_dim
+        self.context = context
         kv_width = cfg.kv_heads * cfg.head_dim
         self.wq = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.wk = nn.Linear(cfg.hidden, kv_width, bias=False)
@@ -112,11 +193,23 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        q, k = _rope(q), _rope(k)
+        context = self.context
+        if context is None:
+            q, k = _rope(q), _rope(k)
+        else:
+            # This rank's queries against every rank's keys and values, causal by sequence position.
+            seq_len = s * context.size
+            mine = context.positions(seq_len)
+            q, k = _rope(q, mine), _rope(k, mine)
+            k, v = _GatherKeysValues.apply(k, context), _GatherKeysValues.apply(v, context)
         group = q.shape[1] // k.shape[1]  # local q heads per local kv head (TP keeps the ratio)
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if context is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            visible = mine[:, None] >= torch.arange(seq_len)[None, :]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
         return self.wo(o.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -136,10 +229,10 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """One pre-norm decoder layer."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, context: ContextParallel | None = None):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.hidden)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, context)
         self.mlp_norm = RMSNorm(cfg.hidden)
         self.mlp = Mlp(cfg)
 
@@ -152,20 +245,32 @@ class Chunk(nn.Module):
     """A run of consecutive layers, with the embedding if it starts the model and norm + head if it ends it.
 
     Parameter names are global (`layers.5.wq.weight`), so a chunk's state is a slice of the whole model's.
+    With `context`, the layers run on this rank's positions of each sequence; the embedding, the final norm
+    and the head run on whole sequences on every context-parallel rank alike, so a chunk still takes and
+    hands on whole sequences.
     """
 
-    def __init__(self, cfg: ModelConfig, layers: Iterable[int], has_embed: bool, has_head: bool, seed: int):
+    def __init__(self, cfg: ModelConfig, layers: Iterable[int], has_embed: bool, has_head: bool, seed: int,
+                 context: ContextParallel | None = None):
         super().__init__()
+        if context is not None and cfg.seq_len % (2 * context.size):
+            raise ValueError(f"context parallelism over {context.size} ranks splits each sequence into "
+                             f"{2 * context.size} equal pieces; {cfg.seq_len} tokens do not split so (--seq)")
+        self.context = context
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden) if has_embed else None
-        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in layers})
+        self.layers = nn.ModuleDict({str(i): Block(cfg, context) for i in layers})
         self.norm = RMSNorm(cfg.hidden) if has_head else None
         self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False) if has_head else None
         init_parameters(self, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x) if self.embed is not None else x
+        if self.context is not None:
+            h = _SplitSequence.apply(h, self.context)
         for block in self.layers.values():
             h = block(h)
+        if self.context is not None:
+            h = _GatherSequence.apply(h, self.context)
         if self.head is not None:
             h = self.head(self.norm(h))
         return h if h is not x else x.clone()  # a chunk left without layers still hands on a new tensor

@@ -280,17 +280,25 @@ def _train_step(rt: Runtime, cfg: ModelConfig, step: int, options: Options, adam
 
 
 def _reduced_gradients(rt: Runtime, unit: str, grads: list[torch.Tensor], coefficient: float) -> list[torch.Tensor]:
-    """Full tensors, weighted all-reduce among the replicas' leaders, broadcast to the TP group."""
-    tp_group = rt.tp_group
-    full = _full_tensors(grads, tp_group)
-    flat = torch.cat([g.reshape(-1) for g in full]) if rt.is_leader else torch.empty(sum(g.numel() for g in full))
+    """Full tensors, summed over the context-parallel ranks for a layer's, weighted all-reduce among the
+    replicas' leaders, broadcast to the stage."""
+    full = _full_tensors(grads, rt.tp_group)
+    # A layer's context-parallel ranks each ran their own positions of every sequence: their gradients add up
+    # to the whole sequences'. The embedding, norm and head ran on whole sequences on each alike.
+    over_positions = rt.cp_group is not None and unit.startswith("layers.")
+    if rt.is_leader or over_positions:
+        flat = torch.cat([g.reshape(-1) for g in full])
+    else:
+        flat = torch.empty(sum(g.numel() for g in full))
+    if over_positions:
+        dist.all_reduce(flat, group=rt.cp_group)
     if rt.is_leader:
         flat.mul_(coefficient)
         leaders = rt.groups.gradient_holders[unit]
         if leaders in rt.groups.sync:
             dist.all_reduce(flat, group=rt.groups.sync[leaders])
-    if tp_group is not None:
-        dist.broadcast(flat, src=rt.stage.leader, group=tp_group)
+    if rt.stage_group is not None:
+        dist.broadcast(flat, src=rt.stage.leader, group=rt.stage_group)
     reduced, offset = [], 0
     for g in full:
         reduced.append(flat[offset : offset + g.numel()].view_as(g))

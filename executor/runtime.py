@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from adapters import torch_csv
 from executor.layout import Layout, ReplicaPlace, StagePlace, build_layout, part_holds, sync_units
-from executor.model import Chunk, ModelConfig, loss_fn, tp_plan
+from executor.model import Chunk, ContextParallel, ModelConfig, loss_fn, tp_plan
 from executor.shards import RankShards, plan_shards
 from executor.tensor_parallel import Follower, LeaderChunk
 from executor.timing import OP_WORK, OpTimer
@@ -24,7 +24,10 @@ from wire.schemas import Plan
 @dataclass
 class Groups:
     plan: dist.ProcessGroup | None  # the plan's ranks (None: the whole world)
-    tp: dict[tuple[int, int], dist.ProcessGroup]  # (replica index, stage) -> group, tp > 1 only
+    stage: dict[tuple[int, int], dist.ProcessGroup]  # (replica index, stage) -> its ranks, more than one only
+    # (replica index, stage, CP rank) -> that CP rank's TP group, tp > 1 only (the stage group when cp is 1)
+    tp: dict[tuple[int, int, int], dist.ProcessGroup]
+    cp: dict[tuple[int, int, int], dist.ProcessGroup]  # (replica index, stage, TP rank) -> its CP group, cp > 1
     pp: dict[int, dist.ProcessGroup]  # replica index -> leaders' group
     sync: dict[tuple[int, ...], dist.ProcessGroup]  # sorted leader ranks -> group
     owners: dict[tuple[int, ...], dist.ProcessGroup]  # sorted optimizer-owner ranks -> group (ZeRO-1)
@@ -44,11 +47,18 @@ def new_groups(layout: Layout, units: list[str], zero_stage: int, timeout_s: flo
         return dist.new_group(ranks, timeout=timeout)
 
     plan_group = None if len(used) == world else new_group(used)
-    tp = {}
+    stage_groups, tp, cp = {}, {}, {}
     for i, replica in enumerate(layout.replicas):
         for stage in replica.stages:
-            if stage.tp > 1:
-                tp[(i, stage.stage)] = new_group(sorted(stage.ranks))
+            key = (i, stage.stage)
+            if len(stage.ranks) > 1:
+                stage_groups[key] = new_group(sorted(stage.ranks))
+            for c in range(stage.cp):
+                if stage.tp > 1:
+                    tp[(*key, c)] = stage_groups[key] if stage.cp == 1 else new_group(stage.tp_ranks(c))
+            for t in range(stage.tp):
+                if stage.cp > 1:
+                    cp[(*key, t)] = new_group(stage.cp_ranks(t))
     pp = {i: new_group(sorted(replica.leaders)) for i, replica in enumerate(layout.replicas)}
     leaders, holders = {}, {}
     for unit in units:
@@ -61,7 +71,7 @@ def new_groups(layout: Layout, units: list[str], zero_stage: int, timeout_s: flo
     sync = {ranks: new_group(list(ranks)) for ranks in sorted(set(leaders.values())) if len(ranks) > 1}
     owner_sets = set(holders.values()) if zero_stage >= 1 else set()
     owners = {ranks: new_group(list(ranks)) for ranks in sorted(owner_sets) if len(ranks) > 1}
-    return Groups(plan_group, tp, pp, sync, owners, leaders, holders)
+    return Groups(plan_group, stage_groups, tp, cp, pp, sync, owners, leaders, holders)
 
 
 def _csv_rows(plan: Plan, replica_id: int) -> list[list[str]]:
@@ -98,8 +108,25 @@ class Runtime:
         return self.stage is not None and self.rank == self.stage.leader
 
     @property
+    def stage_group(self) -> dist.ProcessGroup | None:
+        """Every rank of this rank's stage (None when it has one): they all run the stage's chunks."""
+        return None if self.stage is None else self.groups.stage.get((self.stage.replica, self.stage.stage))
+
+    @property
     def tp_group(self) -> dist.ProcessGroup | None:
-        return None if self.stage is None else self.groups.tp.get((self.stage.replica, self.stage.stage))
+        """The ranks splitting this rank's tensors with it (None without tensor parallelism)."""
+        if self.stage is None:
+            return None
+        _, cp_rank = self.stage.place_of(self.rank)
+        return self.groups.tp.get((self.stage.replica, self.stage.stage, cp_rank))
+
+    @property
+    def cp_group(self) -> dist.ProcessGroup | None:
+        """The ranks splitting this rank's sequences with it, holding its TP shard (None without CP)."""
+        if self.stage is None:
+            return None
+        tp_rank, _ = self.stage.place_of(self.rank)
+        return self.groups.cp.get((self.stage.replica, self.stage.stage, tp_rank))
 
     @property
     def params(self) -> dict[str, torch.Tensor]:
@@ -133,19 +160,22 @@ def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: 
     replica = layout.replicas[stage.replica]
     runtime.stage, runtime.replica = stage, replica
     runtime.shards = plan_shards(plan)[layout.devices[rank]]
-    tp_group = runtime.tp_group
+    tp_group, stage_group = runtime.tp_group, runtime.stage_group
+    _, cp_rank = stage.place_of(rank)
+    context = None if stage.cp == 1 else ContextParallel(runtime.cp_group, cp_rank, stage.cp)
     p, v, mbs = len(replica.stages), layout.virtual_stages, layout.micro_batch_size
     n_virtual = p * v
 
     # DTensor caches sharding decisions per mesh, and meshes over the same ranks compare equal whatever their
-    # groups: in a new world, a mesh equal to one of the old world's would run on the old, destroyed group.
-    # The world's epoch in the dimension's name keeps them apart.
-    mesh = (DeviceMesh.from_group(tp_group, "cpu", mesh_dim_names=(f"tp_world{world_epoch}",))
+    # groups: in a new world (a recovery, or another run in this process), a mesh equal to one of the old
+    # world's would run on the old, destroyed group. The world's epoch and the group's own name in the
+    # dimension's name keep them apart.
+    mesh = (DeviceMesh.from_group(tp_group, "cpu", mesh_dim_names=(f"tp_world{world_epoch}_{tp_group.group_name}",))
             if tp_group is not None else None)
     chunks: dict[int, Chunk] = {}
     for virtual in stage.virtuals:
         part = replica.parts[virtual]
-        chunk = Chunk(cfg, part.layers, part.has_embed, part.has_head, seed)
+        chunk = Chunk(cfg, part.layers, part.has_embed, part.has_head, seed, context)
         if mesh is not None:
             parallelize_module(chunk, mesh, tp_plan(chunk, cfg.swiglu))
         chunks[virtual] = chunk
@@ -159,9 +189,11 @@ def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: 
     rows = _csv_rows(plan, replica.plan_id)
     if len(rows) != p:
         raise RuntimeError(f"replica {replica.plan_id}: {len(rows)} CSV rows for {p} stages")
+    # Each of the stage's ranks does 1 / (tp x cp) of its work.
+    share = len(stage.ranks)
     if rank != stage.leader:
-        layer_mbs = {virtual: len(replica.parts[virtual].layers) * mbs / stage.tp for virtual in stage.virtuals}
-        runtime.follower = Follower(chunks, n_virtual, tp_group, stage.leader, input_shape, timer, layer_mbs)
+        layer_mbs = {virtual: len(replica.parts[virtual].layers) * mbs / share for virtual in stage.virtuals}
+        runtime.follower = Follower(chunks, n_virtual, stage_group, stage.leader, input_shape, timer, layer_mbs)
         runtime.follower.load_row(rows[stage.stage])
         return runtime
     # Row k of the CSV must be PP-group rank k; new_group orders ranks by number.
@@ -171,7 +203,7 @@ def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: 
         permuted[leaders.index(replica.stages[s].leader)] = row
     pp_stages = []
     for virtual in stage.virtuals:
-        module = chunks[virtual] if tp_group is None else LeaderChunk(chunks[virtual], tp_group, rank)
+        module = chunks[virtual] if stage_group is None else LeaderChunk(chunks[virtual], stage_group, rank)
         shape, dtype = input_shape(virtual)
         example_in = torch.zeros(shape, dtype=dtype)
         if virtual != 0:
@@ -180,7 +212,7 @@ def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: 
         pp_stage = PipelineStage(module, virtual, n_virtual, torch.device("cpu"), input_args=(example_in,),
                                  output_args=(torch.zeros(out_shape, requires_grad=True),),
                                  group=groups.pp[stage.replica])
-        layer_mbs = len(replica.parts[virtual].layers) * mbs / stage.tp
+        layer_mbs = len(replica.parts[virtual].layers) * mbs / share
         works = {
             "forward_one_chunk": lambda kwargs, w=layer_mbs: w * OP_WORK["F"],
             "backward_one_chunk": lambda kwargs, w=layer_mbs: w * OP_WORK["B" if kwargs.get("full_backward", True)

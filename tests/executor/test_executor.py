@@ -281,14 +281,3 @@ def test_a_plan_sharding_gradients_or_weights_is_refused_naming_the_exports(plan
     with pytest.raises(ValueError, match=f"zero_stage {stage}.*optimizer state only.*megatron, deepspeed or torchtitan"):
         executor_layout.build_layout(plan)
     assert executor_layout.build_layout(plans["telemetry"])  # the same plan at its own stage builds
-
-
-def test_a_context_parallel_plan_is_refused_naming_the_exports(plans):
-    """The executor runs whole sequences on each stage's TP group; a CP plan run that way would not be that plan."""
-    plan = plans["telemetry"]
-    first = plan.replicas[0]
-    stage = first.stages[0].model_copy(update={"cp": 2})
-    split = plan.model_copy(update={"replicas": [first.model_copy(update={"stages": [stage, *first.stages[1:]]}),
-                                                 *plan.replicas[1:]]})
-    with pytest.raises(ValueError, match="context-parallel ranks \\(cp 2\\).*megatron or torchtitan"):
-        executor_layout.build_layout(split)

@@ -234,7 +234,8 @@ def test_every_group_of_a_plan_gets_the_jobs_collective_timeout(tmp_path):
         dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=int(sys.argv[1]),
                                 world_size=2, timeout=datetime.timedelta(seconds=7))
         groups = new_groups(build_layout(plan, cfg.num_layers), sync_units(cfg), plan.zero_stage, 7.0)
-        made = [g for g in [groups.plan, *groups.tp.values(), *groups.pp.values(), *groups.sync.values(),
+        made = [g for g in [groups.plan, *groups.stage.values(), *groups.tp.values(), *groups.cp.values(),
+                            *groups.pp.values(), *groups.sync.values(),
                             *groups.owners.values()] if isinstance(g, dist.ProcessGroup)]  # not: a non-member
         timeouts = {{str(g._get_backend(torch.device("cpu")).options._timeout) for g in made}}
         print(len(made), sorted(timeouts))
