@@ -17,6 +17,11 @@ every parameter moves by factors:
 4. Leave-one-out: every run predicted by a fit (steps 1-3) on the others; their mean absolute error
    is the calibration's honest error on runs it has not seen.
 
+A run may instead be one role's compute per microbatch that `/v1/detect` measured from a job's telemetry
+(`MeasuredCompute`: its time model at one microbatch of the plan's sequences), priced as the cost model's
+compute of that stage shape on one GPU, without TP, CP or EP traffic: such runs determine the compute
+parameters (GEMM and HBM efficiency, the per-layer overhead) and leave the links' unidentified.
+
 Steps 1-3 evaluate hundreds of parameter sets, so they price each run with the bubble model (no
 schedule timeline: milliseconds, where simulating a 64-stage pipeline of 512 microbatches takes a
 second), scaled by that run's ratio of simulated to bubble-model time at the starting parameters.
@@ -32,6 +37,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from cost_models.efficiency import CALIBRATION_BOUNDS, EfficiencyParams
+from cost_models.layout import ParallelShape
+from cost_models.stage_costs import PartCosts, part_costs
 from planner.estimate import FixedLayout, bubble_model_s, estimate_layout
 from planner.estimate_replicas import ReplicaLayout, estimate_replicas
 from planner.problem import PlanningProblem
@@ -83,6 +90,42 @@ def predicted_s(run: MeasuredRun, parameters: EfficiencyParams) -> float:
 
 def fast_predicted_s(run: MeasuredRun, parameters: EfficiencyParams) -> float:
     return bubble_model_s(replace(run.problem, efficiency=parameters), run.layout)
+
+
+@dataclass(frozen=True)
+class MeasuredCompute:
+    """One role's compute per microbatch on one GPU, measured from a job's telemetry: `layers` layers of a
+    stage of `shape`, with the embedding and the head where the role holds them, at full speed."""
+
+    problem: PlanningProblem
+    shape: ParallelShape
+    layers: int
+    embedding: bool
+    head: bool
+    measured_s: float
+
+
+def compute_predicted_s(run: MeasuredCompute, parameters: EfficiencyParams) -> float:
+    """The cost model's compute of one microbatch of the role under `parameters`: forward and backward
+    (recomputation included), no TP, CP or EP traffic, which the detector's per-device compute leaves out."""
+    parts = part_costs(run.problem.workload, run.problem.hardware, run.shape, parameters, run.problem.software)
+
+    def compute_ms(part: PartCosts) -> float:
+        return part.time.forward_compute_ms + part.time.backward_compute_ms
+
+    ms = run.layers * compute_ms(parts.layer)
+    ms += compute_ms(parts.embedding) if run.embedding else 0.0
+    ms += compute_ms(parts.head) if run.head else 0.0
+    return ms / 1e3
+
+
+def _fast_s(run: MeasuredRun | MeasuredCompute, parameters: EfficiencyParams) -> float:
+    return compute_predicted_s(run, parameters) if isinstance(run, MeasuredCompute) else fast_predicted_s(run, parameters)
+
+
+def exact_predicted_s(run: MeasuredRun | MeasuredCompute, parameters: EfficiencyParams) -> float:
+    """What a calibration reports for a run: `predicted_s`, or a role's `compute_predicted_s`."""
+    return compute_predicted_s(run, parameters) if isinstance(run, MeasuredCompute) else predicted_s(run, parameters)
 
 
 Predictor = Callable[[MeasuredRun, EfficiencyParams], float]
@@ -209,8 +252,8 @@ def _fit(pricer: _Pricer, indices: Sequence[int], measured: np.ndarray, start: E
     return current, tuple(names)
 
 
-def calibrate(runs: Sequence[MeasuredRun], start: EfficiencyParams, fast: Predictor = fast_predicted_s,
-              exact: Predictor = predicted_s) -> CalibrationFit:
+def calibrate(runs: Sequence[MeasuredRun | MeasuredCompute], start: EfficiencyParams, fast: Predictor = _fast_s,
+              exact: Predictor = exact_predicted_s) -> CalibrationFit:
     """The parameters that best predict `runs`, starting from (and defaulting to) `start`."""
     pricer = _Pricer(runs, start, fast, exact)
     measured = np.array([run.measured_s for run in runs])

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cost_models.efficiency import CALIBRATION_BOUNDS, EfficiencyParams
 from wire.schemas import EstimateRequest
 
 MAX_CALIBRATION_RUNS = 32
+MAX_MEASURED_PLANS = 8
+MAX_ROLES_PER_PLAN = 256
 
 
 class MeasuredRunRequest(EstimateRequest):
@@ -18,15 +20,54 @@ class MeasuredRunRequest(EstimateRequest):
     measured_iteration_time_s: float = Field(gt=0, le=1e6, description="Seconds per training iteration, measured.")
 
 
+class MeasuredRole(BaseModel):
+    """A role's time model as `/v1/detect` answers it (`time_models[i]`): the compute one of its GPUs spends
+    per microbatch, alpha x tokens + beta x the summed squared sequence lengths."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    layers: tuple[int, int] = Field(description="[first, end) of the role's stages.")
+    tp: int = Field(ge=1, le=1024)
+    devices: int = Field(default=1, ge=1)
+    alpha_ms_per_token: float | None = Field(default=None, ge=0, le=1e6)
+    beta_ms_per_token_squared: float | None = Field(default=None, ge=0, le=1e6)
+    attention_factor: float | None = Field(default=None, ge=0)
+    source: str | None = Field(default=None, max_length=16)
+
+
+class MeasuredPlan(BaseModel):
+    """The roles `/v1/detect` measured on a job running a stored plan: pass its `time_models` as answered."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    plan_id: str = Field(min_length=1, max_length=64)
+    time_models: list[MeasuredRole] = Field(min_length=1, max_length=MAX_ROLES_PER_PLAN)
+
+
 class CalibrationRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9 ._:/+-]+$",
                       description="What the runs measured: a cluster, a software stack.")
-    runs: list[MeasuredRunRequest] = Field(min_length=1, max_length=MAX_CALIBRATION_RUNS)
+    runs: list[MeasuredRunRequest] = Field(default_factory=list, max_length=MAX_CALIBRATION_RUNS)
+    roles: list[MeasuredPlan] = Field(
+        default_factory=list, max_length=MAX_MEASURED_PLANS,
+        description="Per-role compute measured by `/v1/detect` on jobs running stored plans; each role with an "
+        "alpha counts as one run, priced as the cost model's compute of one microbatch of the plan on one of its "
+        "GPUs (no TP, CP or EP traffic).")
+
+    @model_validator(mode="after")
+    def _something_measured(self) -> CalibrationRequest:
+        if not self.runs and not any(role.alpha_ms_per_token is not None
+                                     for plan in self.roles for role in plan.time_models):
+            raise ValueError("nothing to fit: give runs (estimate requests with measured_iteration_time_s), or roles "
+                             "whose time models /v1/detect measured (alpha_ms_per_token)")
+        return self
 
 
 class CalibratedRun(BaseModel):
+    source: str | None = Field(default=None, description="`runs[i]`, or `roles[i].time_models[j]`: a role's compute "
+                               "per microbatch.")
     measured_s: float
     predicted_s: float = Field(description="`/v1/estimate`'s prediction with the fitted parameters.")
     error: float = Field(description="predicted_s / measured_s - 1.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException
@@ -12,7 +13,7 @@ from api.core.body import body_openapi, json_body
 from api.deps import PoolDep, SettingsDep, StoreDep
 from api.routes.calibration_lookup import current_calibration_json
 from api.routes.plans import JSON, SOLVE_RESPONSES, V1_RESPONSES
-from api.tasks.calibrating import calibration_answer
+from api.tasks.calibrating import StoredPlan, calibration_answer, stored_runs_json
 from wire.calibration import Calibration, CalibrationRequest
 from wire.schemas import ErrorDetail
 
@@ -28,11 +29,20 @@ async def create_calibration(
     pool: PoolDep,
 ) -> Response:
     """Fit the cost model's efficiency parameters to measured runs (each a `/v1/estimate` request plus
-    `measured_iteration_time_s`) and store the fit: its parameters, which the runs determined and which they
-    cannot, per-run and leave-one-out errors. `options.calibration_id` on plan, estimate and replan applies it."""
-    answer = await pool.run(calibration_answer, request, deadline_s=settings.max_time_limit_s)
+    `measured_iteration_time_s`) and to per-role compute `/v1/detect` measured on jobs running stored plans
+    (`roles`), and store the fit: its parameters, which the runs determined and which they cannot, per-run and
+    leave-one-out errors. `options.calibration_id` on plan, estimate and replan applies it."""
+    plans = {}
+    for i, measured in enumerate(request.roles):
+        plan_json = await run_in_threadpool(store.get_json, measured.plan_id)
+        plan_request = await run_in_threadpool(store.get_request, measured.plan_id)
+        if plan_json is None or plan_request is None:
+            raise HTTPException(status_code=422, detail=f"roles[{i}].plan_id {measured.plan_id!r} names no stored "
+                                                        "plan (the plan the detected job runs)")
+        plans[measured.plan_id] = StoredPlan(plan_request, json.loads(plan_json))
+    answer = await pool.run(calibration_answer, request, plans, deadline_s=settings.max_time_limit_s)
     await run_in_threadpool(store.save_calibration, answer.calibration_id, answer.calibration_json,
-                            request.model_dump_json())
+                            stored_runs_json(request, plans))
     return Response(answer.calibration_json, status_code=201, media_type=JSON)
 
 

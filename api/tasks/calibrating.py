@@ -1,14 +1,18 @@
-"""Measured runs -> a stored calibration (the calibrations route and `resiplan calibrate`)."""
+"""Measured runs and roles -> a stored calibration (the calibrations route and `resiplan calibrate`)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
 from api.tasks.planning import new_plan_id
 from cost_models.efficiency import fitted_efficiency
-from planner.calibration import MeasuredRun, calibrate, predicted_s
+from cost_models.layout import ParallelShape
+from planner.calibration import MeasuredCompute, MeasuredRun, calibrate, exact_predicted_s, predicted_s
 from planner.errors import PlanningError
 from wire.calibration import (
     AppliedCalibration,
@@ -19,6 +23,7 @@ from wire.calibration import (
     parameter_bounds,
 )
 from wire.convert import to_fixed_layout, to_problem
+from wire.schemas import EstimateRequest, Plan, PlanRequest
 
 
 def _measured_runs(request: CalibrationRequest) -> list[MeasuredRun]:
@@ -36,14 +41,62 @@ def _measured_runs(request: CalibrationRequest) -> list[MeasuredRun]:
     return runs
 
 
-def calibration_for(request: CalibrationRequest) -> Calibration:
-    """Fit the built-in parameters to the request's runs; a run that cannot be estimated is a PlanningError
-    naming it."""
-    return _fitted(request, new_plan_id())
+@dataclass(frozen=True)
+class StoredPlan:
+    """A plan the service answered, with the request it answered: what a role's measured compute refers to."""
+
+    request: dict[str, Any]
+    plan: dict[str, Any]
 
 
-def _fitted(request: CalibrationRequest, calibration_id: str) -> Calibration:
-    runs = _measured_runs(request)
+def _measured_roles(request: CalibrationRequest, plans: Mapping[str, StoredPlan]) -> list[tuple[str, MeasuredCompute]]:
+    """(source, measurement) of every role with a time model: its compute for one microbatch of the plan's
+    sequences, alpha x tokens + beta x squared lengths."""
+    out = []
+    for i, measured in enumerate(request.roles):
+        stored = plans.get(measured.plan_id)
+        if stored is None:
+            raise PlanningError(f"roles[{i}].plan_id {measured.plan_id!r} names no stored plan (roles are fitted "
+                                "by the service, which stores the plans: POST /v1/calibrations)")
+        body = {**stored.request, "options": {**stored.request.get("options", {}), "calibration_id": None}}
+        try:
+            problem = to_problem((EstimateRequest if "layout" in body else PlanRequest).model_validate(body))
+        except (ValidationError, PlanningError) as error:
+            raise PlanningError(f"roles[{i}]: the request of plan {measured.plan_id!r} no longer plans: {error}") from None
+        plan = Plan.model_validate(stored.plan)
+        seq, mbs = problem.workload.seq_length, plan.micro_batch_size
+        for j, role in enumerate(measured.time_models):
+            if role.alpha_ms_per_token is None:
+                continue  # no device of the role reported work
+            first, end = role.layers
+            found = [(replica, stage) for replica in plan.replicas for stage in replica.stages
+                     if tuple(stage.layers) == (first, end) and stage.tp == role.tp]
+            if not found:
+                raise PlanningError(f"roles[{i}].time_models[{j}]: no stage of plan {measured.plan_id!r} holds "
+                                    f"layers [{first}, {end}) at tp {role.tp}")
+            replica, stage = found[0]
+            shape = ParallelShape(tp=stage.tp, pp=len(replica.stages), dp=len(plan.replicas), micro_batch_size=mbs,
+                                  recompute=plan.recompute, cp=stage.cp, ep=plan.ep, etp=plan.etp)
+            measured_ms = (role.alpha_ms_per_token * mbs * seq
+                           + (role.beta_ms_per_token_squared or 0.0) * mbs * seq * seq)
+            if measured_ms <= 0:
+                raise PlanningError(f"roles[{i}].time_models[{j}]: measures no compute (alpha and beta 0)")
+            out.append((f"roles[{i}].time_models[{j}]", MeasuredCompute(
+                problem, shape, end - first, first == 0, end == problem.workload.model.num_layers, measured_ms / 1e3)))
+    return out
+
+
+def calibration_for(request: CalibrationRequest, plans: Mapping[str, StoredPlan] | None = None) -> Calibration:
+    """Fit the built-in parameters to the request's runs and measured roles (`plans`: the stored plans the roles
+    name); a run that cannot be estimated is a PlanningError naming it."""
+    return _fitted(request, new_plan_id(), plans or {})
+
+
+def _fitted(request: CalibrationRequest, calibration_id: str, plans: Mapping[str, StoredPlan]) -> Calibration:
+    sources = [f"runs[{i}]" for i in range(len(request.runs))]
+    roles = _measured_roles(request, plans)
+    runs = [*_measured_runs(request), *(measurement for _, measurement in roles)]
+    sources += [source for source, _ in roles]
     start = fitted_efficiency()
     try:
         fit = calibrate(runs, start)
@@ -63,10 +116,11 @@ def _fitted(request: CalibrationRequest, calibration_id: str) -> Calibration:
         unidentified=list(fit.unidentified),
         at_bound=list(fit.at_bound),
         bounds=parameter_bounds(),
-        runs=[CalibratedRun(measured_s=run.measured_s, predicted_s=round(run.predicted_s, 6), error=round(run.error, 5),
+        runs=[CalibratedRun(source=source, measured_s=run.measured_s, predicted_s=round(run.predicted_s, 6),
+                            error=round(run.error, 5),
                             cross_validated_predicted_s=round(other.predicted_s, 6) if other else None,
                             cross_validated_error=round(other.error, 5) if other else None)
-              for run, other in zip(fit.runs, held_out)],
+              for source, run, other in zip(sources, fit.runs, held_out)],
         fit_mape=round(fit.fit_mape, 5),
         cross_validated_mape=round(fit.cross_validated_mape, 5) if fit.cross_validated_mape is not None else None,
     )
@@ -78,10 +132,22 @@ class CalibrationAnswer:
     calibration_json: str
 
 
-def calibration_answer(request: CalibrationRequest) -> CalibrationAnswer:
+def calibration_answer(request: CalibrationRequest, plans: Mapping[str, StoredPlan]) -> CalibrationAnswer:
     """calibration_for, for a solver worker."""
-    calibration = calibration_for(request)
+    calibration = calibration_for(request, plans)
     return CalibrationAnswer(calibration.calibration_id, calibration.model_dump_json())
+
+
+def stored_runs_json(request: CalibrationRequest, plans: Mapping[str, StoredPlan]) -> str:
+    """What a calibration keeps to be refitted later: its request and the plans its roles name."""
+    return json.dumps({"request": request.model_dump(mode="json"),
+                       "plans": {plan_id: {"request": plan.request, "plan": plan.plan} for plan_id, plan in plans.items()}})
+
+
+def _stored_runs(runs_json: str) -> tuple[CalibrationRequest, dict[str, StoredPlan]]:
+    stored = json.loads(runs_json)
+    plans = {plan_id: StoredPlan(plan["request"], plan["plan"]) for plan_id, plan in stored.get("plans", {}).items()}
+    return CalibrationRequest.model_validate(stored["request"]), plans
 
 
 # A run whose prediction under the stored parameters moved by more than this since the fit was priced by another
@@ -97,18 +163,18 @@ def refreshed_calibration(calibration_json: str, runs_json: str) -> str | None:
     stored = Calibration.model_validate_json(calibration_json)
     where = f"calibration {stored.calibration_id!r} ({stored.name})"
     try:
-        request = CalibrationRequest.model_validate_json(runs_json)
-        runs = _measured_runs(request)
+        request, plans = _stored_runs(runs_json)
+        runs = [*_measured_runs(request), *(measurement for _, measurement in _measured_roles(request, plans))]
     except (ValidationError, PlanningError) as error:
         raise PlanningError(f"{where} was fitted under an earlier cost model, and its runs cannot be priced by "
                             f"this one ({error}); POST /v1/calibrations with runs this version accepts") from None
     parameters = AppliedCalibration.of(stored).parameters
-    moved = [predicted_s(run, parameters) / fitted.predicted_s - 1 for run, fitted in zip(runs, stored.runs)]
+    moved = [exact_predicted_s(run, parameters) / fitted.predicted_s - 1 for run, fitted in zip(runs, stored.runs)]
     largest = max(range(len(moved)), key=lambda i: abs(moved[i]))
     if abs(moved[largest]) <= STALE_PREDICTION_REL:
         return None
     try:
-        refit = _fitted(request, stored.calibration_id)
+        refit = _fitted(request, stored.calibration_id, plans)
     except PlanningError as error:
         raise PlanningError(f"{where} was fitted under an earlier cost model and cannot be refitted under this "
                             f"one: {error}") from None

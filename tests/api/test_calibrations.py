@@ -130,7 +130,8 @@ def test_a_calibration_whose_runs_this_model_cannot_price_is_422_naming_it(clien
     runs, fresh = _stored_under_an_earlier_model(client, db_url)
     runs[1]["layout"] = {**runs[1]["layout"], "tp": 3}  # priced by the earlier model, not by this one
     _rewrite_stored(db_url, "update calibration_runs set runs_json = :json where calibration_id = :id",
-                    json=json.dumps({"name": "old model", "runs": runs}), id=fresh["calibration_id"])
+                    json=json.dumps({"request": {"name": "old model", "runs": runs}, "plans": {}}),
+                    id=fresh["calibration_id"])
     response = client.post("/v1/plan", json=small_request(options={"calibration_id": fresh["calibration_id"]}))
     assert_detail(response, fresh["calibration_id"], "earlier cost model", "runs[1]")
 
@@ -143,3 +144,73 @@ def test_a_calibration_stored_before_its_runs_were_kept_applies_as_stored(client
     applied = client.post("/v1/estimate", json={**estimate, "options": {"calibration_id": fresh["calibration_id"]}})
     assert applied.json()["predicted"]["iteration_time_s"] == pytest.approx(plain_s, abs=1.01e-6)
     assert client.get(f"/v1/calibrations/{fresh['calibration_id']}").json()["refit"] is None
+
+
+ROLE_SLOWER = 1.3  # the "stack" computes 30% slower than the cost model
+
+
+def _detected_job(client) -> tuple[dict, dict, dict]:
+    """A stored 2-stage, 2-replica TP-1 plan (whose stage times are pure compute), telemetry of its devices
+    computing each microbatch ROLE_SLOWER times the plan's stage time, and /v1/detect's answer to it."""
+    layout = {"tp": 1, "pp": 2, "dp": 2, "micro_batch_size": 1, "recompute": "none", "schedule": "1f1b"}
+    body = estimate_request(layout, cluster={"num_nodes": 1, "gpus_per_node": 4, "gpu": "A100-80GB"},
+                            training={"global_batch_size": 16, "seq_length": 2048})
+    plan = client.post("/v1/estimate", json=body).json()
+    telemetry = []
+    for replica in plan["replicas"]:
+        for stage in replica["stages"]:
+            ms = ROLE_SLOWER * (stage["forward_ms"] + stage["backward_ms"])
+            telemetry += [{"device": device, "iteration": iteration, "last_heartbeat_s_ago": 0.1,
+                           "microbatches": [{"seq_lengths": [2048], "compute_ms": ms}] * replica["num_microbatches"]}
+                          for device in stage["devices"] for iteration in range(4)]
+    detected = client.post("/v1/detect", json={"plan_id": plan["plan_id"], "telemetry": telemetry})
+    assert detected.status_code == 200, detected.text
+    return body, plan, detected.json()
+
+
+def test_roles_the_detector_measured_calibrate_the_compute(client):
+    body, plan, detected = _detected_job(client)
+    assert detected["fail_slow"] == [] and len(detected["time_models"]) == 2  # two roles: the two stages
+    response = client.post("/v1/calibrations", json={
+        "name": "detected", "roles": [{"plan_id": plan["plan_id"], "time_models": detected["time_models"]}]})
+    assert response.status_code == 201, response.text
+    calibration = response.json()
+    assert [run["source"] for run in calibration["runs"]] == ["roles[0].time_models[0]", "roles[0].time_models[1]"]
+    by_layers = {tuple(stage["layers"]): stage for stage in plan["replicas"][0]["stages"]}
+    for role, run in zip(detected["time_models"], calibration["runs"], strict=True):
+        stage = by_layers[tuple(role["layers"])]
+        assert run["measured_s"] * 1e3 == pytest.approx(ROLE_SLOWER * (stage["forward_ms"] + stage["backward_ms"]),
+                                                        rel=1e-3)
+        assert run["predicted_s"] == pytest.approx(run["measured_s"], rel=0.02)
+    # Compute alone cannot tell the links apart: they keep their built-in values.
+    assert {"nvlink_fraction", "network_fraction"} <= set(calibration["unidentified"])
+    assert calibration["fitted"]
+    # Applied, the calibration prices the same layout's compute ROLE_SLOWER times the built-in model's.
+    plain = plan["predicted"]["breakdown"]["compute_s"]
+    calibrated = client.post("/v1/estimate", json={**body, "options": {
+        "calibration_id": calibration["calibration_id"]}}).json()["predicted"]["breakdown"]["compute_s"]
+    assert calibrated == pytest.approx(ROLE_SLOWER * plain, rel=0.03)
+
+
+def test_roles_naming_no_plan_or_no_stage_and_empty_requests_are_422(client):
+    _, plan, detected = _detected_job(client)
+    unknown = {"plan_id": "0123456789abcdef0123456789abcdef", "time_models": detected["time_models"]}
+    assert_detail(client.post("/v1/calibrations", json={"name": "x", "roles": [unknown]}), "roles[0].plan_id",
+                  "no stored plan")
+    elsewhere = {**detected["time_models"][0], "layers": [0, 3]}
+    assert_detail(client.post("/v1/calibrations", json={"name": "x", "roles": [
+        {"plan_id": plan["plan_id"], "time_models": [elsewhere]}]}), "roles[0].time_models[0]", "[0, 3)")
+    assert_detail(client.post("/v1/calibrations", json={"name": "x"}), "nothing to fit")
+
+
+def test_a_calibration_from_roles_is_refitted_from_its_stored_plans(client, db_url):
+    _, plan, detected = _detected_job(client)
+    fresh = client.post("/v1/calibrations", json={
+        "name": "detected", "roles": [{"plan_id": plan["plan_id"], "time_models": detected["time_models"]}]}).json()
+    earlier = {**fresh, "parameters": fresh["default_parameters"],
+               "runs": [{**run, "predicted_s": run["measured_s"]} for run in fresh["runs"]]}
+    _rewrite_stored(db_url, "update calibrations set calibration_json = :json where calibration_id = :id",
+                    json=json.dumps(earlier), id=fresh["calibration_id"])
+    refitted = client.get(f"/v1/calibrations/{fresh['calibration_id']}").json()
+    assert refitted["refit"]["previous_parameters"] == fresh["default_parameters"]
+    assert refitted["parameters"] == fresh["parameters"] and refitted["runs"] == fresh["runs"]
