@@ -39,7 +39,7 @@ async def create_calibration(
         if plan_json is None or plan_request is None:
             raise HTTPException(status_code=422, detail=f"roles[{i}].plan_id {measured.plan_id!r} names no stored "
                                                         "plan (the plan the detected job runs)")
-        plans[measured.plan_id] = StoredPlan(plan_request, json.loads(plan_json))
+        plans[measured.plan_id] = StoredPlan(plan_request, await run_in_threadpool(json.loads, plan_json))
     answer = await pool.run(calibration_answer, request, plans, deadline_s=settings.max_time_limit_s)
     await run_in_threadpool(store.save_calibration, answer.calibration_id, answer.calibration_json,
                             stored_runs_json(request, plans))
