@@ -37,8 +37,8 @@ Process groups (gloo, all created by every rank in the same order):
     every replica (layers with the same set share the group).
 
 Model. A llama-style decoder built from `plan.architecture` (RMSNorm, RoPE,
-GQA attention, SwiGLU or GELU MLP, untied embedding and LM head, mean token
-cross-entropy). Every parameter is initialised from a generator seeded by
+GQA attention, SwiGLU or GELU MLP or routed experts, untied embedding and LM
+head, mean token cross-entropy). Every parameter is initialised from a generator seeded by
 (seed, parameter name), where the name carries the layer index
 (`layers.7.wq.weight`), so every replica and every sharding starts from the
 same full weights. A plan for a big model is shrunk (see `model_config`):
@@ -66,6 +66,14 @@ input's gradient, that of the key/value gather sums every rank's and keeps
 its own positions. A layer's gradients are summed over the CP group before
 the cross-replica sync (each CP rank saw only its positions); the embedding's
 and head's are already whole. Stages with and without CP mix freely.
+
+Mixtures of experts (the plan's `num_experts`): a softmax router picks each token's top k experts and
+renormalizes their weights; routed experts are SwiGLU/GELU MLPs `ffn` wide, shared experts one more MLP, and
+the first `dense_layers` layers dense. With expert parallelism (`ep` > 1, single-GPU stages only) ep
+consecutive replicas form an EP group per stage: replica r holds block r mod ep of the routed experts, runs
+them on the tokens of every replica of its group (all-gathered with their routing weights) and the outputs
+are summed back to each token's replica (an all-reduce, then its own rows); backward mirrors both. An
+expert's gradients are their own sync unit, reduced among the replicas holding it. SGD only, on one plan.
 
 Tensor parallelism is PyTorch's: each chunk is `parallelize_module`d on a
 DeviceMesh built from the rank's TP group (q/k/v and gate/up projections

@@ -56,6 +56,7 @@ class Part:
     layers: range
     has_embed: bool
     has_head: bool
+    experts: range = range(0)  # the routed experts its layers hold (a mixture of experts; all of them at ep 1)
 
 
 @dataclass
@@ -80,6 +81,16 @@ class Layout:
     global_batch_size: int
     num_layers: int
     stage_of_rank: dict[int, StagePlace] = field(default_factory=dict)
+    ep: int = 1  # expert-parallel size: ep consecutive replicas split each stage's routed experts
+
+    def expert_rank(self, replica: int) -> int:
+        """The block of the routed experts replica `replica` (an index into `replicas`) holds."""
+        return replica % self.ep
+
+    def expert_peers(self, replica: int) -> list[int]:
+        """The replicas of `replica`'s EP group (its own included)."""
+        first = replica - self.expert_rank(replica)
+        return list(range(first, first + self.ep))
 
     @property
     def world(self) -> int:
@@ -125,6 +136,12 @@ def build_layout(plan: Plan, num_layers: int | None = None, devices: list[str] |
                          f"(zero_stage {plan.zero_stage}); the reference executor shards optimizer state only "
                          "(zero_stage 0 or 1): run it through the megatron, deepspeed or torchtitan export")
     v = plan.virtual_stages
+    ep = plan.ep
+    num_experts = plan.architecture.num_experts if plan.architecture is not None else 0
+    if ep > 1 and any(stage.cp > 1 or len(stage.devices) > 1 for replica in plan.replicas for stage in replica.stages):
+        raise ValueError(f"plan {plan.plan_id} splits experts over ep {ep} with stages of several devices (TP or CP): "
+                         "the reference executor runs expert parallelism on single-GPU stages only; run it through "
+                         "the megatron or torchtitan export")
     plan_layers = plan.replicas[0].stages[-1].layers[1]
     num_layers = num_layers or plan_layers
     layout_replicas: list[ReplicaPlace] = []
@@ -152,17 +169,26 @@ def build_layout(plan: Plan, num_layers: int | None = None, devices: list[str] |
         ]
         parts: list[Part] = []
         first = 0
+        per_rank = num_experts // ep
+        experts = range(index % ep * per_rank, (index % ep + 1) * per_rank)
         for virtual in range(p * v):
             s, c = virtual % p, virtual // p
             size = chunk_sizes(stages[s].layer_count, v)[c]
-            parts.append(Part(index, s, c, virtual, range(first, first + size), virtual == 0, virtual == p * v - 1))
+            parts.append(Part(index, s, c, virtual, range(first, first + size), virtual == 0, virtual == p * v - 1,
+                              experts))
             first += size
         layout_replicas.append(ReplicaPlace(replica.id, replica.num_microbatches, stages, parts, first_sequence))
         first_sequence += replica.num_microbatches * plan.micro_batch_size
     gbs = plan.global_batch_size or first_sequence
     if gbs != first_sequence:
         raise ValueError(f"microbatches x micro_batch_size = {first_sequence} sequences, plan says {gbs}")
-    layout = Layout(devices, layout_replicas, v, plan.micro_batch_size, gbs, num_layers)
+    for group in range(0, len(layout_replicas), ep) if ep > 1 else ():
+        peers = layout_replicas[group:group + ep]
+        shapes = {(tuple(len(part.layers) for part in replica.parts), replica.num_microbatches) for replica in peers}
+        if len(peers) != ep or len(shapes) > 1:
+            raise ValueError(f"plan {plan.plan_id}: the replicas of an EP group of {ep} must split their layers and "
+                             "microbatches alike (their experts' all-gathers pair up op by op)")
+    layout = Layout(devices, layout_replicas, v, plan.micro_batch_size, gbs, num_layers, ep=ep)
     for replica in layout_replicas:
         for stage in replica.stages:
             for rank in stage.ranks:
@@ -171,13 +197,22 @@ def build_layout(plan: Plan, num_layers: int | None = None, devices: list[str] |
 
 
 def sync_units(cfg: ModelConfig) -> list[str]:
-    """Gradient-sync units in their one global order: the embedding, each layer, the norm + head."""
-    return ["embed", *(f"layers.{i}" for i in range(cfg.num_layers)), "head"]
+    """Gradient-sync units in their one global order: the embedding, each layer (then each of its routed
+    experts, which only the replicas holding it sync), the norm + head."""
+    units = ["embed"]
+    for i in range(cfg.num_layers):
+        units.append(f"layers.{i}")
+        if cfg.routed(i):
+            units += [f"layers.{i}.experts.{e}" for e in range(cfg.num_experts)]
+    return [*units, "head"]
 
 
 def unit_of(param_name: str) -> str:
     if param_name.startswith("layers."):
-        return ".".join(param_name.split(".")[:2])
+        parts = param_name.split(".")
+        if parts[2:4] == ["mlp", "experts"]:
+            return f"layers.{parts[1]}.experts.{parts[4]}"
+        return ".".join(parts[:2])
     return "embed" if param_name.startswith("embed.") else "head"
 
 
@@ -186,6 +221,9 @@ def part_holds(part: Part, unit: str) -> bool:
         return part.has_embed
     if unit == "head":
         return part.has_head
-    return int(unit.split(".")[1]) in part.layers
+    pieces = unit.split(".")
+    if int(pieces[1]) not in part.layers:
+        return False
+    return len(pieces) == 2 or int(pieces[3]) in part.experts
 
 

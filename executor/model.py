@@ -29,10 +29,21 @@ class ModelConfig:
     vocab: int
     swiglu: bool
     seq_len: int
+    # A mixture of experts (num_experts > 0): `ffn` is each routed expert's width; `shared_ffn` the shared
+    # experts' (0: none); the first `dense_layers` layers have a dense MLP `dense_ffn` wide.
+    num_experts: int = 0
+    top_k: int = 0
+    shared_ffn: int = 0
+    dense_layers: int = 0
+    dense_ffn: int = 0
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    def routed(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is routed experts."""
+        return self.num_experts > 0 and layer >= self.dense_layers
 
 
 def model_config(plan: Plan, *, layers: int | None = None, hidden: int | None = None, ffn: int | None = None,
@@ -41,14 +52,13 @@ def model_config(plan: Plan, *, layers: int | None = None, hidden: int | None = 
 
     Without overrides: a hidden size above 256 becomes `heads * max(2, 2 * (32 // heads))`
     (head dim 2..64, even for RoPE) with ffn twice that, a vocabulary above 1024 becomes 256,
-    a sequence above 128 tokens becomes 32. Layer count and head counts stay as planned.
+    a sequence above 128 tokens becomes 32. Layer count and head counts stay as planned; a mixture of
+    experts keeps its expert count, top k and dense layers, and when shrunk its shared and dense MLPs take
+    the routed experts' width.
     """
     arch = plan.architecture
     if arch is None:
         raise ValueError("the plan carries no architecture; plan it again with this resiplan version")
-    if arch.num_experts:
-        raise ValueError(f"the plan's model is a mixture of {arch.num_experts} experts; the reference executor "
-                         "runs dense models only")
     if getattr(arch, "mtp_layers", 0):
         raise ValueError("the plan's model predicts further tokens (mtp_layers); the reference executor builds the "
                          "next-token model only")
@@ -70,7 +80,17 @@ def model_config(plan: Plan, *, layers: int | None = None, hidden: int | None = 
         seq = plan_seq if plan_seq <= 128 else 32
     if hidden % heads:
         raise ValueError(f"hidden size {hidden} is not a multiple of the {heads} attention heads")
-    return ModelConfig(layers or arch.num_layers, hidden, ffn, heads, kv, vocab, arch.swiglu, seq)
+    experts = {}
+    if arch.num_experts:
+        shrunk = arch.hidden_size > 256
+
+        def width(planned: int) -> int:
+            return planned if not planned or not shrunk else ffn
+
+        experts = {"num_experts": arch.num_experts, "top_k": arch.experts_per_token,
+                   "shared_ffn": width(arch.shared_expert_ffn_hidden_size), "dense_layers": arch.dense_layers,
+                   "dense_ffn": width(arch.dense_ffn_hidden_size)}
+    return ModelConfig(layers or arch.num_layers, hidden, ffn, heads, kv, vocab, arch.swiglu, seq, **experts)
 
 
 class RMSNorm(nn.Module):
@@ -214,27 +234,137 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, width: int | None = None):
         super().__init__()
+        width = width or cfg.ffn
         self.swiglu = cfg.swiglu
-        self.w1 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)  # gate (SwiGLU) or up (GELU)
+        self.w1 = nn.Linear(cfg.hidden, width, bias=False)  # gate (SwiGLU) or up (GELU)
         if cfg.swiglu:
-            self.w3 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)  # up
-        self.w2 = nn.Linear(cfg.ffn, cfg.hidden, bias=False)  # down
+            self.w3 = nn.Linear(cfg.hidden, width, bias=False)  # up
+        self.w2 = nn.Linear(width, cfg.hidden, bias=False)  # down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x) if self.swiglu else F.gelu(self.w1(x)))
 
 
+@dataclass(frozen=True)
+class ExpertParallel:
+    """A stage's expert-parallel ranks as one of them sees them: its index, their count and their group. Rank e
+    holds the e-th block of num_experts / size routed experts (megatron-core's layout)."""
+
+    group: Any  # torch.distributed.ProcessGroup
+    rank: int
+    size: int
+
+    def experts(self, num_experts: int) -> range:
+        per_rank = num_experts // self.size
+        return range(self.rank * per_rank, (self.rank + 1) * per_rank)
+
+    def gathered_indices(self, local: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        pieces = [torch.empty_like(local) for _ in range(self.size)]
+        dist.all_gather(pieces, local.contiguous(), group=self.group)
+        return torch.cat(pieces)
+
+
+class _GatherTokens(torch.autograd.Function):
+    """Every EP rank's tokens (rank-major); backward sums what every rank's experts put on each token and keeps
+    this rank's."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group: ExpertParallel) -> torch.Tensor:
+        import torch.distributed as dist
+
+        ctx.group = group
+        pieces = [torch.empty_like(local) for _ in range(group.size)]
+        dist.all_gather(pieces, local.contiguous(), group=group.group)
+        return torch.cat(pieces)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        import torch.distributed as dist
+
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group.group)
+        return grad.chunk(ctx.group.size)[ctx.group.rank], None
+
+
+class _CombineTokens(torch.autograd.Function):
+    """Each EP rank's experts' outputs for every rank's tokens in, the sum over ranks for this rank's tokens out;
+    backward hands each rank the gradients of every rank's tokens."""
+
+    @staticmethod
+    def forward(ctx, partial: torch.Tensor, group: ExpertParallel) -> torch.Tensor:
+        import torch.distributed as dist
+
+        ctx.group = group
+        summed = partial.contiguous().clone()
+        dist.all_reduce(summed, group=group.group)
+        return summed.chunk(group.size)[group.rank].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        import torch.distributed as dist
+
+        pieces = [torch.empty_like(grad) for _ in range(ctx.group.size)]
+        dist.all_gather(pieces, grad.contiguous(), group=ctx.group.group)
+        return torch.cat(pieces), None
+
+
+class Moe(nn.Module):
+    """Routed experts plus the shared ones. The router's softmax over experts picks each token's top k, whose
+    weights are renormalized to sum to 1 (Mixtral's, and Qwen3's `norm_topk_prob`). With `expert_group`, this
+    rank holds its block of the experts and runs them on the tokens of every rank of its EP group (the
+    dispatch: an all-gather), and the outputs are summed back to each token's rank (the combine): what the
+    all-to-all dispatcher computes, with more traffic."""
+
+    def __init__(self, cfg: ModelConfig, expert_group: ExpertParallel | None = None):
+        super().__init__()
+        self.top_k, self.expert_group = cfg.top_k, expert_group
+        held = range(cfg.num_experts) if expert_group is None else expert_group.experts(cfg.num_experts)
+        self.router = nn.Linear(cfg.hidden, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleDict({str(e): Mlp(cfg) for e in held})
+        self.shared = Mlp(cfg, cfg.shared_ffn) if cfg.shared_ffn else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        weights, chosen = torch.softmax(self.router(tokens), dim=-1).topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        routed_in, routed_weights, routed_chosen = tokens, weights, chosen
+        if self.expert_group is not None:
+            # Tokens and their weights travel together: one collective each way, in the same order on every rank
+            # whatever the autograd engine's order of independent nodes.
+            width = tokens.shape[-1]
+            routed = _GatherTokens.apply(torch.cat([tokens, weights], dim=-1), self.expert_group)
+            routed_in, routed_weights = routed[:, :width], routed[:, width:]
+            with torch.no_grad():
+                routed_chosen = self.expert_group.gathered_indices(chosen)
+        out = torch.zeros_like(routed_in)
+        for name, expert in self.experts.items():
+            rows, slots = (routed_chosen == int(name)).nonzero(as_tuple=True)
+            if rows.numel():
+                out = out.index_add(0, rows, expert(routed_in[rows]) * routed_weights[rows, slots].unsqueeze(-1))
+        if self.expert_group is not None:
+            out = _CombineTokens.apply(out, self.expert_group)
+        if self.shared is not None:
+            out = out + self.shared(tokens)
+        return out.view_as(x)
+
+
 class Block(nn.Module):
     """One pre-norm decoder layer."""
 
-    def __init__(self, cfg: ModelConfig, context: ContextParallel | None = None):
+    def __init__(self, cfg: ModelConfig, context: ContextParallel | None = None, layer: int = 0,
+                 expert_group: ExpertParallel | None = None):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.hidden)
         self.attn = Attention(cfg, context)
         self.mlp_norm = RMSNorm(cfg.hidden)
-        self.mlp = Mlp(cfg)
+        if cfg.routed(layer):
+            self.mlp = Moe(cfg, expert_group)
+        else:
+            self.mlp = Mlp(cfg, cfg.dense_ffn if cfg.num_experts else None)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         h = h + self.attn(self.attn_norm(h))
@@ -251,14 +381,14 @@ class Chunk(nn.Module):
     """
 
     def __init__(self, cfg: ModelConfig, layers: Iterable[int], has_embed: bool, has_head: bool, seed: int,
-                 context: ContextParallel | None = None):
+                 context: ContextParallel | None = None, expert_group: ExpertParallel | None = None):
         super().__init__()
         if context is not None and cfg.seq_len % (2 * context.size):
             raise ValueError(f"context parallelism over {context.size} ranks splits each sequence into "
                              f"{2 * context.size} equal pieces; {cfg.seq_len} tokens do not split so (--seq)")
         self.context = context
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden) if has_embed else None
-        self.layers = nn.ModuleDict({str(i): Block(cfg, context) for i in layers})
+        self.layers = nn.ModuleDict({str(i): Block(cfg, context, i, expert_group) for i in layers})
         self.norm = RMSNorm(cfg.hidden) if has_head else None
         self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False) if has_head else None
         init_parameters(self, seed)

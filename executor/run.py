@@ -108,6 +108,11 @@ def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = (),
     cfg = model_config(plan, layers=options.layers, hidden=options.hidden, ffn=options.ffn, vocab=options.vocab,
                        seq=options.seq)
     _check_compatible(cfg, plans)
+    if cfg.num_experts and (options.optimizer != "sgd" or len(plans) > 1 or live is not None
+                            or options.checkpoint_every or options.resume or options.survive_dir):
+        raise ValueError("the reference executor trains a mixture of experts with SGD on one plan only: Adam's "
+                         "sharded moments, checkpoints and live switches follow the service's holdings, which lay "
+                         "experts out in a space the executor does not map")
     devices = world_devices(plans)
     rank, world = dist.get_rank(), dist.get_world_size()
     if world < len(devices):

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from adapters import torch_csv
 from executor.layout import Layout, ReplicaPlace, StagePlace, build_layout, part_holds, sync_units
-from executor.model import Chunk, ContextParallel, ModelConfig, loss_fn, tp_plan
+from executor.model import Chunk, ContextParallel, ExpertParallel, ModelConfig, loss_fn, tp_plan
 from executor.shards import RankShards, plan_shards
 from executor.tensor_parallel import Follower, LeaderChunk
 from executor.timing import OP_WORK, OpTimer
@@ -28,6 +28,7 @@ class Groups:
     # (replica index, stage, CP rank) -> that CP rank's TP group, tp > 1 only (the stage group when cp is 1)
     tp: dict[tuple[int, int, int], dist.ProcessGroup]
     cp: dict[tuple[int, int, int], dist.ProcessGroup]  # (replica index, stage, TP rank) -> its CP group, cp > 1
+    ep: dict[tuple[int, int], dist.ProcessGroup]  # (replica index, stage) -> its EP group's stage ranks, ep > 1
     pp: dict[int, dist.ProcessGroup]  # replica index -> leaders' group
     sync: dict[tuple[int, ...], dist.ProcessGroup]  # sorted leader ranks -> group
     owners: dict[tuple[int, ...], dist.ProcessGroup]  # sorted optimizer-owner ranks -> group (ZeRO-1)
@@ -59,19 +60,26 @@ def new_groups(layout: Layout, units: list[str], zero_stage: int, timeout_s: flo
             for t in range(stage.tp):
                 if stage.cp > 1:
                     cp[(*key, t)] = new_group(stage.cp_ranks(t))
+    ep = {}
+    for first in range(0, len(layout.replicas), layout.ep) if layout.ep > 1 else ():
+        peers = layout.expert_peers(first)
+        for s in range(len(layout.replicas[first].stages)):
+            group = new_group(sorted(layout.replicas[r].stages[s].leader for r in peers))
+            ep.update({(r, s): group for r in peers})
     pp = {i: new_group(sorted(replica.leaders)) for i, replica in enumerate(layout.replicas)}
     leaders, holders = {}, {}
     for unit in units:
         stages = []
         for replica in layout.replicas:
-            part = next(part for part in replica.parts if part_holds(part, unit))
-            stages.append(replica.stages[part.stage])
+            part = next((part for part in replica.parts if part_holds(part, unit)), None)
+            if part is not None:  # a routed expert lives on one replica of each EP group
+                stages.append(replica.stages[part.stage])
         leaders[unit] = tuple(sorted(stage.leader for stage in stages))
         holders[unit] = tuple(sorted(rank for stage in stages for rank in stage.ranks))
     sync = {ranks: new_group(list(ranks)) for ranks in sorted(set(leaders.values())) if len(ranks) > 1}
     owner_sets = set(holders.values()) if zero_stage >= 1 else set()
     owners = {ranks: new_group(list(ranks)) for ranks in sorted(owner_sets) if len(ranks) > 1}
-    return Groups(plan_group, stage_groups, tp, cp, pp, sync, owners, leaders, holders)
+    return Groups(plan_group, stage_groups, tp, cp, ep, pp, sync, owners, leaders, holders)
 
 
 def _csv_rows(plan: Plan, replica_id: int) -> list[list[str]]:
@@ -163,6 +171,8 @@ def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: 
     tp_group, stage_group = runtime.tp_group, runtime.stage_group
     _, cp_rank = stage.place_of(rank)
     context = None if stage.cp == 1 else ContextParallel(runtime.cp_group, cp_rank, stage.cp)
+    experts = (None if layout.ep == 1 else
+               ExpertParallel(groups.ep[(stage.replica, stage.stage)], layout.expert_rank(stage.replica), layout.ep))
     p, v, mbs = len(replica.stages), layout.virtual_stages, layout.micro_batch_size
     n_virtual = p * v
 
@@ -175,7 +185,7 @@ def build_runtime(plan: Plan, cfg: ModelConfig, world_devices: list[str], seed: 
     chunks: dict[int, Chunk] = {}
     for virtual in stage.virtuals:
         part = replica.parts[virtual]
-        chunk = Chunk(cfg, part.layers, part.has_embed, part.has_head, seed, context)
+        chunk = Chunk(cfg, part.layers, part.has_embed, part.has_head, seed, context, experts)
         if mesh is not None:
             parallelize_module(chunk, mesh, tp_plan(chunk, cfg.swiglu))
         chunks[virtual] = chunk
