@@ -103,6 +103,15 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+def _all_gathered(local: torch.Tensor, group: Any, size: int) -> list[torch.Tensor]:
+    """Every rank's `local` (equal shapes), in group-rank order."""
+    import torch.distributed as dist
+
+    pieces = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(pieces, local.contiguous(), group=group)
+    return pieces
+
+
 @dataclass(frozen=True)
 class ContextParallel:
     """A stage's context-parallel ranks as one of them sees them: its index among them, their count, and the
@@ -124,10 +133,7 @@ class ContextParallel:
 
     def gathered(self, local: torch.Tensor, dim: int) -> torch.Tensor:
         """Every rank's `local` along `dim`, put back in sequence order."""
-        import torch.distributed as dist
-
-        pieces = [torch.empty_like(local) for _ in range(self.size)]
-        dist.all_gather(pieces, local.contiguous(), group=self.group)
+        pieces = _all_gathered(local, self.group, self.size)
         seq_len = local.shape[dim] * self.size
         full = local.new_empty((*local.shape[:dim], seq_len, *local.shape[dim + 1:]))
         for rank, piece in enumerate(pieces):
@@ -261,11 +267,7 @@ class ExpertParallel:
         return range(self.rank * per_rank, (self.rank + 1) * per_rank)
 
     def gathered_indices(self, local: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        pieces = [torch.empty_like(local) for _ in range(self.size)]
-        dist.all_gather(pieces, local.contiguous(), group=self.group)
-        return torch.cat(pieces)
+        return torch.cat(_all_gathered(local, self.group, self.size))
 
 
 class _GatherTokens(torch.autograd.Function):
@@ -274,12 +276,8 @@ class _GatherTokens(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, local: torch.Tensor, group: ExpertParallel) -> torch.Tensor:
-        import torch.distributed as dist
-
         ctx.group = group
-        pieces = [torch.empty_like(local) for _ in range(group.size)]
-        dist.all_gather(pieces, local.contiguous(), group=group.group)
-        return torch.cat(pieces)
+        return torch.cat(_all_gathered(local, group.group, group.size))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -305,11 +303,7 @@ class _CombineTokens(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        import torch.distributed as dist
-
-        pieces = [torch.empty_like(grad) for _ in range(ctx.group.size)]
-        dist.all_gather(pieces, grad.contiguous(), group=ctx.group.group)
-        return torch.cat(pieces), None
+        return torch.cat(_all_gathered(grad, ctx.group.group, ctx.group.size)), None
 
 
 class Moe(nn.Module):
