@@ -41,10 +41,15 @@ published 16-GPU FP8 run (tp 1, ep 16: expert data parallelism 1) at 88.6 GiB, i
 and 0.6B-parameter embedding and head each holding 18 bytes per parameter where the distributed optimizer
 leaves 6.8.
 
-What is priced conservatively, and why the plan is then never optimistic: the gradient sync of the replicated
-weights is costed as if they, like the experts, were reduced among only the expert data-parallel ranks, which
-overstates it by a ring's (n - 1) / n, and the optimizer step of the embedding and head at the layer's mix.
-Expert load is taken as balanced (the auxiliary loss's aim); imbalance is not modelled.
+The data-parallel collectives follow the same two groups (`StageCostTerms.dp_sync_ms`, `param_gather_ms` and
+ZeRO-2/3's per-microbatch ones): the experts' share of a layer's weights (`expert_param_share`) over the expert
+data-parallel ranks, every `expert_span`-th TP group, so fewer of them share a node (`expert_sync_group`); the
+rest, embedding and head included, over all dp x cp. Both go under the same backward, one after the other, as
+Megatron's two buffers' buckets do. Before 2026-12-05 a stage's whole sync ran over dp x cp: with ep 8 on 8-GPU
+nodes that put seven of eight expert data-parallel peers in the node and divided the experts' network traffic
+by eight. Two approximations, both small: a stage's embedding and head sync at the layers' mix (`dp_sync_ms`
+takes a parameter count, which the layer split keeps affine), and the optimizer step of the embedding and head
+at the layer's mix. Expert load is taken as balanced (the auxiliary loss's aim); imbalance is not modelled.
 """
 
 from __future__ import annotations
@@ -111,6 +116,23 @@ def layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, expert_tp: int | No
     routed = model.routed_expert_params_per_layer
     expert_layer = (model.params_per_layer - routed) / tp + routed / (ep * (tp if expert_tp is None else expert_tp))
     return max(expert_layer, model.dense_layer_params / tp)
+
+
+def expert_param_share(model: ModelSpec, tp: int, ep: int, expert_tp: int | None = None) -> float:
+    """Share of a layer's weights on one GPU (`layer_params_per_gpu`) that are routed experts: the share whose
+    gradients sync over the expert data-parallel ranks (0 for a dense model)."""
+    if not model.is_moe:
+        return 0.0
+    experts = model.routed_expert_params_per_layer / (ep * (tp if expert_tp is None else expert_tp))
+    return experts / layer_params_per_gpu(model, tp, ep, expert_tp)
+
+
+def expert_sync_group(ranks: int, span: int, groups_per_node: int) -> tuple[int, int]:
+    """(ranks, ranks per node) of the expert data-parallel group among `ranks` TP groups holding the same
+    replicated weights, `groups_per_node` of them per node: every `span`-th TP group holds the same experts
+    (rank order etp-ep-edp), so a node holds groups_per_node / span of them, at least one."""
+    expert_ranks = expert_data_parallel(ranks, span)
+    return expert_ranks, min(expert_ranks, max(1, groups_per_node // span))
 
 
 def layer_state_bytes_per_gpu(model: ModelSpec, tp: int, ep: int, expert_tp: int | None,

@@ -24,6 +24,8 @@ from cost_models.flops import BACKWARD_TO_FORWARD
 from cost_models.expert_parallel import (
     a2a_overlap_applies,
     expert_data_parallel,
+    expert_param_share,
+    expert_sync_group,
     layer_all_to_all_ms,
     layer_params_per_gpu,
     layer_state_bytes_per_gpu,
@@ -85,6 +87,10 @@ class StageCostTerms:
     # Hybrid sharding: shard groups holding the same shards, whose gradient shards are all-reduced
     # (`cost_models.sharded_dp`); 1 when one group spans every replica.
     replicate_ranks: int = 1
+    # With expert parallelism: the experts' share of the parameters a stage syncs, which go over the expert
+    # data-parallel ranks alone (`cost_models.expert_parallel.expert_sync_group`); 0 when every weight
+    # syncs over the same ranks.
+    expert_param_share: float = 0.0
 
     def in_flight(self, stage: int) -> float:
         """Microbatches whose activations `stage` holds at its peak, in layer-set units."""
@@ -123,14 +129,17 @@ class StageCostTerms:
                                                self.dp_bandwidth_intra_gb_s, self.dp_bandwidth_inter_gb_s)
 
     def _all_reduce_equivalent_ms(self, bytes_total: float, ranks: int | None) -> float:
+        """Over `ranks` TP groups (default dp x cp); with experts, their share over the expert data-parallel
+        ranks among them, after the rest."""
         ranks = self.shape.grad_sync_ranks if ranks is None else ranks
-        return 1e3 * hierarchical_all_reduce_s(
-            bytes_total,
-            ranks,
-            min(ranks, self.groups_per_node),
-            self.dp_bandwidth_intra_gb_s,
-            self.dp_bandwidth_inter_gb_s,
-        )
+        share = self.expert_param_share
+        groups = [(bytes_total * (1 - share), ranks, min(ranks, self.groups_per_node))]
+        if share:
+            groups.append((bytes_total * share, *expert_sync_group(ranks, self.shape.expert_span, self.groups_per_node)))
+        return 1e3 * sum(
+            hierarchical_all_reduce_s(size, group_ranks, per_node, self.dp_bandwidth_intra_gb_s,
+                                      self.dp_bandwidth_inter_gb_s)
+            for size, group_ranks, per_node in groups)
 
 
 @dataclass(frozen=True)
@@ -289,11 +298,16 @@ def stage_cost_terms(
     else:
         layer_state_bytes_per_param = layer_state_bytes_per_gpu(
             model, shape.tp, shape.ep, shape.expert_tp, dense_state_bytes, expert_state_bytes) / layer.params
+    # The experts' share of a layer syncs over the expert data-parallel ranks, the rest over dp x cp.
+    expert_share = (expert_param_share(model, shape.tp, shape.ep, shape.expert_tp)
+                    if shape.expert_span > 1 and not shape.hybrid_sharded else 0.0)
     if shards_every_microbatch(workload.zero_stage):
-        ranks = state_ranks
-        group = (ranks, min(ranks, groups_per_node), dp_intra_gb_s, dp_inter_gb_s)
-        layer, embedding, head = (_sharded_part(part, workload.zero_stage, software.grad_reduce_bytes, *group)
-                                  for part in (layer, embedding, head))
+        dense_group = (1.0 - expert_share, dense_ranks, min(dense_ranks, groups_per_node))
+        expert_group = (expert_share, *expert_sync_group(shape.grad_sync_ranks, shape.expert_span, groups_per_node))
+        links = (dp_intra_gb_s, dp_inter_gb_s)
+        layer = _sharded_part(layer, workload.zero_stage, software.grad_reduce_bytes, (dense_group, expert_group), *links)
+        embedding, head = (_sharded_part(part, workload.zero_stage, software.grad_reduce_bytes,
+                                         ((1.0, *dense_group[1:]),), *links) for part in (embedding, head))
     p2p_ms = pipeline_p2p_ms(workload, hardware, shape, efficiency, software)
 
     # The step updates the optimizer state each GPU holds: at the layers' mix of expert and replicated weights.
@@ -324,15 +338,19 @@ def stage_cost_terms(
         overlap_grad_reduce=software.overlap_grad_reduce,
         overlap_param_gather=software.overlap_param_gather,
         replicate_ranks=shape.dp // shape.shard_replicas,
+        expert_param_share=expert_share,
     )
 
 
-def _sharded_part(part: PartCosts, zero_stage: int, grad_reduce_bytes: int, ranks: int, ranks_per_node: int,
-                  intra_gb_s: float, inter_gb_s: float) -> PartCosts:
-    """`part` with ZeRO-2/3's per-microbatch collectives of its weights over `ranks` replicas, the part
-    compute does not hide (`cost_models.sharded_dp.with_sharded_comm`)."""
+def _sharded_part(part: PartCosts, zero_stage: int, grad_reduce_bytes: int,
+                  groups: tuple[tuple[float, int, int], ...], intra_gb_s: float, inter_gb_s: float) -> PartCosts:
+    """`part` with ZeRO-2/3's per-microbatch collectives of its weights, the part compute does not hide
+    (`cost_models.sharded_dp.with_sharded_comm`): each (share of the weights, ranks, ranks per node) of
+    `groups` over its own ranks, one after the other."""
     def collective_ms(bytes_per_param: float) -> float:
-        return 1e3 * hierarchical_all_gather_s(part.params * bytes_per_param, ranks, ranks_per_node, intra_gb_s, inter_gb_s)
+        return 1e3 * sum(
+            hierarchical_all_gather_s(part.params * share * bytes_per_param, ranks, per_node, intra_gb_s, inter_gb_s)
+            for share, ranks, per_node in groups if share)
 
     time = with_sharded_comm(part.time, zero_stage, collective_ms(PARAM_GATHER_BYTES), collective_ms(grad_reduce_bytes))
     return replace(part, time=time)

@@ -261,3 +261,48 @@ def test_each_kind_of_weight_keeps_its_state_over_the_ranks_that_share_it(zero_s
     assert stage_memory(terms, 0, 0).static_bytes - gathered_bytes(terms, 0) == pytest.approx(
         embedding * bytes_per_param(8), rel=1e-9)
     assert stage_memory(terms, 1, 0).static_bytes - gathered_bytes(terms, 1) == 0.0
+
+
+@pytest.mark.parametrize("zero_stage", [1, 3])
+def test_expert_gradients_sync_among_the_replicas_holding_them(zero_stage):
+    """Mixtral on 64 replicas of tp 1, pp 4 with ep 8 on 8-GPU nodes: the replicated weights' gradients are
+    reduced over all 64 replicas, 8 to a node (a reduce-scatter in the node, then one over 8 nodes of an eighth
+    of the buffer); each expert's among the 8 replicas holding it, every 8th, one per node (a ring over 8 nodes
+    of the whole buffer). Megatron's DDP: `get_data_parallel_group` vs `get_expert_data_parallel_group`. Ring
+    reduce-scatter traffic per GPU is (n - 1) / n of the buffer; slopes per parameter remove the latencies."""
+    from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+    from cost_models.hardware import gpu_preset
+    from cost_models.layout import Hardware, ParallelShape, Workload
+    from cost_models.stage_costs import stage_cost_terms
+
+    def terms_for(ep: int, zero: int):
+        return stage_cost_terms(Workload(MIXTRAL, 4096, 512, zero_stage=zero),
+                                Hardware(gpu_preset("H100-SXM"), 8, 900.0, 50.0),
+                                ParallelShape(tp=1, pp=4, dp=64, micro_batch_size=1, recompute="full", ep=ep),
+                                EfficiencyParams(), SoftwareConfig())
+
+    terms = terms_for(8, zero_stage)
+    nvlink_s, network_s = (1.0 / (terms.dp_bandwidth_intra_gb_s * 1e9), 1.0 / (terms.dp_bandwidth_inter_gb_s * 1e9))
+    replicated, expert = ATTENTION + 4096 * 8 + 2 * 4096, ONE_EXPERT  # per GPU of a layer
+    dense_ring_s = 7 / 8 * nvlink_s + 7 / 8 * network_s / 8  # per byte: reduce-scatter in the node, then across 8
+    expert_ring_s = 7 / 8 * network_s  # per byte: across 8 nodes, one rank in each
+    if zero_stage == 1:
+        # Under the last backward: the reduce-scatter of fp32 gradients (`sync_bytes_per_param` prices it as an
+        # all-reduce of half the bytes, twice the ring's per-byte cost).
+        grad_bytes = 2 * terms.sync_bytes_per_param
+        per_layer_s = grad_bytes * (replicated * dense_ring_s + expert * expert_ring_s)
+        probe = terms.layer.params
+        slope_ms = terms.dp_sync_ms(2 * probe) - terms.dp_sync_ms(probe)
+        assert slope_ms == pytest.approx(1e3 * per_layer_s, rel=1e-6)
+        # All 64 replicas over one group would divide the experts' network bytes by 8: far less.
+        uniform = terms_for(1, zero_stage)
+        assert uniform.dp_sync_ms(2 * probe) - uniform.dp_sync_ms(probe) < 0.5 * slope_ms
+    else:
+        # ZeRO-3: every microbatch gathers each layer's bf16 weights before its forward, each kind over its own
+        # group; what the layer's forward does not cover is exposed.
+        gather_s = 2 * (replicated * dense_ring_s + expert * expert_ring_s)
+        latency_s = 7 * 3e-6 + 7 * 10e-6 + 7 * 10e-6  # dense: 7 NVLink and 7 network steps; experts: 7 network
+        forward_ms = terms_for(8, 1).layer.time.forward_ms
+        assert 1e3 * gather_s > forward_ms
+        assert terms.layer.time.forward_shard_comm_ms == pytest.approx(1e3 * (gather_s + latency_s) - forward_ms,
+                                                                       rel=1e-6)
