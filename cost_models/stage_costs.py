@@ -132,14 +132,14 @@ class StageCostTerms:
         """Over `ranks` TP groups (default dp x cp); with experts, their share over the expert data-parallel
         ranks among them, after the rest."""
         ranks = self.shape.grad_sync_ranks if ranks is None else ranks
-        share = self.expert_param_share
-        groups = [(bytes_total * (1 - share), ranks, min(ranks, self.groups_per_node))]
-        if share:
-            groups.append((bytes_total * share, *expert_sync_group(ranks, self.shape.expert_span, self.groups_per_node)))
-        return 1e3 * sum(
-            hierarchical_all_reduce_s(size, group_ranks, per_node, self.dp_bandwidth_intra_gb_s,
-                                      self.dp_bandwidth_inter_gb_s)
-            for size, group_ranks, per_node in groups)
+        intra_gb_s, inter_gb_s, share = self.dp_bandwidth_intra_gb_s, self.dp_bandwidth_inter_gb_s, self.expert_param_share
+        dense_s = hierarchical_all_reduce_s(bytes_total * (1 - share), ranks, min(ranks, self.groups_per_node),
+                                            intra_gb_s, inter_gb_s)
+        if not share:  # the search prices this tens of thousands of times: no groups to build for dense models
+            return 1e3 * dense_s
+        expert_ranks, expert_per_node = expert_sync_group(ranks, self.shape.expert_span, self.groups_per_node)
+        return 1e3 * (dense_s + hierarchical_all_reduce_s(bytes_total * share, expert_ranks, expert_per_node,
+                                                          intra_gb_s, inter_gb_s))
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,9 @@ the first `dense_layers` layers dense. With expert parallelism (`ep` > 1, single
 consecutive replicas form an EP group per stage: replica r holds block r mod ep of the routed experts, runs
 them on the tokens of every replica of its group (all-gathered with their routing weights) and the outputs
 are summed back to each token's replica (an all-reduce, then its own rows); backward mirrors both. An
-expert's gradients are their own sync unit, reduced among the replicas holding it. SGD only, on one plan.
+expert's gradients are their own sync unit, reduced among the replicas holding it. One plan only (no
+checkpoints or live switches), SGD or Adam; Adam's moments of a mixture of experts are sharded by the executor
+itself (`Runtime.optimizer_parts`), not by the service's holdings.
 
 Tensor parallelism is PyTorch's: each chunk is `parallelize_module`d on a
 DeviceMesh built from the rank's TP group (q/k/v and gate/up projections

@@ -108,11 +108,11 @@ def run(plan: Plan, options: Options, reconfigure: list[tuple[int, Plan]] = (),
     cfg = model_config(plan, layers=options.layers, hidden=options.hidden, ffn=options.ffn, vocab=options.vocab,
                        seq=options.seq)
     _check_compatible(cfg, plans)
-    if cfg.num_experts and (options.optimizer != "sgd" or len(plans) > 1 or live is not None
+    if cfg.num_experts and (len(plans) > 1 or live is not None
                             or options.checkpoint_every or options.resume or options.survive_dir):
-        raise ValueError("the reference executor trains a mixture of experts with SGD on one plan only: Adam's "
-                         "sharded moments, checkpoints and live switches follow the service's holdings, which lay "
-                         "experts out in a space the executor does not map")
+        raise ValueError("the reference executor trains a mixture of experts on one plan only: checkpoints and "
+                         "live switches move state by the service's holdings, which lay experts out in a space the "
+                         "executor does not map")
     devices = world_devices(plans)
     rank, world = dist.get_rank(), dist.get_world_size()
     if world < len(devices):
@@ -222,10 +222,10 @@ def _fresh_moments(runtime: Runtime, num_layers: int) -> dict[str, Moments]:
     """Zero moments where this rank owns optimizer state, NaN elsewhere."""
     moments = {}
     for name, param in runtime.params.items():
-        unit = unit_of_name(name, num_layers)
-        held, size = runtime.shards.weights[unit], full_size(name, param)
+        index = unit_of_name(name, num_layers)
+        held, size = runtime.held_slice(index), full_size(name, param)
         moments[name] = Moments.unset(local(param))
-        for part in runtime.shards.optimizer[unit]:
+        for part in runtime.optimizer_parts(unit_of(name), index):
             for m in (moments[name].exp_avg, moments[name].exp_avg_sq):
                 local_slice(m, name, size, held, part).zero_()
     return moments
@@ -326,7 +326,7 @@ def _adam(rt: Runtime, unit: str, names: list[str], reduced: list[torch.Tensor],
     """Adam on the parts this rank owns; the owners' sum of their updated parts is every holder's new tensor."""
     params = rt.params
     index = unit_of_name(names[0], num_layers)
-    held, owned = rt.shards.weights[index], rt.shards.optimizer[index]
+    held, owned = rt.held_slice(index), rt.optimizer_parts(unit, index)
     group = rt.owners_group(unit)
     updated = [torch.zeros_like(g) for g in reduced] if group is not None else None
     for i, (name, g) in enumerate(zip(names, reduced, strict=True)):

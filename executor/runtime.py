@@ -7,6 +7,7 @@ import io
 import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from adapters import torch_csv
 from executor.layout import Layout, ReplicaPlace, StagePlace, build_layout, part_holds, sync_units
 from executor.model import Chunk, ContextParallel, ExpertParallel, ModelConfig, loss_fn, tp_plan
-from executor.shards import RankShards, plan_shards
+from executor.shards import Interval, RankShards, plan_shards
 from executor.tensor_parallel import Follower, LeaderChunk
 from executor.timing import OP_WORK, OpTimer
 from wire.schemas import Plan
@@ -139,6 +140,37 @@ class Runtime:
     @property
     def params(self) -> dict[str, torch.Tensor]:
         return {name: p for chunk in (self.chunks or {}).values() for name, p in chunk.named_parameters()}
+
+    def held_slice(self, unit_index: int) -> Interval:
+        """This rank's slice of a unit's tensors along their TP dimension: a dense model's from the service's
+        holdings; a mixture of experts' (whose holdings do not map to tensors, `optimizer_parts`) its TP
+        rank's share, every tensor split evenly over the stage's TP ranks."""
+        if not self.plan.architecture.num_experts:
+            return self.shards.weights[unit_index]
+        tp_rank, tp = self._tp_index(self.rank), self.stage.tp
+        return Fraction(tp_rank, tp), Fraction(tp_rank + 1, tp)
+
+    def optimizer_parts(self, unit: str, unit_index: int) -> tuple[Interval, ...]:
+        """The parts of `unit`'s tensors whose Adam state this rank owns ([lo, hi) of their TP dimension,
+        `executor.shards`): a dense model's, the service's holdings. The service lays a mixture of experts'
+        layer out as one space of replicated weights then experts (`planner.replan.holdings`), which does not
+        map to tensors: here each unit's holders sharing a TP slice split it evenly in rank order with ZeRO-1,
+        as Megatron's distributed optimizer shards the replicated weights over the data-parallel ranks and a
+        routed expert's over its expert data-parallel ranks (the replicas holding it); without ZeRO each owns
+        its slice."""
+        if not self.plan.architecture.num_experts:
+            return self.shards.optimizer[unit_index]
+        held = self.held_slice(unit_index)
+        if self.plan.zero_stage == 0:
+            return (held,)
+        mine = self._tp_index(self.rank)
+        sharing = [rank for rank in self.groups.unit_owners[unit] if self._tp_index(rank) == mine]
+        k, n = sharing.index(self.rank), len(sharing)
+        lo, width = held[0], held[1] - held[0]
+        return ((lo + width * Fraction(k, n), lo + width * Fraction(k + 1, n)),)
+
+    def _tp_index(self, rank: int) -> int:
+        return self.layout.stage_of_rank[rank].place_of(rank)[0]
 
     def owners_group(self, unit: str) -> dist.ProcessGroup | None:
         """Who sums the optimizer's updates of `unit`: every holder with ZeRO-1, the TP group without."""
