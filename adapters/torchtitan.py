@@ -51,8 +51,11 @@ What maps to what (torchtitan 0.3.0, PyTorch 2.13):
     sequence parallel (with tp > 1)    --parallelism.enable_sequence_parallel
     ep (tp 1, zero_stage >= 1)         --parallelism.expert_parallel_degree ep: torchtitan's EP groups are
                                        ep consecutive FSDP ranks, the same stage of ep consecutive replicas
-                                       as the plan's; the experts' FSDP group the dp / ep replicas holding
-                                       the same experts
+                                       as the plan's; the experts' FSDP group (efsdp) the dp / ep replicas
+                                       holding the same experts, or with hybrid sharding the s / ep of them
+                                       in the shard group, replicated across the groups; and
+                                       --training.disable_cuda_graphs (torchtitan refuses CUDA graphs with
+                                       its CPU-synchronizing token dispatchers), as with pp > 1
 
 Schedules: what PyTorch's GPipe, 1F1B and Interleaved1F1B run is the
 plan's own order, action for action (tests/adapters/test_torchtitan.py
@@ -209,8 +212,10 @@ def torchtitan_overrides(plan: Plan, schedule_csv_path: str = SCHEDULE_CSV) -> l
         ("--training.mixed_precision_param", "bfloat16"),
         ("--training.mixed_precision_reduce", "float32"),
     ]
-    if layout.pp > 1:
-        # torchtitan refuses CUDA graphs with pipeline parallelism unless they are turned off
+    if layout.pp > 1 or layout.ep > 1:
+        # torchtitan refuses CUDA graphs with pipeline parallelism, and with expert parallelism over a token
+        # dispatcher that synchronizes with the CPU (the all-to-all and DeepEP ones the export picks), unless they
+        # are turned off (torchtitan/trainer.py, Trainer.Config validation)
         options.append(("--training.disable_cuda_graphs",))
     lines = [" ".join(shlex.quote(word) for word in option) for option in options]
     lines.append(f"activation_checkpoint:{AC_MODES[layout.recompute]}")

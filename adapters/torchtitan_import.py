@@ -135,11 +135,6 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
         shard = rest
     dp = replicate * shard if shard else None
     hybrid_shard = shard if shard and shard > 1 and replicate > 1 else None
-    if hybrid_shard and ep > 1:
-        not_modelled.append(f"hybrid sharding (replicate {replicate} x shard {shard}) with expert parallelism: "
-                            f"estimated as sharding over all {dp} replicas, which holds less per GPU than sharding "
-                            f"over {shard}")
-        hybrid_shard = None
     local = _int(options, "--training.local_batch_size", None)
     mbs = _int(options, "--parallelism.pipeline_parallel_microbatch_size", 1) if pp > 1 else (local or 1)
     seq = _int(options, "--training.seq_len", None)

@@ -44,7 +44,8 @@ leaves 6.8.
 The data-parallel collectives follow the same two groups (`StageCostTerms.dp_sync_ms`, `param_gather_ms` and
 ZeRO-2/3's per-microbatch ones): the experts' share of a layer's weights (`expert_param_share`) over the expert
 data-parallel ranks, every `expert_span`-th TP group, so fewer of them share a node (`expert_sync_group`); the
-rest, embedding and head included, over all dp x cp. Both go under the same backward, one after the other, as
+rest, embedding and head included, over all dp x cp. With hybrid sharding both groups are taken inside the shard
+group (`cost_models.sharded_dp`). Both go under the same backward, one after the other, as
 Megatron's two buffers' buckets do. Before 2026-12-05 a stage's whole sync ran over dp x cp: with ep 8 on 8-GPU
 nodes that put seven of eight expert data-parallel peers in the node and divided the experts' network traffic
 by eight. Two approximations, both small: a stage's embedding and head sync at the layers' mix (`dp_sync_ms`

@@ -83,6 +83,14 @@ class ParallelShape:
         return max(1, self.expert_span // self.cp)
 
     @property
+    def shard_group_holds_ep_groups(self) -> bool:
+        """Whether every EP group lies inside one ZeRO shard group (always without hybrid sharding): hybrid
+        sharding then shards the experts over the expert ranks of the shard group and replicates them across
+        the groups, as torchtitan's (dp_replicate, efsdp, ep) mesh and megatron-core's partial expert
+        data-parallel groups (`--num-distributed-optimizer-instances`) do."""
+        return (self.shard_replicas * self.cp) % self.expert_span == 0
+
+    @property
     def grad_sync_ranks(self) -> int:
         """Ranks holding the same weights, whose gradients are reduced together: replicas times CP ranks."""
         return self.dp * self.cp

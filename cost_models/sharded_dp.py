@@ -40,7 +40,11 @@ table's 1/d becomes 1/s; the per-microbatch collectives run over the s ranks of 
 sync is the group's reduce-scatter, then an all-reduce of each 1/s shard across the groups, once a step
 (gradients accumulate in the shard until the last microbatch: FSDP2's `set_requires_all_reduce(False)`
 before it, PyTorch's documented HSDP accumulation; MiCS's all-reduce at the accumulation boundary); the
-updated weights are all-gathered inside the group alone (`StageCostTerms.dp_sync_ms`, `param_gather_ms`).
+updated weights are all-gathered inside the group alone (`StageCostTerms.dp_sync_ms`, `param_gather_ms`). With
+expert parallelism each EP group lies inside a shard group (`ParallelShape.shard_group_holds_ep_groups`): a routed
+expert's state is sharded over the group's ranks holding it (s x cp / (ep x etp / tp) of them) and replicated across
+the groups, as torchtitan's (dp_replicate, efsdp, ep) mesh and megatron-core's partial expert data-parallel groups
+lay it out; its sync is the same reduce-scatter, then all-reduce, over those ranks.
 Across nodes it moves the 1/s shard twice (all-reduce) where full sharding moves the 1/n shard of
 gradients and of weights once each: with s the replicas of a node, no fewer bytes cross the network.
 What it buys is ZeRO-2/3's per-layer traffic on NVLink, paid for with s/n more state per GPU.

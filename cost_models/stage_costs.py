@@ -106,14 +106,18 @@ class StageCostTerms:
         """The data-parallel sync of `params` gradients per GPU that overlaps the backward: their all-reduce,
         or with ZeRO-1 their reduce-scatter (`sync_bytes_per_param`), over `ranks` replicas (default: the
         shape's dp), peers sharing a node while they fit. Hybrid sharding (`ranks` None): the reduce-scatter
-        over the shard group, then the all-reduce of each shard across the groups holding it."""
+        over the shard group, then the all-reduce of each shard across the groups holding it; with experts,
+        their share over the expert ranks of the shard group, each 1 / those ranks shard across the groups."""
         if ranks is None and self.replicate_ranks > 1:
             # sync_bytes_per_param prices a reduce-scatter as half an all-reduce: twice it is the buffer
             gradient_bytes = params * 2 * self.sync_bytes_per_param
-            shard_ranks = self.shape.shard_replicas * self.shape.cp
-            return self._shard_group_gather_ms(gradient_bytes) + 1e3 * hierarchical_all_reduce_s(
-                gradient_bytes / shard_ranks, self.replicate_ranks, max(1, self.groups_per_node // shard_ranks),
-                self.dp_bandwidth_intra_gb_s, self.dp_bandwidth_inter_gb_s)
+            # Shard groups are consecutive replicas: the groups holding the same shard lie in other nodes
+            # while a group fits one (`cost_models.sharded_dp.node_shard_replicas`).
+            across_per_node = max(1, self.groups_per_node // (self.shape.shard_replicas * self.shape.cp))
+            return self._shard_group_gather_ms(gradient_bytes) + 1e3 * sum(
+                hierarchical_all_reduce_s(gradient_bytes * share / group_ranks, self.replicate_ranks, across_per_node,
+                                          self.dp_bandwidth_intra_gb_s, self.dp_bandwidth_inter_gb_s)
+                for share, group_ranks, _ in self._shard_groups() if share)
         return self._all_reduce_equivalent_ms(params * self.sync_bytes_per_param, ranks)
 
     def param_gather_ms(self, params: float, ranks: int | None = None) -> float:
@@ -123,10 +127,21 @@ class StageCostTerms:
             return self._shard_group_gather_ms(params * 2 * self.gather_bytes_per_param)
         return self._all_reduce_equivalent_ms(params * self.gather_bytes_per_param, ranks)
 
-    def _shard_group_gather_ms(self, bytes_total: float) -> float:
+    def _shard_groups(self) -> tuple[tuple[float, int, int], ...]:
+        """(share of the weights, ranks, ranks per node) of each group a hybrid shard group shards over: all its
+        TP groups, and with experts, their share over the expert data-parallel ranks inside it."""
         ranks = self.shape.shard_replicas * self.shape.cp
-        return 1e3 * hierarchical_all_gather_s(bytes_total, ranks, min(ranks, self.groups_per_node),
-                                               self.dp_bandwidth_intra_gb_s, self.dp_bandwidth_inter_gb_s)
+        share = self.expert_param_share
+        dense = (1.0 - share, ranks, min(ranks, self.groups_per_node))
+        if not share:
+            return (dense,)
+        return dense, (share, *expert_sync_group(ranks, self.shape.expert_span, self.groups_per_node))
+
+    def _shard_group_gather_ms(self, bytes_total: float) -> float:
+        return 1e3 * sum(
+            hierarchical_all_gather_s(bytes_total * share, ranks, per_node, self.dp_bandwidth_intra_gb_s,
+                                      self.dp_bandwidth_inter_gb_s)
+            for share, ranks, per_node in self._shard_groups() if share)
 
     def _all_reduce_equivalent_ms(self, bytes_total: float, ranks: int | None) -> float:
         """Over `ranks` TP groups (default dp x cp); with experts, their share over the expert data-parallel
@@ -285,12 +300,11 @@ def stage_cost_terms(
     dp_intra_gb_s = intra * efficiency.nvlink_fraction
     dp_inter_gb_s = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction
     # Optimizer state (and ZeRO-2/3's shards) over the ranks holding the same weights: with expert
-    # parallelism the experts' fewer (`cost_models.expert_parallel`), whose collectives are costed for the
-    # whole layer. Hybrid sharding shards over its group's replicas alone (with ep 1: `planner.estimate`
-    # refuses both).
+    # parallelism the experts' fewer (`cost_models.expert_parallel`). Hybrid sharding shards over its
+    # group's replicas alone, the experts over the expert ranks inside it (every EP group lies inside one
+    # shard group: `ParallelShape.shard_group_holds_ep_groups`).
     dense_ranks = shape.shard_replicas * shape.cp if shape.hybrid_sharded else shape.grad_sync_ranks
-    state_ranks = (dense_ranks if shape.hybrid_sharded
-                   else expert_data_parallel(shape.grad_sync_ranks, shape.expert_span))
+    state_ranks = expert_data_parallel(dense_ranks, shape.expert_span)
     dense_state_bytes = state_bytes_per_param(workload.zero_stage, dense_ranks, software.grad_bytes)
     expert_state_bytes = state_bytes_per_param(workload.zero_stage, state_ranks, software.grad_bytes)
     if expert_state_bytes == dense_state_bytes or not layer.params:  # every kind over the same ranks
@@ -299,11 +313,10 @@ def stage_cost_terms(
         layer_state_bytes_per_param = layer_state_bytes_per_gpu(
             model, shape.tp, shape.ep, shape.expert_tp, dense_state_bytes, expert_state_bytes) / layer.params
     # The experts' share of a layer syncs over the expert data-parallel ranks, the rest over dp x cp.
-    expert_share = (expert_param_share(model, shape.tp, shape.ep, shape.expert_tp)
-                    if shape.expert_span > 1 and not shape.hybrid_sharded else 0.0)
+    expert_share = expert_param_share(model, shape.tp, shape.ep, shape.expert_tp) if shape.expert_span > 1 else 0.0
     if shards_every_microbatch(workload.zero_stage):
         dense_group = (1.0 - expert_share, dense_ranks, min(dense_ranks, groups_per_node))
-        expert_group = (expert_share, *expert_sync_group(shape.grad_sync_ranks, shape.expert_span, groups_per_node))
+        expert_group = (expert_share, *expert_sync_group(dense_ranks, shape.expert_span, groups_per_node))
         links = (dp_intra_gb_s, dp_inter_gb_s)
         layer = _sharded_part(layer, workload.zero_stage, software.grad_reduce_bytes, (dense_group, expert_group), *links)
         embedding, head = (_sharded_part(part, workload.zero_stage, software.grad_reduce_bytes,

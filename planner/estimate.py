@@ -135,8 +135,8 @@ def _check_expert_parallel(problem: PlanningProblem, layout: FixedLayout, dp: in
 
 def _check_shard_group(problem: PlanningProblem, layout: FixedLayout, dp: int, counts: tuple[int, ...]) -> None:
     """PlanningError unless `dp_shard` replicas can form the shard groups: a divisor of dp, something to
-    shard (ZeRO >= 1), and replicas that run in step (hybrid sharding is priced for equal microbatch counts
-    and without expert parallelism, whose experts shard over other groups)."""
+    shard (ZeRO >= 1), replicas that run in step (hybrid sharding is priced for equal microbatch counts) and
+    EP groups inside shard groups (`ParallelShape.shard_group_holds_ep_groups`)."""
     shard, zero_stage = layout.dp_shard, problem.workload.zero_stage
     if shard is None:
         return
@@ -148,9 +148,15 @@ def _check_shard_group(problem: PlanningProblem, layout: FixedLayout, dp: int, c
                             f"{', '.join(map(str, _divisors(dp)))}")
     if shard == dp or zero_stage == 0:
         return
-    if layout.ep > 1:
-        raise PlanningError(f"hybrid sharding (dp_shard {shard} of {dp} replicas) with ep {layout.ep} is not "
-                            "modelled: leave dp_shard out or use ep 1")
+    span = max(1, layout.ep * (layout.etp or layout.tp) // layout.tp)  # TP groups of one EP group
+    if (shard * layout.cp) % span:
+        multiples = [d for d in _divisors(dp) if (d * layout.cp) % span == 0 and d < dp]
+        raise PlanningError(
+            f"hybrid sharding (dp_shard {shard} of {dp} replicas) with ep {layout.ep}: an EP group spans {span} TP "
+            f"groups (ep x etp / tp), which must lie inside one shard group of dp_shard x cp = {shard * layout.cp} "
+            "(the experts shard over the shard group's expert ranks): "
+            + (f"choose dp_shard {', '.join(map(str, multiples))} or leave it out" if multiples
+               else "leave dp_shard out"))
     if len(set(counts)) > 1:
         raise PlanningError(f"hybrid sharding (dp_shard {shard}) is estimated with equal microbatch counts per "
                             f"replica; these replicas would take {_counts_text(counts)}: choose a dp that divides "

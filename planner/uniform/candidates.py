@@ -266,9 +266,11 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
                                 continue
                             for recompute in modes:
                                 for ep, etp in experts:
-                                    for dp_shard in shards if ep == 1 else (None,):
-                                        yield ParallelShape(tp, pp, dp, mbs, recompute, schedule, v, cp, ep,
-                                                            dp_shard, etp), inventory
+                                    for dp_shard in shards:
+                                        shape = ParallelShape(tp, pp, dp, mbs, recompute, schedule, v, cp, ep,
+                                                              dp_shard, etp)
+                                        if shape.shard_group_holds_ep_groups:
+                                            yield shape, inventory
 
 
 def parts_key(shape: ParallelShape, software: SoftwareConfig) -> tuple:

@@ -165,6 +165,12 @@ PLANS = {
         {"tp": 2, "pp": 4, "virtual_stages": 2, "schedule": "interleaved", "ep": 8, "etp": 1, "recompute": "selective"},
         cluster={"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
         training={"global_batch_size": 64, "seq_length": 4096, "moe_a2a_overlap": True}))),
+    # the same with Megatron's partial distributed optimizer (ZeRO-1 over 2 groups of 2 replicas): each EP group of
+    # 4 whole experts lies inside a group, whose ranks holding the same experts shard their state
+    "moe-ep-partial-instances": lambda: estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 2, "pp": 4, "dp": 4, "ep": 4, "etp": 1, "dp_shard": 2, "recompute": "full"},
+        cluster={"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}, model=SMALL_MOE,
+        training={"global_batch_size": 64, "seq_length": 4096}))),
     # the same with context parallelism 2: each EP group takes a replica's two CP ranks, then the next replica's
     "moe-expert-cp": lambda: estimate_for(EstimateRequest.model_validate(estimate_request(
         {"tp": 2, "cp": 2, "pp": 4, "ep": 4, "recompute": "full"},
@@ -514,6 +520,13 @@ def check_rank(plan: Plan, ns: argparse.Namespace, config: TransformerConfig, de
         first = q - q % (etp * ep) + q % etp
         assert group_devices(parallel_state.get_expert_model_parallel_group()) == [
             device_of(first + e * etp) for e in range(ep)]
+    if ep > 1 and shard < dp:
+        # hybrid sharding: the experts' state is sharded over megatron-core's partial expert data-parallel group, the
+        # ranks of this rank's shard group (its block of tp x cp x dp_shard stage ranks) holding the same experts
+        block = tp * cp * shard
+        first_of_group = q - q % block
+        assert sorted(group_devices(parallel_state.get_expert_data_parallel_group(partial_expert_data_parallel=True))) == (
+            sorted(device_of(x) for x in range(first_of_group, first_of_group + block) if x % (etp * ep) == q % (etp * ep)))
     if etp > 1:
         assert group_devices(parallel_state.get_expert_tensor_parallel_group()) == [
             device_of(q - q % etp + u) for u in range(etp)]
@@ -670,14 +683,15 @@ def test_cases_cover_the_flag_variants():
     assert {real_plan(name).zero_stage for name in fsdp} == {2, 3}
     # hybrid sharding: Megatron-FSDP's HSDP (searched) and the partial distributed optimizer (a fixed layout)
     instances = {name for name, f in flags.items() if "--num-distributed-optimizer-instances" in f}
-    assert instances >= {"zero3-hybrid", "zero1-partial-instances"}
+    assert instances >= {"zero3-hybrid", "zero1-partial-instances", "moe-ep-partial-instances"}
     assert real_plan("zero3-hybrid").dp_shard == 8 and len(real_plan("zero3-hybrid").replicas) == 32
     assert {name for name, f in flags.items() if "--outer-dp-sharding-strategy" in f} == instances & fsdp
     assert real_plan("zero1-partial-instances").zero_stage == 1
     assert real_plan("zero1-partial-instances").replicas[0].stages[0].cp == 2
     moe = {name for name, f in flags.items() if "--num-experts" in f}
     assert moe == {"moe-experts-over-tp", "moe-expert-parallel", "moe-expert-tp-1", "moe-a2a-overlap", "moe-expert-cp",
-                   "moe-flex-dispatcher", "qwen3-moe"}
+                   "moe-flex-dispatcher", "qwen3-moe", "moe-ep-partial-instances"}
+    assert real_plan("moe-ep-partial-instances").ep == 4 and real_plan("moe-ep-partial-instances").dp_shard == 2
     assert real_plan("moe-expert-cp").ep == 4 and real_plan("moe-expert-cp").replicas[0].stages[0].cp == 2
     overlapped = {name for name, f in flags.items() if "--overlap-moe-expert-parallel-comm" in f}
     assert overlapped == {"moe-a2a-overlap"} and real_plan("moe-a2a-overlap").moe_a2a_overlap

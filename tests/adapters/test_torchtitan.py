@@ -136,8 +136,13 @@ EXPERT_PARALLEL = {
                               training={"global_batch_size": 32, "seq_length": 8192}),
 }
 # Hybrid sharding (HSDP): FSDP2 over torchtitan's (dp_replicate, dp_shard) mesh, shard groups of a node's replicas:
-# ZeRO-3 without PP (llama3-8b, 32 A100s, what the search picks on them), and ZeRO-1 under a tp 2 x pp 2 pipeline
+# ZeRO-3 without PP (llama3-8b, 32 A100s, what the search picks on them), ZeRO-1 under a tp 2 x pp 2 pipeline, and
+# ZeRO-3 with Qwen3-30B-A3B's experts over ep 4 inside each shard group of 8 (its efsdp mesh: 2 ranks per expert
+# block in a group, replicated across the 2 groups)
 HYBRID = {
+    "hsdp-ep": estimate_request({"tp": 1, "pp": 1, "dp": 16, "ep": 4, "dp_shard": 8, "recompute": "full"},
+                                model="qwen3-30b-a3b", cluster=H100,
+                                training={"global_batch_size": 32, "seq_length": 4096, "zero_stage": 3}),
     "hsdp-zero3": estimate_request({"tp": 1, "pp": 1, "dp": 32, "dp_shard": 8}, model="llama3-8b",
                                    training={"global_batch_size": 64, "seq_length": 8192, "zero_stage": 3}),
     "hsdp-zero1-pp": estimate_request({"tp": 2, "pp": 2, "dp": 8, "dp_shard": 4}, model="llama3-8b",
@@ -365,9 +370,9 @@ def test_config_manager_parses_the_plans_values(case, plan):
     if layout.pp > 1:
         assert accumulation == 1
         assert training.local_batch_size // par.pipeline_parallel_microbatch_size == layout.num_microbatches
-        assert training.disable_cuda_graphs
     else:
         assert accumulation == layout.num_microbatches
+    assert training.disable_cuda_graphs == (layout.pp > 1 or layout.ep > 1)
     assert training.mixed_precision_param == "bfloat16" and training.dtype == "float32"
     assert par.enable_sequence_parallel
     expected_ac = {"none": type(None), "selective": SelectiveAC.Config, "full": FullAC.Config}[layout.recompute]
@@ -422,7 +427,11 @@ def test_parallel_dims_and_mesh_place_every_rank_where_the_plan_did(case, plan, 
         group = dims.get_mesh("ep").mesh.tolist()
         assert [layout.rank_devices[rank] for rank in group] == [
             replicas[q // stage_gpus].stages[0].devices[q % stage_gpus] for q in range(layout.ep)]
-        assert dims.get_mesh("efsdp").size() == layout.dp * stage_gpus // layout.ep
+        # with hybrid sharding, inside the shard group: the groups replicate the experts as they do the rest
+        assert dims.get_mesh("efsdp").size() == shard * stage_gpus // layout.ep
+        if shard < layout.dp:
+            efsdp = [layout.rank_devices[rank] for rank in dims.get_mesh("efsdp").mesh.tolist()]
+            assert efsdp == [replicas[i].stages[0].devices[0] for i in range(0, shard, layout.ep // stage_gpus)]
 
 
 def test_model_config_accepts_tp_and_seq_len(plan):
@@ -783,6 +792,17 @@ def test_torchtitan_refuses_pipelining_with_cuda_graphs(capsys):
     with pytest.raises(SystemExit):
         parse(plan, argv)
     assert "CUDA graphs do not support pipeline parallelism" in flat(capsys.readouterr().err)
+
+
+def test_torchtitan_refuses_expert_parallelism_with_cuda_graphs(capsys):
+    """Without pipelining, the flag is there for the experts: torchtitan's all-to-all dispatcher synchronizes
+    with the CPU, which CUDA graphs cannot capture."""
+    plan = real_plan("hsdp-ep")
+    assert plan.ep > 1 and len(plan.replicas[0].stages) == 1
+    argv = [word for word in override_argv(plan) if word != "--training.disable_cuda_graphs"]
+    with pytest.raises(SystemExit):
+        parse(plan, argv)
+    assert "CUDA graphs support only expert parallel token dispatcher" in flat(capsys.readouterr().err)
 
 
 def test_torchtitan_refuses_options_after_the_checkpoint_subcommand(capsys):

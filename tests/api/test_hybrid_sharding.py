@@ -102,10 +102,25 @@ def test_shard_groups_that_cannot_exist_are_a_422_in_the_users_terms(client, lay
     assert_detail(client.post("/v1/estimate", json=body), *fragments)
 
 
-def test_hybrid_sharding_with_expert_parallelism_is_refused(client):
-    body = estimate_request({"tp": 1, "pp": 1, "dp": 32, "ep": 4, "dp_shard": 8}, cluster=H100_32,
+def test_hybrid_sharding_with_expert_parallelism_shards_the_experts_inside_the_group(client):
+    """ep 4 inside shard groups of 8 replicas: each expert block's state is sharded over the 2 replicas of the group
+    holding it (torchtitan's efsdp, megatron-core's partial expert data-parallel group), against 8 when one group
+    spans all 32 replicas, so the hybrid layout holds more."""
+    layout = {"tp": 1, "pp": 1, "dp": 32, "ep": 4, "recompute": "full"}
+    bodies = [estimate_request({**layout, **extra}, cluster=H100_32, model="qwen3-30b-a3b",
+                               training={**TRAINING, "zero_stage": 3}) for extra in ({}, {"dp_shard": 8})]
+    full, hybrid = (client.post("/v1/estimate", json=body) for body in bodies)
+    assert full.status_code == hybrid.status_code == 200, hybrid.text
+    assert hybrid.json()["dp_shard"] == 8 and hybrid.json()["ep"] == 4
+    memory = [answer.json()["replicas"][0]["stages"][0]["memory_gib"] for answer in (full, hybrid)]
+    assert memory[1] > memory[0]
+
+
+def test_an_ep_group_straddling_shard_groups_is_a_422_naming_the_sizes_that_work(client):
+    body = estimate_request({"tp": 1, "pp": 1, "dp": 32, "ep": 8, "dp_shard": 4}, cluster=H100_32,
                             model="qwen3-30b-a3b", training={**TRAINING, "zero_stage": 3})
-    assert_detail(client.post("/v1/estimate", json=body), "hybrid sharding (dp_shard 8 of 32 replicas) with ep 4")
+    assert_detail(client.post("/v1/estimate", json=body), "hybrid sharding (dp_shard 4 of 32 replicas) with ep 8",
+                  "spans 8 TP groups", "choose dp_shard 8, 16 or leave it out")
 
 
 def test_a_replica_by_replica_layout_takes_no_dp_shard(client):

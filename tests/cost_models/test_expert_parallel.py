@@ -306,3 +306,36 @@ def test_expert_gradients_sync_among_the_replicas_holding_them(zero_stage):
         assert 1e3 * gather_s > forward_ms
         assert terms.layer.time.forward_shard_comm_ms == pytest.approx(1e3 * (gather_s + latency_s) - forward_ms,
                                                                        rel=1e-6)
+
+
+def test_hybrid_sharding_shards_the_experts_over_the_shard_groups_expert_ranks():
+    """Mixtral on 16 replicas of tp 1, pp 4, ep 4, ZeRO-3 sharded inside each node's 8 replicas (dp_shard 8, two
+    shard groups replicating each other): a GPU holds 2 of the 8 experts, which the 2 replicas of its shard group
+    holding the same block share (torchtitan's efsdp mesh, megatron-core's partial expert data-parallel group), and
+    the replicated weights, which all 8 share. The step's gradient sync: each kind's reduce-scatter inside the
+    group (in one node), then the all-reduce of each shard across the 2 groups (over the network)."""
+    from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+    from cost_models.hardware import gpu_preset
+    from cost_models.layout import Hardware, ParallelShape, Workload
+    from cost_models.stage_costs import gathered_bytes, stage_cost_terms, stage_memory
+
+    def bytes_per_param(ranks: int) -> float:  # ZeRO-3: weights, fp32 gradients and Adam state all sharded
+        return (2.0 + 4.0 + 12.0) / ranks
+
+    terms = stage_cost_terms(Workload(MIXTRAL, 4096, 256, zero_stage=3), Hardware(gpu_preset("H100-SXM"), 8, 900.0, 50.0),
+                             ParallelShape(tp=1, pp=4, dp=16, micro_batch_size=1, recompute="full", ep=4, dp_shard=8),
+                             EfficiencyParams(), SoftwareConfig())
+    replicated, experts = ATTENTION + 4096 * 8 + 2 * 4096, 2 * ONE_EXPERT  # per GPU of a layer
+    layers = stage_memory(terms, 1, 8).static_bytes - stage_memory(terms, 1, 0).static_bytes
+    assert layers == pytest.approx(8 * (replicated * bytes_per_param(8) + experts * bytes_per_param(2)), rel=1e-9)
+    assert stage_memory(terms, 0, 0).static_bytes - gathered_bytes(terms, 0) == pytest.approx(
+        32000 * 4096 * bytes_per_param(8), rel=1e-9)
+
+    nvlink_s, network_s = 1.0 / (terms.dp_bandwidth_intra_gb_s * 1e9), 1.0 / (terms.dp_bandwidth_inter_gb_s * 1e9)
+    share = experts / (replicated + experts)
+    per_byte_s = ((1 - share) * (7 / 8 * nvlink_s + 2 * (1 / 2) * network_s / 8)  # 8 ranks in the node, then 1/8 x 2 groups
+                  + share * (1 / 2 * nvlink_s + 2 * (1 / 2) * network_s / 2))  # 2 ranks in the node, then 1/2 x 2 groups
+    grad_bytes = 2 * terms.sync_bytes_per_param
+    probe = terms.layer.params
+    slope_ms = terms.dp_sync_ms(2 * probe) - terms.dp_sync_ms(probe)
+    assert slope_ms == pytest.approx(1e3 * grad_bytes * probe * per_byte_s, rel=1e-6)
