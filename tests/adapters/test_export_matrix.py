@@ -9,14 +9,17 @@ pipelined EP cases had turned off.
 
 torchtitan: `ConfigManager().parse_args` over the overrides (its config validation, Trainer.Config's included).
 Megatron-LM: its argument parser for the emitted flags and the rules of `validate_args` that concern them
-(tests/adapters/test_megatron.py's copies).
+(tests/adapters/test_megatron.py's copies). DeepSpeed: `DeepSpeedConfig(document, mpu=grid)` on the fake process
+group, as `deepspeed.initialize` parses it (tests/adapters/test_deepspeed.py's world).
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import random
 
+import pydantic
 import pytest
 
 from adapters import megatron
@@ -24,6 +27,7 @@ from adapters.registry import ExportError
 from adapters.torchtitan import override_argv
 from api.tasks.planning import estimate_for
 from planner.errors import InfeasibleError, PlanningError
+from tests.adapters.test_deepspeed import DeepSpeedConfig, exported, grid_of, world  # noqa: F401 (world: a fixture)
 from tests.adapters.test_megatron import parse as parse_megatron
 from tests.adapters.test_megatron import validate_like_megatron_lm
 from tests.adapters.test_torchtitan import parse as parse_torchtitan
@@ -125,3 +129,25 @@ def test_megatron_lm_accepts_every_export_it_is_given(plans):
             rejected.append(f"{name}: {error}")
     assert not rejected, f"Megatron-LM rejected exported command lines: {rejected}"
     assert accepted >= 80, (accepted, refused)  # 90 of the 127 on 2026-12-05
+
+
+def test_deepspeed_accepts_every_export_it_is_given(plans, world):
+    accepted, refused, rejected = 0, 0, []
+    for name, plan in plans:
+        try:
+            document = exported(plan)
+        except ExportError:
+            refused += 1
+            continue
+        try:
+            if document["resiplan"]["pipeline_module"] is None:  # the plain engine: data parallelism only
+                world.enter(len(document["resiplan"]["rank_devices"]), 0)
+                config = DeepSpeedConfig(copy.deepcopy(document))
+            else:  # the PipelineEngine, whose grid DeepSpeed reads the data-parallel size from
+                config = DeepSpeedConfig(copy.deepcopy(document), mpu=grid_of(world, document))
+            assert config.train_batch_size == plan.global_batch_size
+            accepted += 1
+        except (AssertionError, ValueError, pydantic.ValidationError) as error:
+            rejected.append(f"{name}: {error}")
+    assert not rejected, f"DeepSpeed rejected exported configs: {rejected}"
+    assert accepted >= 4, (accepted, refused)  # 4 of the 127 on 2026-12-05: DeepSpeed 0.19 runs no FP8, CP or hybrid sharding
