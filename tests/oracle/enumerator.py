@@ -135,8 +135,9 @@ def _layouts(body: dict):
                         if etp is not None:
                             base["etp"] = etp
                         if ep > 1:
-                            if shard is not None:
-                                continue  # hybrid sharding is declared for ep 1
+                            span = ep * (etp or tp) // tp  # TP groups of one EP group
+                            if shard is not None and (shard * cp) % span:
+                                continue  # hybrid sharding is declared with each EP group inside a shard group
                             base["ep"] = ep
                         if shard is not None:
                             base["dp_shard"] = shard
