@@ -40,6 +40,22 @@ def _instances() -> list[dict]:
     return bodies
 
 
+# Hybrid sharding with EP: 2 nodes of 4 H100s on a 12.5 GB/s network, ZeRO-3, a 4-layer model of 8 experts, whose
+# optimum shards inside each node with each EP group of whole experts (etp 1) inside a shard group
+HYBRID_EP = {"cluster": {"num_nodes": 2, "gpus_per_node": 4, "gpu": "H100-SXM", "inter_node_bandwidth_gb_s": 12.5},
+             "model": {"num_layers": 4, "hidden_size": 1024, "ffn_hidden_size": 2048, "num_attention_heads": 8,
+                       "num_kv_heads": 2, "vocab_size": 32000, "num_experts": 8, "experts_per_token": 2},
+             "training": {"global_batch_size": 16, "seq_length": 4096, "zero_stage": 3},
+             "options": {"allow_non_uniform": False}}
+
+
+def test_hybrid_sharding_with_expert_parallelism_is_the_oracles_optimum_where_it_wins() -> None:
+    best_s, layout = oracle_best(HYBRID_EP)
+    assert layout is not None and layout.get("ep", 1) > 1 and layout.get("dp_shard") not in (None, layout["dp"])
+    plan = check_plans_against(HYBRID_EP, best_s, layout)
+    assert plan is not None and plan.ep > 1 and plan.dp_shard < len(plan.replicas)
+
+
 @pytest.mark.parametrize("body", _instances(), ids=[f"instance-{i}" for i in range(INSTANCES)])
 def test_the_stock_plan_of_a_mixture_of_experts_is_the_oracles_optimum(body: dict) -> None:
     plan = check_plans_against(body, *oracle_best(body))
