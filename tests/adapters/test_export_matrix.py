@@ -97,57 +97,48 @@ def test_the_draw_covers_the_degrees(plans):
     assert all(len(values) >= 2 for values in seen.values()), seen
 
 
-def test_torchtitan_accepts_every_export_it_is_given(plans):
+def _outcomes(plans, export, accept, framework_errors) -> tuple[int, int, list[str]]:
+    """(accepted, refused, rejected) over the plans: `export` raises ExportError to refuse one; `accept` runs the
+    framework's own check on the export and raises one of `framework_errors` to reject it."""
     accepted, refused, rejected = 0, 0, []
     for name, plan in plans:
         try:
-            argv = override_argv(plan)
+            exported_form = export(plan)
         except ExportError:
             refused += 1
             continue
         try:
-            parse_torchtitan(plan, argv)
+            accept(plan, exported_form)
             accepted += 1
-        except SystemExit:
-            rejected.append(name)
+        except framework_errors as error:
+            rejected.append(f"{name}: {error}")
+    return accepted, refused, rejected
+
+
+def test_torchtitan_accepts_every_export_it_is_given(plans):
+    accepted, refused, rejected = _outcomes(plans, override_argv, parse_torchtitan, SystemExit)
     assert not rejected, f"torchtitan rejected exported command lines: {rejected}"
     assert accepted >= 50 and refused >= 1, (accepted, refused)  # 57 and 70 of the 127 layouts on 2026-12-05
 
 
 def test_megatron_lm_accepts_every_export_it_is_given(plans):
-    accepted, refused, rejected = 0, 0, []
-    for name, plan in plans:
-        try:
-            args = megatron.megatron_args(plan)
-        except ExportError:
-            refused += 1
-            continue
-        try:
-            validate_like_megatron_lm(parse_megatron(args))
-            accepted += 1
-        except (SystemExit, AssertionError) as error:
-            rejected.append(f"{name}: {error}")
+    accepted, refused, rejected = _outcomes(plans, megatron.megatron_args,
+                                            lambda _, args: validate_like_megatron_lm(parse_megatron(args)),
+                                            (SystemExit, AssertionError))
     assert not rejected, f"Megatron-LM rejected exported command lines: {rejected}"
     assert accepted >= 80, (accepted, refused)  # 90 of the 127 on 2026-12-05
 
 
 def test_deepspeed_accepts_every_export_it_is_given(plans, world):
-    accepted, refused, rejected = 0, 0, []
-    for name, plan in plans:
-        try:
-            document = exported(plan)
-        except ExportError:
-            refused += 1
-            continue
-        try:
-            if document["resiplan"]["pipeline_module"] is None:  # the plain engine: data parallelism only
-                world.enter(len(document["resiplan"]["rank_devices"]), 0)
-                config = DeepSpeedConfig(copy.deepcopy(document))
-            else:  # the PipelineEngine, whose grid DeepSpeed reads the data-parallel size from
-                config = DeepSpeedConfig(copy.deepcopy(document), mpu=grid_of(world, document))
-            assert config.train_batch_size == plan.global_batch_size
-            accepted += 1
-        except (AssertionError, ValueError, pydantic.ValidationError) as error:
-            rejected.append(f"{name}: {error}")
+    def accept(plan: Plan, document: dict) -> None:
+        if document["resiplan"]["pipeline_module"] is None:  # the plain engine: data parallelism only
+            world.enter(len(document["resiplan"]["rank_devices"]), 0)
+            config = DeepSpeedConfig(copy.deepcopy(document))
+        else:  # the PipelineEngine, whose grid DeepSpeed reads the data-parallel size from
+            config = DeepSpeedConfig(copy.deepcopy(document), mpu=grid_of(world, document))
+        assert config.train_batch_size == plan.global_batch_size
+
+    accepted, refused, rejected = _outcomes(plans, exported, accept,
+                                            (AssertionError, ValueError, pydantic.ValidationError))
     assert not rejected, f"DeepSpeed rejected exported configs: {rejected}"
     assert accepted >= 4, (accepted, refused)  # 4 of the 127 on 2026-12-05: DeepSpeed 0.19 runs no FP8, CP or hybrid sharding
