@@ -67,7 +67,8 @@ class PlannerConfig:
     least `min_checking_units`; counted, not timed, so the answer does not depend on the machine's load."""
 
     floor_steps_per_step: float = 1.0
-    """Likewise the simulation-floor search (pass 3: it proves more than it finds), in its own refinements."""
+    """Likewise the simulation-floor search (pass 3: it proves more than it finds), in its own refinements; a layout it
+    values by simulation counts as the refinements that simulation takes at `checking_unit_s` each."""
 
     min_checking_units: int = 1500
     """Least units each checking search gets: small clusters finish within it."""

@@ -28,6 +28,7 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
+from cost_models.choices import ScheduleName
 from cost_models.pipeline import pipeline_time_ms
 from planner.assemble import predicted_figures
 from planner.budget import Budget
@@ -158,6 +159,22 @@ def handcrafted_reported_ms(problem: PlanningProblem, result: PlanResult) -> flo
                 validate(orders[shape], spec)
             runs.append((orders[shape], simulate(orders[shape], spec, validated=True)))
         slowest_ms = max(slowest_ms, best_run(runs, spec)[1].reported_ms)
+    return result.predicted.iteration_time_s * 1e3 + slowest_ms - _bubble_model_ms(result)
+
+
+def reported_floor_ms(problem: PlanningProblem, result: PlanResult) -> float:
+    """Below the iteration `with_schedules` can report for `result`, whatever schedules it finds: each distinct
+    replica's makespan bound (`lower_bound_ms`), less its whole priced gradient sync where breadth-first pipelining
+    (chunked stages only) may hide it (`planner.schedules.sync`: a schedule's sync shift is never below that)."""
+    allowed = problem.allowed_schedules
+    may_hide_sync = result.virtual_stages > 1 and (allowed is None or ScheduleName.LOOPED_BFS in allowed)
+    slowest_ms = 0.0
+    for members in _exact_groups(result.replicas).values():
+        spec = replica_spec(members[0], result.virtual_stages, problem.usable_memory_gib)
+        floor_ms = lower_bound_ms(spec)
+        if may_hide_sync and spec.grad_sync is not None:
+            floor_ms -= max(sync.exposed_ms for sync in spec.grad_sync)
+        slowest_ms = max(slowest_ms, floor_ms)
     return result.predicted.iteration_time_s * 1e3 + slowest_ms - _bubble_model_ms(result)
 
 
