@@ -28,6 +28,7 @@ PLACED = "tests/oracle/test_placed_oracle.py"
 WITNESS = "tests/planner/test_failure_aware_witness.py"
 EXPERTS = "tests/oracle/test_expert_parallel_oracle.py"
 ZERO = "tests/oracle/test_zero_stage_oracle.py"
+DIVE = "tests/planner/test_failure_aware_dive.py"
 
 # (name, file, text, replacement[, tests]); tests default to the uniform oracle.
 MUTATIONS = [
@@ -63,6 +64,11 @@ MUTATIONS = [
      "    for etp in ((tp, 1) if tp > 1 else (tp,)):", "    for etp in (tp,):", (EXPERTS,)),
     ("no hybrid sharding in the search", "planner/uniform/candidates.py",
      "    return (None,) if node is None else (None, node)", "    return (None,)", (ZERO,)),
+    ("failure-aware: the floor search in best-bound order only (no dive)", "planner/nonuniform/search.py",
+     "heapq.heappush(self._dives if self._value_of is not None else self._queue,", "heapq.heappush(self._queue,",
+     (DIVE,)),
+    ("failure-aware: only the best-valued candidate gets schedules", "planner/plan.py",
+     "    for i in order[:2]:", "    for i in order[:1]:", (DIVE,)),
     ("floors count the backward chain under zero-bubble schedules", "planner/nonuniform/templates.py",
      "before = sum(forwards[:s]) + (sum(backwards[:s]) if full_backward else 0.0)",
      "before = sum(forwards[:s]) + sum(backwards[:s])", (FLOORS, FAILURE_AWARE, ORACLE)),
@@ -79,15 +85,21 @@ def _run(tree: Path, tests: tuple[str, ...]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    parser.add_argument("--only", help="run the mutations whose name holds this text (no --write)")
     args = parser.parse_args()
+    if args.only and args.write:
+        parser.error("--only runs part of the table: it cannot --write it")
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         tree = Path(scratch) / "tree"
         subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True)
         try:
-            rows.append(f"| none (HEAD) | {_run(tree, (ORACLE, PLACED, FAILURE_AWARE, FLOORS, WITNESS))} |")
-            print(rows[-1], flush=True)
+            if not args.only:
+                rows.append(f"| none (HEAD) | {_run(tree, (ORACLE, PLACED, FAILURE_AWARE, FLOORS, WITNESS, DIVE))} |")
+                print(rows[-1], flush=True)
             for name, file, text, replacement, *tests in MUTATIONS:
+                if args.only and args.only not in name:
+                    continue
                 path = tree / file
                 original = path.read_text()
                 if text not in original:

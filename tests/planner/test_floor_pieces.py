@@ -17,7 +17,8 @@ from planner.assemble import stage_figures
 from planner.config import TIME_QUANTUM_MS
 from planner.nonuniform.allocation.input import need
 from planner.nonuniform.partitions import StageType
-from planner.nonuniform.search import _inventory, _memory_replicas, outer_choices
+from planner.nonuniform.outer_bounds import build_inventory
+from planner.nonuniform.search import _memory_replicas, outer_choices
 from planner.nonuniform.templates import TermsCache, enumerate_templates, floor_pieces
 from planner.result import ReplicaResult, StageResult
 from planner.schedules.bounds import FULL_BACKWARD
@@ -61,7 +62,7 @@ def test_no_handcrafted_schedule_beats_a_templates_floor(body):
     sizes = tensor_parallel_sizes(problem)
     checked = 0
     for outer in outer_choices(problem)[::7]:  # a spread of outer choices keeps this fast
-        inventory = _inventory(problem, outer.tp, sizes)
+        inventory = build_inventory(problem, outer.tp, sizes)
         cache = TermsCache(problem, outer, _memory_replicas(problem, outer, inventory))
         templates = enumerate_templates(problem, outer, cache, inventory.degraded_types(), 2)
         v = outer.virtual_stages

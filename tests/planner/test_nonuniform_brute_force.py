@@ -21,8 +21,8 @@ from cost_models.pipeline import pipeline_time_ms
 from cost_models.stage_costs import max_layers_fitting
 from planner.budget import Budget
 from planner.nonuniform.partitions import StageType, damaged_classes
+from planner.nonuniform.outer_bounds import build_inventory
 from planner.nonuniform.search import (
-    _inventory,
     _memory_replicas,
     outer_choices,
     search_nonuniform,
@@ -104,7 +104,7 @@ def brute_force_nonuniform_ms(problem) -> float:
     sizes = tensor_parallel_sizes(problem)
     best = INF
     for outer in outer_choices(problem):
-        inventory = _inventory(problem, outer.tp, sizes)
+        inventory = build_inventory(problem, outer.tp, sizes)
         if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
             continue
         total = problem.workload.global_batch_size // outer.micro_batch_size

@@ -14,8 +14,8 @@ import pytest
 
 from planner.budget import Budget
 from planner.nonuniform.allocation.search import AllocationInput, AllocationSearch
+from planner.nonuniform.outer_bounds import build_inventory
 from planner.nonuniform.search import (
-    _inventory,
     _link_replicas,
     _memory_replicas,
     outer_choices,
@@ -35,7 +35,7 @@ def _outer_choices_with_templates(problem):
     sizes = tensor_parallel_sizes(problem)
     shared: dict = {}
     for outer in outer_choices(problem):
-        inventory = _inventory(problem, outer.tp, sizes)
+        inventory = build_inventory(problem, outer.tp, sizes)
         if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
             continue
         memory, links = _memory_replicas(problem, outer, inventory), _link_replicas(outer, inventory, problem.config)
