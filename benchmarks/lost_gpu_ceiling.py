@@ -4,8 +4,8 @@
     python -m benchmarks.lost_gpu_ceiling --write    # also update BENCHMARKS.md
 
 The case is `benchmarks/failures.py`'s worst: llama2-7b on 256 A100-80GB at 512 x 4k, one GPU failed, where
-resiplan's plan retains 0.72 of the surviving-compute limit priced by the 1F1B formula and 0.81 in its
-reported time. Healthy, resiplan's plan has every GPU train its two
+resiplan's plan for 1F1B-family schedules retains 0.76 of the surviving-compute limit and its default plan
+0.81 in its reported time. Healthy, resiplan's plan has every GPU train its two
 sequences alone (tp 1, one microbatch of 2). After the loss, 255 GPUs hold 512 sequences, more than two each,
 so by pigeonhole some replica of g GPUs takes at least 2g + 1 sequences, and the iteration lasts at least that
 replica's time. Each row prices one replica shape taking that many sequences (rounded up as below), by
