@@ -1,6 +1,8 @@
 """Break the planner on purpose and watch the oracle fail: each mutation applied to a copy of the tree.
 
     .venv/bin/python -m tests.oracle.mutations [--write]   # --write: into BENCHMARKS.md
+    .venv/bin/python -m tests.oracle.mutations --only TEXT [--write]   # those whose name holds TEXT: --write
+                                                                       # replaces or adds their rows
 
 Each mutation narrows what the stock search looks at (the kinds of mistake issue 16 found: micro-batch
 sizes cut to powers of two, pipeline lengths dropped, schedules the search does not price, splits it does
@@ -13,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shlex
 import subprocess
 import sys
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks.report import write_section
+from benchmarks.report import BENCHMARKS_MD, write_section
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE = "tests/oracle/test_uniform_oracle.py"
@@ -29,6 +34,9 @@ WITNESS = "tests/planner/test_failure_aware_witness.py"
 EXPERTS = "tests/oracle/test_expert_parallel_oracle.py"
 ZERO = "tests/oracle/test_zero_stage_oracle.py"
 DIVE = "tests/planner/test_failure_aware_dive.py"
+REPORTED_FLOOR = "tests/schedules/test_reported_floor.py"
+
+SECTION = "Oracle mutation runs"
 
 # (name, file, text, replacement[, tests]); tests default to the uniform oracle.
 MUTATIONS = [
@@ -69,6 +77,9 @@ MUTATIONS = [
      (DIVE,)),
     ("failure-aware: only the best-valued candidate gets schedules", "planner/plan.py",
      "    for i in order[:2]:", "    for i in order[:1]:", (DIVE,)),
+    ("failure-aware: the runner-up's floor keeps the sync looped BFS can hide", "planner/schedules/for_plan.py",
+     "            floor_ms -= max(sync.exposed_ms for sync in spec.grad_sync)", "            floor_ms -= 0.0",
+     (REPORTED_FLOOR,)),
     ("floors count the backward chain under zero-bubble schedules", "planner/nonuniform/templates.py",
      "before = sum(forwards[:s]) + (sum(backwards[:s]) if full_backward else 0.0)",
      "before = sum(forwards[:s]) + sum(backwards[:s])", (FLOORS, FAILURE_AWARE, ORACLE)),
@@ -85,17 +96,17 @@ def _run(tree: Path, tests: tuple[str, ...]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
-    parser.add_argument("--only", help="run the mutations whose name holds this text (no --write)")
+    parser.add_argument("--only", help="run the mutations whose name holds this text (with --write: replace or add "
+                                       "their rows in the table, keeping the others)")
     args = parser.parse_args()
-    if args.only and args.write:
-        parser.error("--only runs part of the table: it cannot --write it")
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         tree = Path(scratch) / "tree"
         subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True)
         try:
             if not args.only:
-                rows.append(f"| none (HEAD) | {_run(tree, (ORACLE, PLACED, FAILURE_AWARE, FLOORS, WITNESS, DIVE))} |")
+                checks = (ORACLE, PLACED, FAILURE_AWARE, FLOORS, WITNESS, DIVE, REPORTED_FLOOR)
+                rows.append(f"| none (HEAD) | {_run(tree, checks)} |")
                 print(rows[-1], flush=True)
             for name, file, text, replacement, *tests in MUTATIONS:
                 if args.only and args.only not in name:
@@ -115,8 +126,34 @@ def main() -> None:
             "and one that passes everything is a gap in the tests, kept in the table until a test catches it.\n\n"
             "| mutation | tests run: result |\n|---|---|\n" + "\n".join(rows))
     print(body)
-    if args.write:
-        write_section("Oracle mutation runs", "python -m tests.oracle.mutations --write", body)
+    if args.write and args.only:
+        _write_rows(rows, args.only)
+    elif args.write:
+        write_section(SECTION, "python -m tests.oracle.mutations --write", body)
+
+
+def _write_rows(rows: list[str], only: str) -> None:
+    """Replace (or add) the rows of the mutations run alone in BENCHMARKS.md's table, keeping the other rows and the
+    header of the run that wrote the table, and say which rows were run alone and when."""
+    text = BENCHMARKS_MD.read_text()
+    section = re.search(rf"^## {SECTION}\n.*?(?=^## |\Z)", text, re.DOTALL | re.MULTILINE)
+    if section is None:
+        raise SystemExit("BENCHMARKS.md has no mutation table to add rows to: run the whole table with --write")
+    lines = section.group(0).rstrip("\n").split("\n")
+    table = [i for i, line in enumerate(lines) if line.startswith("| ")]
+    for row in rows:
+        name = row.split("|")[1].strip()
+        found = [i for i in table if lines[i].split("|")[1].strip() == name]
+        if found:
+            lines[found[0]] = row
+        else:
+            lines.insert(table[-1] + 1, row)
+            table.append(table[-1] + 1)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    names = "; ".join(row.split("|")[1].strip() for row in rows)
+    command = f"python -m tests.oracle.mutations --only {shlex.quote(only)} --write"
+    lines.append(f"\nRun alone since (`{command}`, {stamp}): {names}.")
+    BENCHMARKS_MD.write_text(text.replace(section.group(0), "\n".join(lines) + "\n\n", 1).rstrip() + "\n")
 
 
 if __name__ == "__main__":
