@@ -35,6 +35,7 @@ EXPERTS = "tests/oracle/test_expert_parallel_oracle.py"
 ZERO = "tests/oracle/test_zero_stage_oracle.py"
 DIVE = "tests/planner/test_failure_aware_dive.py"
 REPORTED_FLOOR = "tests/schedules/test_reported_floor.py"
+PASS_ONE = "tests/planner/test_pass_one_best.py"
 
 SECTION = "Oracle mutation runs"
 
@@ -80,6 +81,9 @@ MUTATIONS = [
     ("failure-aware: the runner-up's floor keeps the sync looped BFS can hide", "planner/schedules/for_plan.py",
      "            floor_ms -= max(sync.exposed_ms for sync in spec.grad_sync)", "            floor_ms -= 0.0",
      (REPORTED_FLOOR,)),
+    ("failure-aware: pass 1 keeps a non-uniform layout over a better uniform one", "planner/plan.py",
+     "    if best_uniform is not None and best_uniform.objective_ms < recost(problem, found.layout).iteration_ms:",
+     "    if False:", (PASS_ONE,)),
     ("floors count the backward chain under zero-bubble schedules", "planner/nonuniform/templates.py",
      "before = sum(forwards[:s]) + (sum(backwards[:s]) if full_backward else 0.0)",
      "before = sum(forwards[:s]) + sum(backwards[:s])", (FLOORS, FAILURE_AWARE, ORACLE)),
@@ -105,7 +109,7 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True)
         try:
             if not args.only:
-                checks = (ORACLE, PLACED, FAILURE_AWARE, FLOORS, WITNESS, DIVE, REPORTED_FLOOR)
+                checks = (ORACLE, PLACED, FAILURE_AWARE, FLOORS, WITNESS, DIVE, REPORTED_FLOOR, PASS_ONE)
                 rows.append(f"| none (HEAD) | {_run(tree, checks)} |")
                 print(rows[-1], flush=True)
             for name, file, text, replacement, *tests in MUTATIONS:
