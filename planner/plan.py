@@ -249,7 +249,7 @@ def _plan_layout(problem: PlanningProblem, budget: Budget, ranked: tuple[list[Ca
         if incumbent < float("inf") and budget.remaining_s() <= finishing.seconds(incumbent):
             break
         next_uniform, next_nonuniform = uniform.next_bound_ms(), nonuniform.next_bound_ms()
-        if min(next_uniform, next_nonuniform) >= incumbent * (1 - problem.config.prune_tolerance):
+        if min(next_uniform, next_nonuniform) >= incumbent * (1 - problem.config.bubble_search_gap):
             break
         steps.append(1)
         if next_uniform <= next_nonuniform:

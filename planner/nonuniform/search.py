@@ -170,8 +170,8 @@ class NonUniformSearch:
         self._built: dict[int, list[Template]] = {}
         self._searches: dict[int, AllocationSearch] = {}
         self._queue = self._initial_queue(budget or Budget.unlimited())
-        # Priced by floors, outer choices whose allocation floor beats the best layout wait here and are refined
-        # before the queue (a dive; see `step`); priced by the bubble model, they stay in the queue.
+        # Outer choices whose allocation floor beats the best layout wait here and are refined before the queue
+        # (a dive; see `step`).
         self._dives: list[tuple[float, int, int, OuterChoice]] = []
         self._considered = len(self._queue)
         self._best: NonUniformLayout | None = None
@@ -234,12 +234,12 @@ class NonUniformSearch:
         """Refine the front of the queue once, charged to `budget` when made; `incumbent_ms` is the best layout
         known anywhere.
 
-        Priced by floors, an outer choice whose allocations could still beat the best layout is refined before the
-        queue's front, until it is settled or no longer can (a dive, as branch-and-bound solvers dive for
-        incumbents): the floors sit 10-25% below the reported times at 256 GPUs, so best-bound order spends
-        every step raising the bound over thousands of outer choices and never values the one allocation that
-        beats the answer. The order changes; what each bound covers does not (`next_bound_ms` is the least of
-        both queues)."""
+        An outer choice whose allocations could still beat the best layout is refined before the queue's front,
+        until it is settled or no longer can (a dive, as branch-and-bound solvers dive for incumbents): floors and
+        bubble-model bounds sit 10-25% below the reported times at 256 GPUs, so best-bound order spends most steps
+        raising the bound over thousands of outer choices before it settles the allocation that beats the answer
+        (pass 1 took 10% less CPU over the 44 256-GPU failure scenarios diving, with its `bubble_search_gap`). The
+        order changes; what each bound covers does not (`next_bound_ms` is the least of both queues)."""
         problem = self._problem
         best_ms = min(incumbent_ms, self.best_ms)
         lower, index, stage, outer = heapq.heappop(self._dives if self._dives else self._queue)
@@ -305,8 +305,7 @@ class NonUniformSearch:
         budget.charge(Work.ALLOCATION_STEP, len(allocation_search.data.templates))
         if front < float("inf"):
             self._searches[index] = allocation_search
-            heapq.heappush(self._dives if self._value_of is not None else self._queue,
-                           (max(lower, front), index, _BOUNDED, outer))
+            heapq.heappush(self._dives, (max(lower, front), index, _BOUNDED, outer))
         elif self._value_of is not None:
             self._leave_residual(allocation_search, best_ms)
             self._bound_single_replicas(allocation_search.data, best_ms)
