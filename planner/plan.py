@@ -235,7 +235,8 @@ def _plan_layout(problem: PlanningProblem, budget: Budget, ranked: tuple[list[Ca
                  caches: dict | None = None, steps: list[int] | None = None) -> PlanResult:
     """Both bubble-model searches interleaved best bound first, sharing one incumbent: neither spends
     time on layouts the other has already beaten, and together they stop as soon as no bound in either
-    beats the best layout found. Past the deadline they go on only until there is a first layout.
+    beats the best layout found by more than `bubble_search_gap` (the answer's bound comes from the checking
+    passes). Past the deadline they go on only until there is a first layout.
     The layout's solver report is in the bubble model (OPTIMAL when both searches finished). `steps`, when
     given, gets one item per refinement made: the work the checking passes are sized by."""
     steps = [] if steps is None else steps
