@@ -101,6 +101,12 @@ class PlannerConfig:
     """Most ops (stages x chunks x microbatches x 3) of a replica whose schedule CP-SAT is asked to improve
     when a handcrafted one runs: bigger models take longer to build than the time they get."""
 
+    max_improved_ops: int = 4_000
+    """Most ops (as above) of a replica CP-SAT is asked to improve once its list schedules ran (`with_schedules`).
+    CP-SAT's load and presolve, which its deterministic time does not count, grow faster than the ops (3,072 ops
+    0.24 s, 5,418 ops 1.0 s, 6,144 ops 1.1 s measured): past this the wall-clock safety net, not the counted
+    work, stopped it (qwen2.5-72b on 256 A100s, 8 GPUs lost: 1.0 s spent for 0.01 of its 0.25 units, no gain)."""
+
     min_gain_fraction: float = 1e-3
     """A schedule must beat the best handcrafted one by this share of its makespan to replace it."""
 

@@ -110,6 +110,8 @@ def with_schedules(
         slowest = max(chosen, key=lambda key: chosen[key].simulation.reported_ms)
         if slowest in optimized or chosen[slowest].simulation.reported_ms - max(bounds.values()) <= min_gain_ms:
             break
+        if _cp_sat_ops(specs[slowest]) > problem.config.max_improved_ops:
+            break  # its presolve would outlast the counted work (`max_improved_ops`)
         optimized.add(slowest)
         current = chosen[slowest].schedule
         chosen[slowest] = choose_schedule(
@@ -126,6 +128,11 @@ def with_schedules(
         solver = replace(solver, status="FEASIBLE")
         scheduled = replace(scheduled, status="feasible")
     return replace(scheduled, solver=replace(solver, notes=(*solver.notes, *notes)))
+
+
+def _cp_sat_ops(spec: PipelineSpec) -> int:
+    """Ops of `spec`'s CP-SAT schedule model, every backward split (as `choose_schedule` counts them)."""
+    return spec.num_stages * spec.virtual_stages * spec.num_microbatches * 3
 
 
 def _quantized_limit_s(remaining_s: float, config: PlannerConfig) -> float:

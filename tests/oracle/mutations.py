@@ -36,6 +36,7 @@ ZERO = "tests/oracle/test_zero_stage_oracle.py"
 DIVE = "tests/planner/test_failure_aware_dive.py"
 REPORTED_FLOOR = "tests/schedules/test_reported_floor.py"
 PASS_ONE = "tests/planner/test_pass_one_best.py"
+IMPROVED_OPS = "tests/schedules/test_improved_ops_cap.py"
 
 SECTION = "Oracle mutation runs"
 
@@ -86,6 +87,8 @@ MUTATIONS = [
      "    if False:", (PASS_ONE,)),
     ("failure-aware: pass 1 stops 5% short of its bound, not its configured gap", "planner/plan.py",
      "incumbent * (1 - problem.config.bubble_search_gap)", "incumbent * (1 - 0.05)", (PASS_ONE,)),
+    ("schedules: CP-SAT asked to improve replicas of any size", "planner/schedules/for_plan.py",
+     "        if _cp_sat_ops(specs[slowest]) > problem.config.max_improved_ops:", "        if False:", (IMPROVED_OPS,)),
     ("floors count the backward chain under zero-bubble schedules", "planner/nonuniform/templates.py",
      "before = sum(forwards[:s]) + (sum(backwards[:s]) if full_backward else 0.0)",
      "before = sum(forwards[:s]) + sum(backwards[:s])", (FLOORS, FAILURE_AWARE, ORACLE)),
