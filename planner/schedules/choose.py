@@ -43,6 +43,11 @@ def _fits(simulation: SimulationResult, spec: PipelineSpec) -> bool:
     return not simulation.over_memory(spec)
 
 
+def cp_sat_ops(spec: PipelineSpec) -> int:
+    """Ops of `spec`'s CP-SAT schedule model, every backward split: what its size caps count."""
+    return spec.num_stages * spec.virtual_stages * spec.num_microbatches * 3
+
+
 def choose_schedule(
     spec: PipelineSpec,
     *,
@@ -78,7 +83,7 @@ def choose_schedule(
     # Without an allowed handcrafted schedule the best one still seeds CP-SAT.
     best = best_run(tried or handcrafted, spec)
     best_allowed = bool(tried)
-    ops = spec.num_stages * spec.virtual_stages * spec.num_microbatches * 3
+    ops = cp_sat_ops(spec)
     worth_optimizing = (
         optimize_allowed
         and (optimize_time_limit_s > 0 or not tried)

@@ -42,6 +42,7 @@ from planner.schedules.choose import (
     ChosenSchedule,
     best_run,
     choose_schedule,
+    cp_sat_ops,
     preference,
 )
 from planner.schedules.handcrafted import handcrafted_names, handcrafted_schedule
@@ -110,7 +111,7 @@ def with_schedules(
         slowest = max(chosen, key=lambda key: chosen[key].simulation.reported_ms)
         if slowest in optimized or chosen[slowest].simulation.reported_ms - max(bounds.values()) <= min_gain_ms:
             break
-        if _cp_sat_ops(specs[slowest]) > problem.config.max_improved_ops:
+        if cp_sat_ops(specs[slowest]) > problem.config.max_improved_ops:
             break  # its presolve would outlast the counted work (`max_improved_ops`)
         optimized.add(slowest)
         current = chosen[slowest].schedule
@@ -128,11 +129,6 @@ def with_schedules(
         solver = replace(solver, status="FEASIBLE")
         scheduled = replace(scheduled, status="feasible")
     return replace(scheduled, solver=replace(solver, notes=(*solver.notes, *notes)))
-
-
-def _cp_sat_ops(spec: PipelineSpec) -> int:
-    """Ops of `spec`'s CP-SAT schedule model, every backward split (as `choose_schedule` counts them)."""
-    return spec.num_stages * spec.virtual_stages * spec.num_microbatches * 3
 
 
 def _quantized_limit_s(remaining_s: float, config: PlannerConfig) -> float:

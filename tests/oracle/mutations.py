@@ -88,7 +88,7 @@ MUTATIONS = [
     ("failure-aware: pass 1 stops 5% short of its bound, not its configured gap", "planner/plan.py",
      "incumbent * (1 - problem.config.bubble_search_gap)", "incumbent * (1 - 0.05)", (PASS_ONE,)),
     ("schedules: CP-SAT asked to improve replicas of any size", "planner/schedules/for_plan.py",
-     "        if _cp_sat_ops(specs[slowest]) > problem.config.max_improved_ops:", "        if False:", (IMPROVED_OPS,)),
+     "        if cp_sat_ops(specs[slowest]) > problem.config.max_improved_ops:", "        if False:", (IMPROVED_OPS,)),
     ("floors count the backward chain under zero-bubble schedules", "planner/nonuniform/templates.py",
      "before = sum(forwards[:s]) + (sum(backwards[:s]) if full_backward else 0.0)",
      "before = sum(forwards[:s]) + sum(backwards[:s])", (FLOORS, FAILURE_AWARE, ORACLE)),
