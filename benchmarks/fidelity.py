@@ -5,6 +5,9 @@
     python -m benchmarks.fidelity --write    # also update BENCHMARKS.md
     python -m benchmarks.fidelity --joint-fit   # also what fitting half the 2023+ runs would do
 
+Every run also prints the per-stack calibration (`stack_calibration_report`): each 2023+ source calibrated
+on half its runs, as a user calibrates their stack, and the other half predicted.
+
 Calibration data (copied from ../shared/calibration, unchanged):
 SC'21 Table 1 (TFLOP/s per GPU, full recompute) and Korthikanti et al.
 iteration times (full recompute; sequence parallel + selective) and memory.
@@ -267,6 +270,64 @@ def joint_fit_report(runs: list[CalibrationRun], start: EfficiencyParams) -> lis
             f"({len(train)} runs), held out {100 * mean_error(held):.1f}% ({len(held)} runs)."]
 
 
+@dataclass(frozen=True)
+class PublishedRun:
+    """A 2023+ run as `planner.calibration.calibrate` takes it: priced like the fidelity table (`predict_iteration_s`,
+    the bubble model of the exact published layout, with no memory check: the runs ran)."""
+
+    run: object  # benchmarks.modern_runs.ModernRun
+    measured_s: float
+
+
+def _published_s(published: PublishedRun, efficiency: EfficiencyParams) -> float:
+    from benchmarks.modern_runs import predict_iteration_s
+
+    return predict_iteration_s(published.run, efficiency)
+
+
+def stack_folds(runs: list) -> list[tuple[list, list]]:
+    """Two folds of one source's runs: sorted by GPU count, alternate runs on each side, each side fitted once
+    and predicting the other. A source of one run has nothing to calibrate on: one fold that fits nothing."""
+    ordered = sorted(runs, key=lambda r: (r.shape.devices, r.label))
+    evens, odds = ordered[0::2], ordered[1::2]
+    return [([], evens)] if not odds else [(evens, odds), (odds, evens)]
+
+
+def stack_calibration_report(start: EfficiencyParams) -> list[str]:
+    """Each 2023+ source (a software stack) calibrated as a user would (`planner.calibration.calibrate`, what POST
+    /v1/calibrations runs, from the built-in parameters) on half its runs and predicting the other half, both ways.
+    Fit errors are the calibrated runs', held-out errors the others'; a source of one run is predicted uncalibrated."""
+    from benchmarks.modern_runs import load_modern_runs
+    from planner.calibration import calibrate
+
+    by_source: dict[str, list] = {}
+    for run in load_modern_runs():
+        by_source.setdefault(run.source_id, []).append(run)
+    lines = ["| source | runs | fold | calibrated on (GPUs) | parameters fitted | fit MAPE | held-out MAPE (worst) |",
+             "|---|---:|---:|---|---|---:|---:|"]
+    fitted_errors: list[float] = []
+    held_errors: list[float] = []
+    for source, runs in by_source.items():
+        for k, (train, held) in enumerate(stack_folds(runs), start=1):
+            parameters, names, fit_errors = start, "none (one run)", []
+            if train:
+                fit = calibrate([PublishedRun(r, r.published_iteration_s) for r in train], start,
+                                fast=_published_s, exact=_published_s)
+                parameters = fit.parameters
+                names = ", ".join(n + (" (at a bound)" if n in fit.at_bound else "") for n in fit.fitted) or "none"
+                fit_errors = [abs(e.error) for e in fit.runs]
+            errors = [abs(_published_s(PublishedRun(r, 0.0), parameters) / r.published_iteration_s - 1) for r in held]
+            fitted_errors += fit_errors
+            held_errors += errors
+            fit_text = f"{100 * sum(fit_errors) / len(fit_errors):.1f}%" if fit_errors else "-"
+            lines.append(f"| {source} | {len(runs)} | {k} | {', '.join(f'{r.shape.devices:,}' for r in train) or '-'} "
+                         f"| {names} | {fit_text} | {100 * sum(errors) / len(errors):.1f}% ({100 * max(errors):.1f}%) |")
+    fit_mape = f"{100 * sum(fitted_errors) / len(fitted_errors):.1f}%" if fitted_errors else "-"
+    lines += ["", f"Calibrated per stack: fit MAPE {fit_mape} ({len(fitted_errors)} run fits), held-out MAPE "
+              f"{100 * sum(held_errors) / len(held_errors):.1f}% ({len(held_errors)} predictions: each run once)."]
+    return lines
+
+
 def profile_report(runs: list[CalibrationRun], start: EfficiencyParams, name: str, points: int = 5) -> list[str]:
     """How well the A100 runs pin `name` down: refit the other fitted parameters with `name` held at `points`
     values across its range, and print both sources' MAPE at each."""
@@ -320,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
                "fitted; the mixtures of experts (Megatron-Bridge's DGX-H100 MoE rows whose layout resiplan can "
                "express: experts over replicas, expert-TP = TP) are priced with resiplan's presets:", ""]
     report += modern_table(efficiency)
+    report += ["", "Calibrated per stack: each source's runs sorted by GPU count and split alternately in two; each half "
+               "calibrated as a user calibrates their stack (`planner.calibration.calibrate`, POST /v1/calibrations' "
+               "fit, from the built-in parameters above), and the other half predicted:", ""]
+    report += stack_calibration_report(efficiency)
     if args.joint_fit:
         report += [""] + joint_fit_report(runs, efficiency)
     text = "\n".join(report)
