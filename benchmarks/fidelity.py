@@ -35,6 +35,7 @@ from cost_models.iteration import estimate_iteration
 from cost_models.layout import Hardware, ParallelShape, Workload
 from cost_models.model_spec import ModelSpec
 from cost_models.stage_costs import stage_cost_terms
+from planner.calibration_span import CalibrationSpan, extrapolations, joined_span
 
 CALIBRATION_DIR = Path(__file__).with_name("calibration")
 FITTED_PATH = Path(__file__).resolve().parent.parent / "cost_models" / "presets" / "fitted_efficiency.json"
@@ -285,6 +286,13 @@ def _published_s(published: PublishedRun, efficiency: EfficiencyParams) -> float
     return predict_iteration_s(published.run, efficiency)
 
 
+def run_span(run) -> CalibrationSpan:
+    """A 2023+ run's span, as a calibration on it would cover (`planner.calibration_span`)."""
+    shape, workload = run.shape, run.workload
+    return CalibrationSpan.of(run.hardware.gpu.name, run.precision, (shape.tp,), (shape.cp,), shape.ep,
+                              workload.model.total_params, shape.micro_batch_size * workload.seq_length)
+
+
 def stack_folds(runs: list) -> list[tuple[list, list]]:
     """Two folds of one source's runs: sorted by GPU count, alternate runs on each side, each side fitted once
     and predicting the other. A source of one run has nothing to calibrate on: one fold that fits nothing."""
@@ -307,6 +315,9 @@ def stack_calibration_report(start: EfficiencyParams) -> list[str]:
              "|---|---:|---:|---|---|---:|---:|"]
     fitted_errors: list[float] = []
     held_errors: list[float] = []
+    inside: list[float] = []  # held-out errors of runs inside their fold's calibrated span
+    outside: list[float] = []
+    parallel_outside: list[float] = []  # of those outside, runs whose CP or EP degree the fold's runs lack
     for source, runs in by_source.items():
         for k, (train, held) in enumerate(stack_folds(runs), start=1):
             parameters, names, fit_errors = start, "none (one run)", []
@@ -317,6 +328,13 @@ def stack_calibration_report(start: EfficiencyParams) -> list[str]:
                 names = ", ".join(n + (" (at a bound)" if n in fit.at_bound else "") for n in fit.fitted) or "none"
                 fit_errors = [abs(e.error) for e in fit.runs]
             errors = [abs(_published_s(PublishedRun(r, 0.0), parameters) / r.published_iteration_s - 1) for r in held]
+            covered = joined_span(run_span(r) for r in train)
+            if covered is not None:
+                for r, error in zip(held, errors):
+                    named = extrapolations(covered, run_span(r))
+                    (outside if named else inside).append(error)
+                    if any(line.startswith(("cp ", "ep ")) for line in named):
+                        parallel_outside.append(error)
             fitted_errors += fit_errors
             held_errors += errors
             fit_text = f"{100 * sum(fit_errors) / len(fit_errors):.1f}%" if fit_errors else "-"
@@ -324,8 +342,17 @@ def stack_calibration_report(start: EfficiencyParams) -> list[str]:
                          f"| {names} | {fit_text} | {100 * sum(errors) / len(errors):.1f}% ({100 * max(errors):.1f}%) |")
     fit_mape = f"{100 * sum(fitted_errors) / len(fitted_errors):.1f}%" if fitted_errors else "-"
     lines += ["", f"Calibrated per stack: fit MAPE {fit_mape} ({len(fitted_errors)} run fits), held-out MAPE "
-              f"{100 * sum(held_errors) / len(held_errors):.1f}% ({len(held_errors)} predictions: each run once)."]
+              f"{100 * sum(held_errors) / len(held_errors):.1f}% ({len(held_errors)} predictions: each run once).",
+              "Held-out runs inside their fold's calibrated span (GPU, precision, TP, CP and EP degrees, model size, "
+              f"tokens per microbatch: `planner.calibration_span`): {_mean_text(inside)}; outside it, which a plan "
+              f"reports as `predicted.calibration_extrapolates`: {_mean_text(outside)}; of those, with a CP or EP "
+              f"degree outside the calibrated runs': {_mean_text(parallel_outside)}"
+              + (f", {100 * min(parallel_outside):.0f}-{100 * max(parallel_outside):.0f}%." if parallel_outside else ".")]
     return lines
+
+
+def _mean_text(errors: list[float]) -> str:
+    return f"{100 * sum(errors) / len(errors):.1f}% ({len(errors)} runs)" if errors else "none"
 
 
 def profile_report(runs: list[CalibrationRun], start: EfficiencyParams, name: str, points: int = 5) -> list[str]:

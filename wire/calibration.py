@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cost_models.efficiency import CALIBRATION_BOUNDS, EfficiencyParams
-from wire.schemas import EstimateRequest
+from planner.calibration_span import CalibrationSpan, extrapolations
+from planner.problem import PlanningProblem
+from wire.schemas import EstimateRequest, Plan
 
 MAX_CALIBRATION_RUNS = 32
 MAX_MEASURED_PLANS = 8
@@ -84,6 +86,28 @@ class CalibrationRefit(BaseModel):
     previous_fit_mape: float
 
 
+class CalibrationCoverage(BaseModel):
+    """What the calibrated runs span (`planner.calibration_span`): a plan priced with the calibration outside it
+    names how in `predicted.calibration_extrapolates`."""
+
+    gpus: list[str]
+    precisions: list[str]
+    tp: tuple[int, int] = Field(description="Least and most TP degree of the runs' stages.")
+    cp: tuple[int, int]
+    ep: tuple[int, int]
+    model_parameters: tuple[int, int] = Field(description="Least and most parameters of the runs' models.")
+    microbatch_tokens: tuple[int, int] = Field(description="Least and most tokens in one microbatch.")
+
+    @classmethod
+    def of(cls, span: CalibrationSpan) -> CalibrationCoverage:
+        return cls(gpus=sorted(span.gpus), precisions=sorted(span.precisions), tp=span.tp, cp=span.cp, ep=span.ep,
+                   model_parameters=span.parameters, microbatch_tokens=span.microbatch_tokens)
+
+    def span(self) -> CalibrationSpan:
+        return CalibrationSpan(frozenset(self.gpus), frozenset(self.precisions), self.tp, self.cp, self.ep,
+                               self.model_parameters, self.microbatch_tokens)
+
+
 class Calibration(BaseModel):
     calibration_id: str
     name: str
@@ -101,6 +125,11 @@ class Calibration(BaseModel):
     fit_mape: float = Field(description="Mean absolute relative error of the fitted predictions.")
     cross_validated_mape: float | None = Field(
         description="Mean absolute relative error of each run predicted by a fit to the others; null with one run.")
+    covers: CalibrationCoverage | None = Field(
+        default=None, description="What the runs span: inside it the fitted parameters interpolate, outside they "
+        "extrapolate (published stacks: held-out runs inside 7.6% off on average, outside 12.2%, 19% where CP or EP "
+        "differ). A calibration stored before this field gets it the next time it is read or used, where the service "
+        "kept its runs.")
     refit: CalibrationRefit | None = Field(
         default=None, description="Set when the service refitted the stored runs because a newer cost model prices "
         "them differently under the stored parameters; the fit above is the new one, this is what it replaced. "
@@ -113,11 +142,28 @@ class AppliedCalibration:
 
     calibration_id: str
     parameters: EfficiencyParams
+    covers: CalibrationSpan | None = None  # what its runs span; None for a calibration stored before spans
 
     @classmethod
     def of(cls, calibration: Calibration) -> AppliedCalibration:
         return cls(calibration.calibration_id, EfficiencyParams(**{
-            name: calibration.parameters[name] for name in EfficiencyParams.field_names()}))
+            name: calibration.parameters[name] for name in EfficiencyParams.field_names()}),
+            calibration.covers.span() if calibration.covers is not None else None)
+
+
+def with_calibration_scope(plan: Plan, problem: PlanningProblem, calibration: AppliedCalibration | None) -> Plan:
+    """`plan` naming each way it goes beyond what `calibration`'s runs span (`predicted.calibration_extrapolates`)."""
+    if calibration is None or calibration.covers is None:
+        return plan
+    stages = [stage for replica in plan.replicas for stage in replica.stages]
+    if not stages:
+        return plan
+    workload = problem.workload
+    span = CalibrationSpan.of(problem.hardware.gpu.name, problem.precision, (s.tp for s in stages),
+                              (s.cp for s in stages), plan.ep, workload.model.total_params,
+                              plan.micro_batch_size * workload.seq_length)
+    predicted = plan.predicted.model_copy(update={"calibration_extrapolates": extrapolations(calibration.covers, span)})
+    return plan.model_copy(update={"predicted": predicted})
 
 
 def parameter_bounds() -> dict[str, list[float]]:

@@ -396,6 +396,10 @@ class Predicted(BaseModel):
     breakdown: Breakdown
     calibration_id: str | None = Field(default=None, description="The stored calibration whose parameters priced "
                                        "this plan; null: the built-in ones.")
+    calibration_extrapolates: list[str] = Field(
+        default_factory=list, description="Each way this plan goes beyond what the calibration's runs span "
+        "(calibration.covers: GPU, precision, TP, CP and EP degrees, model size, tokens per microbatch), where its "
+        "fitted parameters extrapolate; empty inside the span or without a calibration.")
 
 
 class SolverReport(BaseModel):

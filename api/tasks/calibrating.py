@@ -13,11 +13,13 @@ from api.tasks.planning import new_plan_id
 from cost_models.efficiency import fitted_efficiency
 from cost_models.layout import ParallelShape
 from planner.calibration import MeasuredCompute, MeasuredRun, calibrate, exact_predicted_s, predicted_s
+from planner.calibration_span import joined_span, measured_span
 from planner.errors import PlanningError
 from wire.calibration import (
     AppliedCalibration,
     CalibratedRun,
     Calibration,
+    CalibrationCoverage,
     CalibrationRefit,
     CalibrationRequest,
     parameter_bounds,
@@ -123,6 +125,7 @@ def _fitted(request: CalibrationRequest, calibration_id: str, plans: Mapping[str
               for source, run, other in zip(sources, fit.runs, held_out)],
         fit_mape=round(fit.fit_mape, 5),
         cross_validated_mape=round(fit.cross_validated_mape, 5) if fit.cross_validated_mape is not None else None,
+        covers=CalibrationCoverage.of(joined_span(measured_span(run) for run in runs)),
     )
 
 
@@ -158,7 +161,8 @@ STALE_PREDICTION_REL = 1e-4
 def refreshed_calibration(calibration_json: str, runs_json: str) -> str | None:
     """A stored calibration refitted to its own runs when the current cost model predicts them differently under
     its stored parameters: the parameters were fitted to another model's prices, and applying them to this one's
-    would mislead every plan. None while the stored fit still holds; a PlanningError naming the calibration when
+    would mislead every plan; one stored without its span (`covers`) gets it. None while the stored fit still
+    holds; a PlanningError naming the calibration when
     its runs cannot be priced or fitted any more."""
     stored = Calibration.model_validate_json(calibration_json)
     where = f"calibration {stored.calibration_id!r} ({stored.name})"
@@ -172,7 +176,9 @@ def refreshed_calibration(calibration_json: str, runs_json: str) -> str | None:
     moved = [exact_predicted_s(run, parameters) / fitted.predicted_s - 1 for run, fitted in zip(runs, stored.runs)]
     largest = max(range(len(moved)), key=lambda i: abs(moved[i]))
     if abs(moved[largest]) <= STALE_PREDICTION_REL:
-        return None
+        # Stored before fits said what their runs span: the same fit, now with its span.
+        covers = CalibrationCoverage.of(joined_span(measured_span(run) for run in runs))
+        return None if stored.covers is not None else stored.model_copy(update={"covers": covers}).model_dump_json()
     try:
         refit = _fitted(request, stored.calibration_id, plans)
     except PlanningError as error:

@@ -20,7 +20,7 @@ from planner.estimate_replicas import ReplicaLayout, estimate_replicas
 from planner.plan import plan
 from planner.problem import PlanningProblem
 from planner.result import PlanResult
-from wire.calibration import AppliedCalibration
+from wire.calibration import AppliedCalibration, with_calibration_scope
 from wire.convert import to_fixed_layout, to_problem, to_wire
 from wire.schemas import EstimateRequest, Plan, PlanRequest
 
@@ -82,7 +82,8 @@ def plan_for(request: PlanRequest, max_time_limit_s: float | None = None, read_b
     `options.calibration_id` names."""
     problem = to_problem(request, calibration)
     deadline = answer_deadline(problem, max_time_limit_s, read_by)
-    return to_wire(with_deadline_report(plan(problem, deadline.budget), deadline), new_plan_id())
+    return with_calibration_scope(to_wire(with_deadline_report(plan(problem, deadline.budget), deadline), new_plan_id()),
+                                  problem, calibration)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,5 @@ def estimate_answer(request: EstimateRequest, calibration: AppliedCalibration | 
 
 def estimate_for(request: EstimateRequest, calibration: AppliedCalibration | None = None) -> Plan:
     problem, layout = to_problem(request, calibration), to_fixed_layout(request.layout)
-    if isinstance(layout, ReplicaLayout):
-        return to_wire(estimate_replicas(problem, layout), new_plan_id())
-    return to_wire(estimate_layout(problem, layout), new_plan_id())
+    found = estimate_replicas(problem, layout) if isinstance(layout, ReplicaLayout) else estimate_layout(problem, layout)
+    return with_calibration_scope(to_wire(found, new_plan_id()), problem, calibration)

@@ -16,7 +16,7 @@ from cost_models.device import device_id
 from planner.budget import Budget
 from planner.problem import PlanningProblem
 from planner.replan.choice import ReplanResult, replan, running_plan
-from wire.calibration import AppliedCalibration
+from wire.calibration import AppliedCalibration, with_calibration_scope
 from wire.convert import to_problem, to_wire
 from wire.errors import RequestBodyInvalid
 from wire.migration import Migration, ReplanCandidate, transfer_to_wire
@@ -91,6 +91,7 @@ def replan_for(request: PlanRequest, parent_plan: dict[str, Any] | Plan, plan_id
         plan = _kept(parent, problem, plan_id, found.chosen.iteration_s)
     else:
         plan = to_wire(with_deadline_report(found.result, deadline), plan_id)
+    plan = with_calibration_scope(plan, problem, calibration)
     return plan.model_copy(update={"parent_plan_id": parent.plan_id, "migration": _migration(found, problem.workload.model.num_layers)})
 
 

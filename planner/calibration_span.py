@@ -1,0 +1,93 @@
+"""What a calibration's runs cover, and where a plan priced with it goes beyond them.
+
+A calibration fits a handful of efficiency parameters to a few measured runs. Inside the kinds of layout those
+runs exercised, the fitted parameters predict the stack's other runs well; outside them they extrapolate, and the
+published runs show by how much (`python -m benchmarks.fidelity`, "Calibrated per stack", each stack calibrated
+on half its runs: a held-out run inside its calibration's span was predicted to 7.6% on average, one outside to
+12.2%, and the ten whose CP or EP degree lay outside the calibrated runs' to 19%, 10-33%). A plan priced with a calibration names every way it leaves the span
+(`predicted.calibration_extrapolates`), so that a user knows which of their numbers to trust less.
+
+The span's dimensions are what the parameters stand in for: the GPU (its kernels' efficiencies), the precision
+(FP8 GEMMs), the TP, CP and EP degrees (the links the parameters price), the model's size (GEMM widths, per-layer
+overheads) and the tokens one microbatch holds (kernel efficiency, overhead per microbatch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from planner.calibration import MeasuredCompute, MeasuredRun
+from planner.estimate_replicas import ReplicaLayout
+
+
+@dataclass(frozen=True)
+class CalibrationSpan:
+    gpus: frozenset[str]
+    precisions: frozenset[str]
+    tp: tuple[int, int]  # (least, most)
+    cp: tuple[int, int]
+    ep: tuple[int, int]
+    parameters: tuple[int, int]  # the model's, all experts counted
+    microbatch_tokens: tuple[int, int]
+
+    @classmethod
+    def of(cls, gpu: str, precision: str, tps: Iterable[int], cps: Iterable[int], ep: int, parameters: int,
+           microbatch_tokens: int) -> CalibrationSpan:
+        """One run's (or one plan's) span: its stages' TP and CP degrees, the rest single values."""
+        tps, cps = tuple(tps), tuple(cps)
+        return cls(frozenset({gpu}), frozenset({precision}), (min(tps), max(tps)), (min(cps), max(cps)), (ep, ep),
+                   (parameters, parameters), (microbatch_tokens, microbatch_tokens))
+
+    def joined(self, other: CalibrationSpan) -> CalibrationSpan:
+        def both(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+            return min(a[0], b[0]), max(a[1], b[1])
+
+        return CalibrationSpan(self.gpus | other.gpus, self.precisions | other.precisions, both(self.tp, other.tp),
+                               both(self.cp, other.cp), both(self.ep, other.ep),
+                               both(self.parameters, other.parameters),
+                               both(self.microbatch_tokens, other.microbatch_tokens))
+
+
+def joined_span(spans: Iterable[CalibrationSpan]) -> CalibrationSpan | None:
+    out: CalibrationSpan | None = None
+    for span in spans:
+        out = span if out is None else out.joined(span)
+    return out
+
+
+def _range(values: tuple[int, int], scale: float = 1.0, unit: str = "") -> str:
+    low, high = (f"{v / scale:,.3g}{unit}" if scale != 1.0 else f"{v:,}" for v in values)
+    return low if values[0] == values[1] else f"{low}-{high}"
+
+
+def extrapolations(covered: CalibrationSpan, plan: CalibrationSpan) -> list[str]:
+    """Each way `plan` goes beyond what the calibration's runs `covered`, in words; empty when it stays inside."""
+    out = []
+    for name, seen, wanted in (("GPU", covered.gpus, plan.gpus), ("precision", covered.precisions, plan.precisions)):
+        if not wanted <= seen:
+            out.append(f"{name} {', '.join(sorted(wanted - seen))}: the calibration's runs used {', '.join(sorted(seen))}")
+    for name, seen, wanted, scale, unit in (
+        ("tp", covered.tp, plan.tp, 1.0, ""), ("cp", covered.cp, plan.cp, 1.0, ""), ("ep", covered.ep, plan.ep, 1.0, ""),
+        ("model parameters", covered.parameters, plan.parameters, 1e9, "B"),
+        ("tokens per microbatch", covered.microbatch_tokens, plan.microbatch_tokens, 1.0, ""),
+    ):
+        if wanted[0] < seen[0] or wanted[1] > seen[1]:
+            out.append(f"{name} {_range(wanted, scale, unit)}: the calibration's runs span {_range(seen, scale, unit)}")
+    return out
+
+
+def measured_span(run: MeasuredRun | MeasuredCompute) -> CalibrationSpan:
+    """What one calibration run covers: its layout's stages (a measured role: its stage shape)."""
+    problem = run.problem
+    if isinstance(run, MeasuredCompute):
+        shape = run.shape
+        tps, cps, ep, micro_batch = (shape.tp,), (shape.cp,), shape.ep, shape.micro_batch_size
+    elif isinstance(run.layout, ReplicaLayout):
+        tps = tuple(len(stage.devices) for replica in run.layout.replicas for stage in replica.stages)
+        cps, ep, micro_batch = (1,), 1, run.layout.micro_batch_size
+    else:
+        tps, cps, ep, micro_batch = (run.layout.tp,), (run.layout.cp,), run.layout.ep, run.layout.micro_batch_size
+    workload = problem.workload
+    return CalibrationSpan.of(problem.hardware.gpu.name, problem.precision, tps, cps, ep, workload.model.total_params,
+                              micro_batch * workload.seq_length)

@@ -1,0 +1,67 @@
+"""A calibration says what its runs span (`covers`), and a plan or estimate priced with it names each way it goes
+beyond them (`predicted.calibration_extrapolates`)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.api.support import estimate_request, small_request
+from tests.api.test_calibrations import _rewrite_stored, _runs
+
+LLAMA2_7B_PARAMETERS = 6_738_415_616  # Meta's released checkpoint: 6.74B
+LLAMA2_13B_PARAMETERS = 13_015_864_320
+
+
+def _calibration(client) -> dict:
+    response = client.post("/v1/calibrations", json={"name": "lab A100s", "runs": _runs(client)})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def test_the_calibration_covers_what_its_runs_span(client):
+    covers = _calibration(client)["covers"]
+    # The runs (tests.api.test_calibrations.LAYOUTS): llama2-7b and 13b on A100-80GB in bf16, tp 1, 2 and 4,
+    # micro-batches of 1 and 2 sequences of 2,048 tokens.
+    assert covers["gpus"] == ["A100-80GB"] and covers["precisions"] == ["bf16"]
+    assert covers["tp"] == [1, 4] and covers["cp"] == [1, 1] and covers["ep"] == [1, 1]
+    assert covers["microbatch_tokens"] == [2048, 4096]
+    low, high = covers["model_parameters"]
+    assert abs(low / LLAMA2_7B_PARAMETERS - 1) < 0.01 and abs(high / LLAMA2_13B_PARAMETERS - 1) < 0.01
+
+
+def test_inside_the_span_nothing_is_named_and_outside_each_way_is(client):
+    calibration = _calibration(client)
+    options = {"calibration_id": calibration["calibration_id"]}
+    inside = estimate_request({"tp": 2, "pp": 2, "micro_batch_size": 1}, training={"global_batch_size": 32,
+                                                                                  "seq_length": 2048}, options=options)
+    answer = client.post("/v1/estimate", json=inside).json()
+    assert answer["predicted"]["calibration_extrapolates"] == []
+
+    outside = estimate_request({"tp": 8, "pp": 4, "micro_batch_size": 2}, model="llama2-70b", options=options)
+    named = client.post("/v1/estimate", json=outside).json()["predicted"]["calibration_extrapolates"]
+    assert len(named) == 3
+    assert named[0].startswith("tp 8:") and "1-4" in named[0]
+    assert named[1].startswith("model parameters 69") and "6.74B-13B" in named[1]
+    assert named[2].startswith("tokens per microbatch 8,192:") and "2,048-4,096" in named[2]
+    shorter = estimate_request({"tp": 2, "pp": 2, "micro_batch_size": 1}, training={"global_batch_size": 32,
+                                                                                   "seq_length": 1024}, options=options)
+    assert client.post("/v1/estimate", json=shorter).json()["predicted"]["calibration_extrapolates"] == [
+        "tokens per microbatch 1,024: the calibration's runs span 2,048-4,096"]
+
+    # Without a calibration a plan names nothing; with one, the plan is checked like an estimate.
+    assert client.post("/v1/plan", json=small_request()).json()["predicted"]["calibration_extrapolates"] == []
+    h100 = small_request(cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"},
+                         options={"time_limit_s": 2, **options})
+    plan = client.post("/v1/plan", json=h100).json()
+    assert any(line.startswith("GPU H100-SXM: the calibration's runs used A100-80GB")
+               for line in plan["predicted"]["calibration_extrapolates"])
+
+
+def test_a_calibration_stored_without_its_span_gets_it_when_read(client, db_url):
+    calibration = _calibration(client)
+    earlier = {key: value for key, value in calibration.items() if key != "covers"}
+    _rewrite_stored(db_url, "update calibrations set calibration_json = :json where calibration_id = :id",
+                    json=json.dumps(earlier), id=calibration["calibration_id"])
+    read = client.get(f"/v1/calibrations/{calibration['calibration_id']}").json()
+    assert read["covers"] == calibration["covers"]
+    assert read["parameters"] == calibration["parameters"] and read["refit"] is None
