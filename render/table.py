@@ -44,6 +44,10 @@ def render_table(plan: Plan, console: Console | None = None) -> None:
         f"iteration {p.iteration_time_s:.3f} s   {p.tokens_per_s:,.0f} tokens/s   MFU {p.mfu:.1%}   "
         f"solver {_text(plan.solver.status)} in {plan.solver.wall_time_s:.2f} s (gap {plan.solver.gap:.2%})"
     )
+    if p.calibration_id is not None:
+        console.print(f"priced with calibration {_text(p.calibration_id)}")
+        for line in p.calibration_extrapolates:  # a custom GPU's name is the client's text
+            console.print(f"  extrapolates: {_text(line)}")
     breakdown = Table(title="Iteration breakdown (critical path)")
     for key in type(p.breakdown).model_fields:
         breakdown.add_column(key.removesuffix("_s"), justify="right")

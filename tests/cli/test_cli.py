@@ -281,3 +281,20 @@ def test_calibrate_prints_a_calibration_that_estimate_applies(tmp_path, capsys):
                                                                          abs=1.01e-6)
     assert "runs[0]" in run_error(capsys, ["estimate", "--request", write(tmp_path, request), "--calibration",
                                            write(tmp_path, bad, "bad.json")])
+
+
+def test_the_table_says_which_calibration_priced_the_plan_and_where_it_extrapolates(tmp_path, capsys):
+    layout = {"tp": 1, "pp": 2, "micro_batch_size": 1, "recompute": "none", "schedule": "1f1b"}
+    request = estimate_request(layout)
+    plain = json.loads(run_ok(capsys, ["estimate", "--request", write(tmp_path, request)]))
+    runs = {"name": "cli", "runs": [{**request, "measured_iteration_time_s": plain["predicted"]["iteration_time_s"]}]}
+    path = write(tmp_path, runs, "runs.json")
+    inside = run_ok(capsys, ["estimate", "--request", write(tmp_path, request), "--calibration", path,
+                             "--format", "table"])
+    assert "priced with calibration" in inside and "extrapolates" not in inside
+    wider = estimate_request({**layout, "tp": 4})
+    outside = run_ok(capsys, ["estimate", "--request", write(tmp_path, wider), "--calibration", path,
+                              "--format", "table"])
+    assert "extrapolates: tp 4: the calibration's runs span 1" in outside
+    assert "priced with calibration" not in run_ok(capsys, ["estimate", "--request", write(tmp_path, request),
+                                                            "--format", "table"])
