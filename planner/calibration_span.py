@@ -4,8 +4,9 @@ A calibration fits a handful of efficiency parameters to a few measured runs. In
 runs exercised, the fitted parameters predict the stack's other runs well; outside them they extrapolate, and the
 published runs show by how much (`python -m benchmarks.fidelity`, "Calibrated per stack", each stack calibrated
 on half its runs: a held-out run inside its calibration's span was predicted to 7.6% on average, one outside to
-12.2%, and the ten whose CP or EP degree lay outside the calibrated runs' to 19%, 10-33%). A plan priced with a calibration names every way it leaves the span
-(`predicted.calibration_extrapolates`), so that a user knows which of their numbers to trust less.
+12.2%, and the ten whose CP or EP degree lay outside the calibrated runs' to 19%, 10-33%). A plan priced with a
+calibration names every way it leaves the span (`predicted.calibration_extrapolates`), so that a user knows which
+of their numbers to trust less.
 
 The span's dimensions are what the parameters stand in for: the GPU (its kernels' efficiencies), the precision
 (FP8 GEMMs), the TP, CP and EP degrees (the links the parameters price), the model's size (GEMM widths, per-layer

@@ -176,9 +176,11 @@ def refreshed_calibration(calibration_json: str, runs_json: str) -> str | None:
     moved = [exact_predicted_s(run, parameters) / fitted.predicted_s - 1 for run, fitted in zip(runs, stored.runs)]
     largest = max(range(len(moved)), key=lambda i: abs(moved[i]))
     if abs(moved[largest]) <= STALE_PREDICTION_REL:
+        if stored.covers is not None:
+            return None
         # Stored before fits said what their runs span: the same fit, now with its span.
         covers = CalibrationCoverage.of(joined_span(measured_span(run) for run in runs))
-        return None if stored.covers is not None else stored.model_copy(update={"covers": covers}).model_dump_json()
+        return stored.model_copy(update={"covers": covers}).model_dump_json()
     try:
         refit = _fitted(request, stored.calibration_id, plans)
     except PlanningError as error:
