@@ -156,7 +156,7 @@ def _attention_core_forward_s(
     if software.flash_attention:
         executed = attention_executed_fraction(model, seq_length, CAUSAL_EXECUTED_FRACTION)
         kernel = FA2_ATTENTION_TIME_FACTOR if software.attention_kernel == "fa2" else 1.0
-        return kernel * gemm_time_s(flops * executed, model.qk_head_width, gpu, efficiency)
+        return kernel * gemm_time_s(flops * executed, model.qk_head_width, gpu, efficiency) / efficiency.attention_fraction
     score_elements = model.num_attention_heads * seq_length * seq_length * micro_batch / (tp * cp)
     score_bytes = SCORE_BYTES_NO_DROPOUT + (SCORE_BYTES_DROPOUT if software.dropout else 0.0)
     return gemm_time_s(flops, model.qk_head_width, gpu, efficiency) + hbm_time_s(score_elements * score_bytes, gpu, efficiency)

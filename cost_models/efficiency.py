@@ -31,6 +31,11 @@ class EfficiencyParams:
         point-to-point transfers reach.
     layer_overhead_ms: fixed host and launch time per layer per microbatch
         forward (backward pays it twice).
+    attention_fraction: fraction of the modelled fused-attention throughput (the kernels
+        `SoftwareConfig.attention_kernel` names, at their published speed) a stack's attention
+        reaches. 1 unless a user's runs say otherwise: the A100 runs the built-in parameters are
+        fitted on ran unfused attention, which this does not touch. PyTorch's context-parallel
+        SDPA of late 2024, say, reaches about half (torchtitan's published CP series).
     """
 
     gemm_peak_fraction: float = 0.80
@@ -39,6 +44,7 @@ class EfficiencyParams:
     nvlink_fraction: float = 0.75
     network_fraction: float = 0.80
     layer_overhead_ms: float = 0.05
+    attention_fraction: float = 1.0
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -58,6 +64,8 @@ EFFICIENCY_BOUNDS: dict[str, tuple[float, float]] = {
     "nvlink_fraction": (0.5, 0.9),
     "network_fraction": (0.5, 0.98),
     "layer_overhead_ms": (0.005, 0.3),
+    # Not fitted to the A100 runs, which price no fused attention: held at the kernels' published speed.
+    "attention_fraction": (1.0, 1.0),
 }
 
 # The link efficiencies, as NCCL's maintainers published them, held at these values by the built-in fit
@@ -86,6 +94,7 @@ CALIBRATION_BOUNDS: dict[str, tuple[float, float]] = {
     "nvlink_fraction": (0.2, 0.95),
     "network_fraction": (0.1, 0.95),
     "layer_overhead_ms": (0.001, 5.0),
+    "attention_fraction": (0.2, 1.2),
 }
 
 
@@ -96,7 +105,7 @@ def fitted_efficiency() -> EfficiencyParams:
     if not path.is_file():
         return EfficiencyParams()
     values = json.loads(path.read_text())["params"]
-    return EfficiencyParams(**{name: float(values[name]) for name in EfficiencyParams.field_names()})
+    return EfficiencyParams(**{name: float(values[name]) for name in EfficiencyParams.field_names() if name in values})
 
 
 # Megatron token dispatchers of a mixture of experts (`SoftwareConfig.moe_dispatcher`).

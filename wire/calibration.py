@@ -146,8 +146,10 @@ class AppliedCalibration:
 
     @classmethod
     def of(cls, calibration: Calibration) -> AppliedCalibration:
+        # A calibration stored before a parameter existed keeps that parameter's default.
         return cls(calibration.calibration_id, EfficiencyParams(**{
-            name: calibration.parameters[name] for name in EfficiencyParams.field_names()}),
+            name: calibration.parameters[name] for name in EfficiencyParams.field_names()
+            if name in calibration.parameters}),
             calibration.covers.span() if calibration.covers is not None else None)
 
 

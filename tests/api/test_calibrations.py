@@ -146,6 +146,22 @@ def test_a_calibration_stored_before_its_runs_were_kept_applies_as_stored(client
     assert client.get(f"/v1/calibrations/{fresh['calibration_id']}").json()["refit"] is None
 
 
+def test_a_calibration_stored_before_attention_fraction_existed_prices_as_before(client, db_url):
+    # attention_fraction joined the parameters after calibrations were stored without it: it defaults to 1, the
+    # kernels' modelled speed, which is how those calibrations priced attention.
+    runs = _runs(client)
+    fresh = client.post("/v1/calibrations", json={"name": "before attention", "runs": runs}).json()
+    assert fresh["parameters"]["attention_fraction"] == 1.0 and "attention_fraction" in fresh["unidentified"]
+    earlier = {**fresh, "parameters": {k: v for k, v in fresh["parameters"].items() if k != "attention_fraction"}}
+    _rewrite_stored(db_url, "update calibrations set calibration_json = :json where calibration_id = :id",
+                    json=json.dumps(earlier), id=fresh["calibration_id"])
+    estimate = {key: value for key, value in runs[0].items() if key != "measured_iteration_time_s"}
+    applied = client.post("/v1/estimate", json={**estimate, "options": {"calibration_id": fresh["calibration_id"]}})
+    assert applied.status_code == 200, applied.text
+    assert applied.json()["predicted"]["iteration_time_s"] == pytest.approx(fresh["runs"][0]["predicted_s"], abs=1.01e-6)
+    assert client.get(f"/v1/calibrations/{fresh['calibration_id']}").json()["refit"] is None
+
+
 ROLE_SLOWER = 1.3  # the "stack" computes 30% slower than the cost model
 
 

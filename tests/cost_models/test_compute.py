@@ -133,6 +133,20 @@ def test_flash_attention_2_on_hopper_slows_the_attention_core_alone_by_the_paper
     assert run(2, "none", unfused_fa2) == run(2, "none", UNFUSED)
 
 
+def test_attention_fraction_divides_the_fused_attention_core_alone():
+    """A stack whose attention reaches half the modelled kernel speed (`attention_fraction` 0.5) pays the fused
+    attention core twice, forward and backward (2.5x its forward), and nothing else; unfused attention, the
+    2021-22 runs' and not a fused kernel, is untouched."""
+    attn_s = 0.5 * 4 * B * S**2 * H / (PEAK * eff(64))
+    half = replace(EFF, attention_fraction=0.5)
+    fused = run(1, "none", FLASH)
+    slow = layer_time(MODEL, S, B, 1, "none", GPU, 200.0, half, FLASH)
+    assert slow.forward_compute_ms - fused.forward_compute_ms == pytest.approx(1e3 * attn_s, rel=1e-9)
+    assert slow.backward_compute_ms - fused.backward_compute_ms == pytest.approx(1e3 * 2.5 * attn_s, rel=1e-9)
+    assert slow.forward_tp_comm_ms == fused.forward_tp_comm_ms
+    assert layer_time(MODEL, S, B, 2, "none", GPU, 200.0, half, UNFUSED) == run(2, "none", UNFUSED)
+
+
 # A100 SXM's best measured BF16 matmul against its datasheet peak (ml-engineering's MAMF table, 271.2 of 312
 # TFLOP/s), typed in: the parameters are fitted on A100s.
 A100_CEILING_FRACTION = 271.2 / 312

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.calibration_transfer import measured_run, transfer_errors
 from benchmarks.fidelity import load_runs
-from cost_models.efficiency import EfficiencyParams, fitted_efficiency
+from cost_models.efficiency import EfficiencyParams, SoftwareConfig, fitted_efficiency
 from planner.calibration import MeasuredRun, calibrate, predicted_s
 from planner.estimate import FixedLayout
 from tests.planner.helpers import small_problem
@@ -53,7 +53,8 @@ def test_a_slower_gemm_is_found_and_carries_to_an_unseen_layout():
 def test_one_run_determines_one_parameter_and_names_the_rest():
     truth = replace(START, gemm_peak_fraction=START.gemm_peak_fraction * 0.9)
     fit = calibrate([_run(*_layouts()[0][:1], truth)], START)
-    assert len(fit.fitted) == 1 and len(fit.unidentified) == 5 and fit.cross_validated_mape is None
+    assert len(fit.fitted) == 1 and len(fit.unidentified) == len(EfficiencyParams.field_names()) - 1
+    assert fit.cross_validated_mape is None
     assert fit.runs[0].predicted_s == pytest.approx(fit.runs[0].measured_s, rel=0.01)
     # The same run twice is still one run's worth of information.
     twice = calibrate([_run(*_layouts()[0][:1], truth)] * 2, START)
@@ -67,6 +68,41 @@ def test_a_parameter_the_runs_do_not_move_is_not_fitted():
     fit = calibrate(runs, START)
     assert "network_fraction" in fit.unidentified
     assert fit.parameters.network_fraction == START.network_fraction
+
+
+def _sequence_series(truth: EfficiencyParams, software: SoftwareConfig) -> list[MeasuredRun]:
+    """One layout at 512, 2,048, 4,096 and 8,192 tokens per sequence: attention's share of the time grows
+    with it."""
+    layout = FixedLayout(tp=1, pp=2, micro_batch_size=1, virtual_stages=1, schedule="1f1b", recompute="full")
+    runs = []
+    for seq_length in (512, 2048, 4096, 8192):
+        problem = replace(small_problem(gpu=replace(small_problem().hardware.gpu, memory_gib=40.0),
+                                        seq_length=seq_length), software=software)
+        run = MeasuredRun(problem, layout, 1.0)
+        runs.append(replace(run, measured_s=predicted_s(run, truth)))
+    return runs
+
+
+def test_a_slower_attention_is_told_apart_from_slower_gemms_by_sequence_length():
+    # A stack whose GEMMs run at 0.85 and whose attention at half the modelled kernel speed (torchtitan's
+    # context-parallel SDPA of 2024 runs near that): runs at three sequence lengths separate the two (and the
+    # tiny model's per-layer overhead, which shrinks against the work as sequences grow).
+    truth = replace(START, gemm_peak_fraction=START.gemm_peak_fraction * 0.85, attention_fraction=0.5)
+    short, shorter_middle, middle, long = _sequence_series(truth, SoftwareConfig())
+    fit = calibrate([short, shorter_middle, long], START)
+    assert {"gemm_peak_fraction", "attention_fraction"} <= set(fit.fitted)
+    # The fit's prior (PRIOR_WEIGHT) holds it short of the truth, the runs' errors being small by then.
+    assert 0.5 <= fit.parameters.attention_fraction < 0.7
+    assert predicted_s(middle, fit.parameters) == pytest.approx(middle.measured_s, rel=0.02)
+    assert abs(predicted_s(middle, START) / middle.measured_s - 1) > 0.3
+
+
+def test_unfused_attention_leaves_the_attention_fraction_unidentified():
+    # attention_fraction prices fused kernels only: runs without them cannot move it.
+    unfused = SoftwareConfig(flash_attention=False)
+    truth = replace(START, gemm_peak_fraction=START.gemm_peak_fraction * 0.85)
+    fit = calibrate(_sequence_series(truth, unfused), START)
+    assert "attention_fraction" in fit.unidentified and fit.parameters.attention_fraction == 1.0
 
 
 @pytest.fixture(scope="module")
