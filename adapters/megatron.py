@@ -16,7 +16,8 @@ What the plan sets, and how:
                              plan's interleaved groups all have size g (Megatron's default
                              group is pp and needs m % pp == 0)
     layer split              even: nothing; only the first and/or last stage differ:
-                             --decoder-first/last-pipeline-num-layers; otherwise
+                             --decoder-first/last-pipeline-num-layers; otherwise, and
+                             for uneven model chunks (an estimate's layers_per_chunk),
                              --pipeline-model-parallel-layout, e.g. "Et*3|t*5|t*5|t*3L"
                              (one `|`-separated entry per virtual stage c*pp + s, `E`
                              embedding, `t` a transformer layer, `L` the loss)
@@ -193,16 +194,15 @@ def _microbatch_group(layout: StockLayout) -> int | None:
     )
 
 
-def _pipeline_layout(layout: StockLayout) -> str:
-    """Megatron's --pipeline-model-parallel-layout: one entry per virtual stage c*pp + s, E first, L last."""
-    p, v = layout.pp, layout.virtual_stages
+def _pipeline_layout(chunks: Sequence[int]) -> str:
+    """Megatron's --pipeline-model-parallel-layout of the model chunks' layer counts (virtual stage c*pp + s
+    holds chunks[c*pp + s]): one entry per virtual stage, E first, L last."""
     entries = []
-    for virtual in range(p * v):
-        count = layout.layers_per_stage[virtual % p] // v
+    for virtual, count in enumerate(chunks):
         entry = f"t*{count}" if count > 1 else "t" * count
         if virtual == 0:
             entry = "E" + entry
-        if virtual == p * v - 1:
+        if virtual == len(chunks) - 1:
             entry += "L"
         entries.append(entry)
     return "|".join(entries)
@@ -211,12 +211,9 @@ def _pipeline_layout(layout: StockLayout) -> str:
 def _split_args(layout: StockLayout) -> list[str]:
     """The layer split: nothing when even, first/last stage sizes when only they differ, else a full layout."""
     split, v = layout.layers_per_stage, layout.virtual_stages
-    for stage, layers in enumerate(split):
-        if layers % v:
-            raise ExportError(
-                f"{TARGET} cannot run this plan: stage {stage} holds {layers} layers, which do not split into "
-                f"virtual_stages={v} equal chunks"
-            )
+    chunks = layout.chunk_layers(TARGET)
+    if layout.layers_per_chunk is not None:
+        return ["--pipeline-model-parallel-layout", _pipeline_layout(chunks)]  # sets the virtual stages itself
     virtual = ["--num-virtual-stages-per-pipeline-rank", str(v)] if v > 1 else []
     if len(set(split)) == 1:
         return virtual
@@ -227,7 +224,7 @@ def _split_args(layout: StockLayout) -> list[str]:
     if len(middle) == 1:
         (size,) = middle
         return virtual + (first if split[0] != size else []) + (last if split[-1] != size else [])
-    return ["--pipeline-model-parallel-layout", _pipeline_layout(layout)]  # sets the virtual stages itself
+    return ["--pipeline-model-parallel-layout", _pipeline_layout(chunks)]  # sets the virtual stages itself
 
 
 # ---------------------------------------------------------------------------------------------------------------

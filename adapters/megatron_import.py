@@ -17,8 +17,9 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
                                                       reported: FlashAttention-2 or -3, or scores materialized)
     --num-virtual-stages-per-pipeline-rank v,          layout.virtual_stages, schedule interleaved
       --num-layers-per-virtual-pipeline-stage n
-    --decoder-first/last-pipeline-num-layers,          layout.layers_per_stage
-      --pipeline-model-parallel-layout
+    --decoder-first/last-pipeline-num-layers,          layout.layers_per_stage; layout.layers_per_chunk where a
+      --pipeline-model-parallel-layout,                stage's model chunks differ
+      --account-for-embedding/loss-in-pipeline-split
     --micro-batch-size, --global-batch-size,           layout.micro_batch_size, training.global_batch_size,
       --seq-length                                       training.seq_length
     --recompute-granularity / -method / -num-layers    layout.recompute (selective; full = uniform, 1 layer)
@@ -127,22 +128,40 @@ def _required(flags: dict, name: str) -> int:
     return value
 
 
-def _split_from_layout(text: str, pp: int) -> tuple[list[int], int]:
-    """Layers per physical stage and chunks per stage from --pipeline-model-parallel-layout ("Et*3|t*5|...|tL":
-    one entry per virtual stage, E the embedding, L the loss)."""
+def _chunks_from_layout(text: str, pp: int) -> list[int]:
+    """Layers of each virtual stage (chunk c of stage s at c x pp + s) from --pipeline-model-parallel-layout
+    ("Et*3|t*5|...|tL": one entry per virtual stage, E the embedding, L the loss)."""
     entries = text.split("|")
     if len(entries) % pp:
         raise CommandLineError(f"--pipeline-model-parallel-layout has {len(entries)} entries, not a multiple of pp {pp}")
-    split = [0] * pp
-    for index, entry in enumerate(entries):
+    chunks = []
+    for entry in entries:
         body = entry.replace("E", "").replace("L", "")
         layers = 0
         for run in re.findall(r"t(?:\*(\d+))?", body):
             layers += int(run) if run else 1
         if body.replace("t", "").replace("*", "").strip("0123456789"):
             raise CommandLineError(f"--pipeline-model-parallel-layout entry {entry!r} holds more than transformer layers")
-        split[index % pp] += layers
-    return split, len(entries) // pp
+        chunks.append(layers)
+    return chunks
+
+
+def _chunks_counting_ends(flags: dict, layers: int, pp: int, v: int) -> list[int]:
+    """megatron-core's split under --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split:
+    the embedding and the loss each take a layer's slot, the slots cut evenly over the pp x v virtual stages."""
+    embedding, loss = ("--account-for-embedding-in-pipeline-split" in flags,
+                       "--account-for-loss-in-pipeline-split" in flags)
+    slots = layers + embedding + loss
+    if slots % (pp * v):
+        raise CommandLineError(f"{layers} layers{' + the embedding' if embedding else ''}{' + the loss' if loss else ''} "
+                               f"= {slots} slots do not split evenly over pp {pp} x {v} virtual stages")
+    chunks = [slots // (pp * v)] * (pp * v)
+    chunks[0] -= embedding
+    chunks[-1] -= loss
+    if min(chunks) < 1:
+        raise CommandLineError("counting the embedding and the loss as layers leaves a virtual stage without a "
+                               "transformer layer, which resiplan does not estimate")
+    return chunks
 
 
 # Flags that change time or memory in ways the cost model does not represent, and why; a flag at the value
@@ -241,9 +260,14 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     per_virtual = _int(flags, "--num-layers-per-virtual-pipeline-stage")
     if per_virtual is not None:
         v = layers // (pp * per_virtual)
-    split = None
+    split, chunks = None, None
     if "--pipeline-model-parallel-layout" in flags:
-        split, v = _split_from_layout(flags["--pipeline-model-parallel-layout"], pp)
+        chunks = _chunks_from_layout(flags["--pipeline-model-parallel-layout"], pp)
+        v = len(chunks) // pp
+        split = [sum(chunks[s::pp]) for s in range(pp)]
+    elif "--account-for-embedding-in-pipeline-split" in flags or "--account-for-loss-in-pipeline-split" in flags:
+        chunks = _chunks_counting_ends(flags, layers, pp, v)
+        split = [sum(chunks[s::pp]) for s in range(pp)]
     elif "--decoder-first-pipeline-num-layers" in flags or "--decoder-last-pipeline-num-layers" in flags:
         first = _int(flags, "--decoder-first-pipeline-num-layers")
         last = _int(flags, "--decoder-last-pipeline-num-layers")
@@ -254,7 +278,11 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
                                "middle stages: they do not split evenly")
         middle = [rest // middle_stages] * middle_stages if middle_stages else []
         split = ([first] if first is not None else []) + middle + ([last] if last is not None else [])
-    if split is not None and len(set(split)) > 1:
+    if v > 1 and chunks is None and split is not None and len(set(split)) > 1:
+        chunks = [split[part % pp] // v for part in range(pp * v)]  # megatron-core cuts each stage evenly
+    if v > 1 and chunks is not None and len(set(chunks)) > 1:
+        layout["layers_per_chunk"] = chunks  # an interleaved estimate takes uneven chunks as chunks
+    elif split is not None and len(set(split)) > 1:
         layout["layers_per_stage"] = split
     layout["virtual_stages"] = v
     layout["schedule"] = "interleaved" if v > 1 else "1f1b"
@@ -291,6 +319,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--vocab-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
         "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
         "--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
+        "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
         "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--seq-length",
         "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
         "--bf16", "--fp16", "--fp8-format", "--sequence-parallel", "--overlap-grad-reduce", "--overlap-param-gather",

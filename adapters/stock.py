@@ -51,6 +51,21 @@ class StockLayout:
     grad_precision: str | None = None  # "bf16": gradients accumulate and reduce in bf16; else fp32 (fp16: its own)
     moe_dispatcher: str | None = None  # "flex": DeepEP/HybridEP token dispatch; else the all-to-all
     moe_a2a_overlap: bool = False  # Megatron's batch-level EP overlap hides the all-to-alls
+    # Layers of each model chunk, chunk c of stage s at c * pp + s, when the plan's chunks are uneven (an
+    # estimate's layers_per_chunk); None: each stage's layers cut into virtual_stages equal chunks.
+    layers_per_chunk: tuple[int, ...] | None = None
+
+    def chunk_layers(self, target: str) -> tuple[int, ...]:
+        """Layers of each model chunk in virtual-stage order; ExportError where a stage's layers do not cut
+        into virtual_stages equal chunks and the plan names no uneven ones."""
+        if self.layers_per_chunk is not None:
+            return self.layers_per_chunk
+        p, v = self.pp, self.virtual_stages
+        for stage, count in enumerate(self.layers_per_stage):
+            if count % v:
+                raise ExportError(f"{target} cannot run this plan: stage {stage} holds {count} layers, which do not "
+                                  f"split into virtual_stages={v} equal chunks")
+        return tuple(self.layers_per_stage[part % p] // v for part in range(p * v))
 
     @property
     def shard_replicas(self) -> int:
@@ -94,7 +109,7 @@ def _differences(plan: Plan) -> list[str]:
     cps = sorted({s.cp for r in replicas for s in r.stages})
     if len(cps) > 1:
         problems.append(f"stages use different context-parallel sizes ({', '.join(map(str, cps))})")
-    splits = {tuple(tuple(s.layers) for s in r.stages) for r in replicas}
+    splits = {tuple((tuple(s.layers), tuple(s.chunk_layers or ())) for s in r.stages) for r in replicas}
     if len(splits) > 1:
         problems.append(f"replicas split the layers differently ({len(splits)} different splits)")
     microbatches = sorted({r.num_microbatches for r in replicas})
@@ -137,7 +152,7 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
     unrunnable = _device_id_problems(plan) + _position_problems(plan)
     if unrunnable:
         raise ExportError(f"{target} cannot run this plan: {'; '.join(unrunnable)}")
-    problems = _differences(plan)
+    problems = _differences(plan) + _chunk_problems(plan)
     if schedules is not None and plan.schedule not in schedules:
         allowed = ", ".join(f'"{name}"' for name in sorted(schedules))
         problems.append(
@@ -174,6 +189,7 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
         global_batch_size=plan.global_batch_size,
         seq_length=plan.seq_length,
         layers_per_stage=tuple(s.layers[1] - s.layers[0] for s in first.stages),
+        layers_per_chunk=_chunk_order(first.stages, plan.virtual_stages),
         recompute=plan.recompute,
         zero_stage=plan.zero_stage,
         precision=plan.precision or "bf16",
@@ -183,6 +199,33 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
         gpus_per_node=gpus_per_node,
         nodes=tuple(sorted({node_of(d) for d in rank_devices})),
     )
+
+
+def _chunk_problems(plan: Plan) -> list[str]:
+    """What is wrong with the stages' `chunk_layers` (a plan is the client's data): all stages give them or
+    none, virtual_stages positive counts each, summing to the stage's layers."""
+    stages = [stage for replica in plan.replicas for stage in replica.stages]
+    given = [stage for stage in stages if stage.chunk_layers is not None]
+    if not given:
+        return []
+    if len(given) != len(stages):
+        return ["some stages give chunk_layers and others do not"]
+    v = plan.virtual_stages
+    for stage in given:
+        chunks = stage.chunk_layers
+        if len(chunks) != v or min(chunks) < 1 or sum(chunks) != stage.layers[1] - stage.layers[0]:
+            return [f"stage {stage.id}'s chunk_layers {list(chunks)} are not virtual_stages={v} positive counts "
+                    f"summing to its {stage.layers[1] - stage.layers[0]} layers"]
+    return []
+
+
+def _chunk_order(stages: Sequence, virtual_stages: int) -> tuple[int, ...] | None:
+    """The stages' uneven `chunk_layers` (checked by `_chunk_problems`) in virtual-stage order (chunk c of
+    stage s at c x pp + s), or None."""
+    if stages[0].chunk_layers is None:
+        return None
+    p = len(stages)
+    return tuple(stages[part % p].chunk_layers[part // p] for part in range(p * virtual_stages))
 
 
 def check_replica(plan: Plan, replica_id: int | None) -> None:

@@ -264,19 +264,9 @@ def schedule_csv(plan: Plan, replica_id: int | None = None) -> str | None:
 
 def module_fqns_per_model_part(layout: StockLayout) -> list[list[str]]:
     """The modules of each of the pp * v model parts, in virtual-stage order (chunk c of stage s is part c*p+s)."""
-    p, v = layout.pp, layout.virtual_stages
-    chunk_layers = []
-    for stage, count in enumerate(layout.layers_per_stage):
-        if count % v:
-            raise ExportError(
-                f"{TARGET} cannot run this plan: stage {stage} holds {count} layers, "
-                f"which do not cut into {v} equal model chunks"
-            )
-        chunk_layers.append(count // v)
     parts: list[list[str]] = []
     first = 0
-    for part in range(p * v):
-        count = chunk_layers[part % p]
+    for count in layout.chunk_layers(TARGET):
         parts.append([f"layers.{i}" for i in range(first, first + count)])
         first += count
     parts[0].insert(0, EMBEDDING_FQN)

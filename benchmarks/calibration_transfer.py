@@ -60,12 +60,13 @@ def measured_modern_run(run: ModernRun) -> MeasuredRun:
         precision=run.precision, software=run.software, memory_reserve_gib=0.0,
     )
     layers = run.workload.model.num_layers
-    split = None if layers % shape.pp == 0 else tuple(balanced_split(layers, shape.pp))
+    split = None if layers % shape.pp == 0 or run.layers_per_chunk is not None else tuple(balanced_split(layers, shape.pp))
     # Every degree the run states, as the fidelity report prices it (`benchmarks.modern_runs.predict_iteration_s`):
     # without cp a long-context run holds whole sequences and does not fit, without v its bubble is 1F1B's.
     layout = FixedLayout(tp=shape.tp, pp=shape.pp, micro_batch_size=shape.micro_batch_size, recompute=shape.recompute,
                          layers_per_stage=split, dp=shape.dp, virtual_stages=shape.virtual_stages,
-                         schedule=shape.schedule, cp=shape.cp, ep=shape.ep, etp=shape.etp, dp_shard=shape.dp_shard)
+                         schedule=shape.schedule, cp=shape.cp, ep=shape.ep, etp=shape.etp, dp_shard=shape.dp_shard,
+                         layers_per_chunk=run.layers_per_chunk)
     return MeasuredRun(problem, layout, run.published_iteration_s)
 
 

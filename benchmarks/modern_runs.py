@@ -33,6 +33,7 @@ class ModernRun:
     software: SoftwareConfig
     published_iteration_s: float
     precision: str = "bf16"
+    layers_per_chunk: tuple[int, ...] | None = None  # uneven interleaved chunks, as /v1/estimate's layout takes them
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -95,9 +96,32 @@ def load_modern_runs(path: Path = MODERN_RUNS_PATH) -> list[ModernRun]:
                  + (f" ep {shape.ep}" if shape.ep > 1 else "") + (f" etp {shape.etp}" if shape.etp is not None else "")
                  + (f" v {virtual}" if virtual > 1 else "") + (f", {row['precision']}" if row["precision"] != "bf16" else ""))
         software = SoftwareConfig(**row["software"])
+        chunks = (slot_chunks(workload.model.num_layers, shape.pp, virtual)
+                  if row.get("embedding_and_loss_as_layers") else None)
         runs.append(ModernRun(row["source_id"], label, workload, hardware, shape, software, published_iteration_s(row),
-                              row["precision"]))
+                              row["precision"], chunks))
     return runs
+
+
+def slot_chunks(layers: int, stages: int, virtual_stages: int) -> tuple[int, ...]:
+    """Megatron's split that counts the embedding and the loss as a layer each (--account-for-embedding-in-pipeline-split,
+    --account-for-loss-in-pipeline-split): layers + 2 slots cut evenly into stages x virtual_stages model chunks, the
+    first and the last chunk one layer short. Chunk c of stage s at c x stages + s."""
+    chunks, slots = stages * virtual_stages, layers + 2
+    if slots % chunks:
+        raise ValueError(f"{layers} layers and 2 end slots do not cut into {chunks} equal chunks")
+    split = [slots // chunks] * chunks
+    split[0] -= 1
+    split[-1] -= 1
+    return tuple(split)
+
+
+def stage_split(run: ModernRun) -> list[int]:
+    """The run's layers per stage: its chunks' per stage, else Megatron's even split."""
+    p = run.shape.pp
+    if run.layers_per_chunk is not None:
+        return [sum(run.layers_per_chunk[s::p]) for s in range(p)]
+    return balanced_split(run.workload.model.num_layers, p)
 
 
 def balanced_split(layers: int, stages: int) -> list[int]:
@@ -113,5 +137,4 @@ def balanced_split(layers: int, stages: int) -> list[int]:
 def predict_iteration_s(run: ModernRun, efficiency: EfficiencyParams) -> float:
     """The bubble model's iteration time (`cost_models.iteration`) of the run's layout."""
     terms = stage_cost_terms(run.workload, run.hardware, run.shape, efficiency, run.software)
-    split = balanced_split(run.workload.model.num_layers, run.shape.pp)
-    return estimate_iteration(terms, split).iteration_ms / 1e3
+    return estimate_iteration(terms, stage_split(run)).iteration_ms / 1e3

@@ -93,6 +93,24 @@ def _backward_ms(parts: list, speed: float, half_p2p: float) -> float:
     return compute + sum(part.time.backward_comm_ms * count for part, count in parts) + half_p2p
 
 
+def chunk_work_ms(terms: StageCostTerms, stage: int, chunk_layers: Sequence[int]) -> tuple[tuple[float, float], ...]:
+    """(forward, backward) ms of each model chunk of stage `stage` at full speed, its chunks holding
+    `chunk_layers` layers: the embedding runs in the first model chunk (virtual stage 0), the head in the last
+    (virtual stage pp x v - 1), and the stage's point-to-point share splits evenly over its chunks (each
+    chunk sends and receives once per microbatch)."""
+    v, last = len(chunk_layers), terms.shape.pp - 1
+    half_p2p = terms.p2p_ms / 2.0 / v
+    work = []
+    for chunk, layers in enumerate(chunk_layers):
+        parts = [(terms.layer, layers)]
+        if stage == 0 and chunk == 0:
+            parts.append((terms.embedding, 1))
+        if stage == last and chunk == v - 1:
+            parts.append((terms.head, 1))
+        work.append((_forward_ms(parts, 1.0, half_p2p), _backward_ms(parts, 1.0, half_p2p)))
+    return tuple(work)
+
+
 def stage_total_ms(terms: StageCostTerms, stage: int, layers: int, speed: float = 1.0) -> float:
     """`stage_time(...).total_ms` without the memory figures (the planner's search asks for it often)."""
     parts = _stage_parts(terms, stage, layers)

@@ -152,6 +152,9 @@ def build_layout(plan: Plan, num_layers: int | None = None, devices: list[str] |
             s.layers[0] != prev.layers[1] for prev, s in itertools.pairwise(replica.stages)
         ):
             raise ValueError(f"replica {replica.id}: stages do not cover layers [0, {plan_layers}) contiguously")
+        if num_layers != plan_layers and any(stage.chunk_layers is not None for stage in replica.stages):
+            raise ValueError(f"plan {plan.plan_id} cuts its {plan_layers} layers into uneven model chunks "
+                             f"(chunk_layers): run it on a {plan_layers}-layer model, not {num_layers}")
         bounds = _remap_bounds(bounds, plan_layers, num_layers)
         p = len(replica.stages)
         for stage in replica.stages:
@@ -162,6 +165,11 @@ def build_layout(plan: Plan, num_layers: int | None = None, devices: list[str] |
             if len(stage.devices) % stage.cp:
                 raise ValueError(f"replica {replica.id}: {len(stage.devices)} stage devices are not cp {stage.cp} "
                                  "TP groups")
+            chunks = stage.chunk_layers
+            if chunks is not None and (len(chunks) != v or min(chunks) < 1
+                                       or sum(chunks) != stage.layers[1] - stage.layers[0]):
+                raise ValueError(f"replica {replica.id}: stage {stage.id}'s chunk_layers {list(chunks)} are not "
+                                 f"{v} positive counts summing to its {stage.layers[1] - stage.layers[0]} layers")
         stages = [
             StagePlace(index, s, [rank_of[d] for d in stage.devices], [c * p + s for c in range(v)],
                        bounds[s + 1] - bounds[s], stage.cp)
@@ -173,7 +181,8 @@ def build_layout(plan: Plan, num_layers: int | None = None, devices: list[str] |
         experts = range(index % ep * per_rank, (index % ep + 1) * per_rank)
         for virtual in range(p * v):
             s, c = virtual % p, virtual // p
-            size = chunk_sizes(stages[s].layer_count, v)[c]
+            given = replica.stages[s].chunk_layers
+            size = given[c] if given is not None else chunk_sizes(stages[s].layer_count, v)[c]
             parts.append(Part(index, s, c, virtual, range(first, first + size), virtual == 0, virtual == p * v - 1,
                               experts))
             first += size

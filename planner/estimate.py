@@ -9,7 +9,8 @@ from cost_models.choices import Recompute
 from cost_models.hardware import GIB
 from cost_models.expert_parallel import expert_layout_problem
 from cost_models.layout import ParallelShape
-from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
+from cost_models.iteration import chunk_work_ms
+from cost_models.stage_costs import StageCostTerms, stage_cost_terms, stage_memory_bytes
 from planner.assemble import assemble_plan, place_slots
 from planner.budget import Budget
 from cost_models.context_parallel import load_balanced_chunks
@@ -21,6 +22,7 @@ from planner.reported import as_fixed_layout, refuse_overflow
 from planner.result import PlanResult
 from planner.schedules.for_plan import with_schedules
 from planner.schedules.handcrafted import CHUNKED_NAMES
+from planner.schedules.ops import ChunkShare
 from planner.uniform.candidates import Candidate
 from planner.uniform.search import SearchResult, evaluate
 
@@ -41,6 +43,9 @@ class FixedLayout:
     ep: int = 1
     dp_shard: int | None = None  # replicas of a ZeRO shard group; None: all of them
     etp: int | None = None  # expert tensor parallelism; None: tp
+    # Layers of each model chunk, chunk c of stage s at c * pp + s (Megatron's --pipeline-model-parallel-layout
+    # order); None: each stage's layers cut into virtual_stages equal chunks.
+    layers_per_chunk: tuple[int, ...] | None = None
 
     @property
     def group_size(self) -> int:
@@ -52,8 +57,10 @@ class FixedLayout:
         return self.dp_shard if zero_stage >= 1 and self.dp_shard is not None and self.dp_shard < dp else None
 
 
-def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, tuple[int, ...]]:
-    """(dp, layer split), or PlanningError saying what is wrong."""
+def _check_layout(problem: PlanningProblem, layout: FixedLayout
+                  ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...] | None]:
+    """(dp, layer split, microbatch counts, uneven chunk layers or None), or PlanningError saying what is
+    wrong."""
     model = problem.workload.model
     cluster = problem.cluster
     layers = model.num_layers
@@ -72,23 +79,30 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
         raise PlanningError(f"the {layout.schedule} schedule needs pp >= 2 and virtual_stages >= 2")
     if layout.pp > layers:
         raise PlanningError(f"pp {layout.pp} exceeds the model's {layers} layers")
-    if layout.layers_per_stage is not None:
+    chunks = _chunk_split(layout, layers)
+    if chunks is not None:
+        split = tuple(sum(chunks[c * layout.pp + s] for c in range(layout.virtual_stages)) for s in range(layout.pp))
+        if layout.layers_per_stage is not None and tuple(layout.layers_per_stage) != split:
+            raise PlanningError(f"layers_per_stage {list(layout.layers_per_stage)} disagrees with layers_per_chunk, "
+                                f"whose stages hold {list(split)} layers: give one of them")
+    elif layout.layers_per_stage is not None:
         split = tuple(layout.layers_per_stage)
         if len(split) != layout.pp or min(split) < 1 or sum(split) != layers:
             raise PlanningError(
                 f"layers_per_stage {list(split)} must list pp={layout.pp} positive counts summing to num_layers={layers}"
             )
         if layout.virtual_stages > 1 and len(set(split)) != 1:
-            raise PlanningError("the interleaved schedule needs equal layers per stage")
+            raise PlanningError(f"layers_per_stage {list(split)} with virtual_stages={layout.virtual_stages}: give "
+                                "layers_per_chunk to say how each stage's layers split into its model chunks")
     else:
         if layers % layout.pp:
-            raise PlanningError(
-                f"pp {layout.pp} does not divide num_layers {layers}; give layers_per_stage for an uneven split"
-            )
+            give = "layers_per_chunk" if layout.virtual_stages > 1 else "layers_per_stage"
+            raise PlanningError(f"pp {layout.pp} does not divide num_layers {layers}; give {give} for an uneven split")
         split = (layers // layout.pp,) * layout.pp
-    if layout.virtual_stages > 1 and (layers // layout.pp) % layout.virtual_stages:
+    if chunks is None and layout.virtual_stages > 1 and (layers // layout.pp) % layout.virtual_stages:
         raise PlanningError(
-            f"{layers // layout.pp} layers per stage cannot be cut into virtual_stages={layout.virtual_stages} equal chunks"
+            f"{layers // layout.pp} layers per stage cannot be cut into virtual_stages={layout.virtual_stages} equal "
+            "chunks; give layers_per_chunk for uneven ones"
         )
     slots = slot_inventory(cluster, layout.group_size).total
     max_dp = slots // layout.pp
@@ -112,7 +126,26 @@ def _check_layout(problem: PlanningProblem, layout: FixedLayout) -> tuple[int, t
             f"the {layout.schedule} schedule needs every replica's microbatches to be a multiple of pp {layout.pp}; "
             f"these replicas take {_counts_text(counts)}"
         )
-    return dp, split, counts
+    if chunks is not None and len(set(counts)) > 1:
+        raise PlanningError(f"layers_per_chunk is estimated with equal microbatch counts per replica; these replicas "
+                            f"would take {_counts_text(counts)}: choose a dp that divides the {sum(counts)} "
+                            "microbatches")
+    return dp, split, counts, chunks
+
+
+def _chunk_split(layout: FixedLayout, layers: int) -> tuple[int, ...] | None:
+    """The layout's `layers_per_chunk` checked, or None when it names none or cuts every stage evenly (the
+    default cut)."""
+    if layout.layers_per_chunk is None:
+        return None
+    chunks, p, v = tuple(layout.layers_per_chunk), layout.pp, layout.virtual_stages
+    if v < 2:
+        raise PlanningError("layers_per_chunk gives the layers of interleaved model chunks: set virtual_stages >= 2 "
+                            "(and an interleaved schedule), or give layers_per_stage")
+    if len(chunks) != p * v or min(chunks) < 1 or sum(chunks) != layers:
+        raise PlanningError(f"layers_per_chunk {list(chunks)} must list pp x virtual_stages = {p} x {v} = {p * v} "
+                            f"positive counts (chunk c of stage s at c x pp + s) summing to num_layers={layers}")
+    return None if len(set(chunks)) == 1 else chunks
 
 
 def _check_expert_parallel(problem: PlanningProblem, layout: FixedLayout, dp: int, counts: list[int]) -> None:
@@ -248,14 +281,16 @@ def _counts_text(counts: tuple[int, ...]) -> str:
 def estimate_layout(problem: PlanningProblem, layout: FixedLayout) -> PlanResult:
     """The layout's plan, its named schedule simulated."""
     started = time.monotonic()
-    dp, split, counts = _check_layout(problem, layout)
+    dp, split, counts, chunks = _check_layout(problem, layout)
     if len(set(counts)) > 1:
         return _estimate_unequal(problem, layout, split, counts)
     found = _priced(problem, layout, dp, split, started)
+    assembled = assemble_plan(problem, found)
+    if chunks is not None:
+        assembled = _with_chunks(assembled, found.candidate.terms, chunks)
     # The layout names its schedule: simulate exactly that one, no search.
     allowed = frozenset({layout.schedule})
-    result = with_schedules(replace(problem, schedules=allowed), assemble_plan(problem, found), Budget.unlimited(),
-                            optional_s=0.0)
+    result = with_schedules(replace(problem, schedules=allowed), assembled, Budget.unlimited(), optional_s=0.0)
     return as_fixed_layout(refuse_overflow(problem, result))
 
 
@@ -264,10 +299,31 @@ def bubble_model_s(problem: PlanningProblem, layout: FixedLayout | ReplicaLayout
     calibration fit evaluates hundreds of times; a 64-stage timeline of 512 microbatches takes a second)."""
     if isinstance(layout, ReplicaLayout):
         return estimate_replicas(problem, layout, simulate=False).predicted.iteration_time_s
-    dp, split, counts = _check_layout(problem, layout)
+    dp, split, counts, _chunks = _check_layout(problem, layout)
     if len(set(counts)) > 1:
         return _estimate_unequal(problem, layout, split, counts, simulate=False).predicted.iteration_time_s
     return _priced(problem, layout, dp, split, time.monotonic()).objective_ms / 1e3
+
+
+def _with_chunks(result: PlanResult, terms: StageCostTerms, chunks: tuple[int, ...]) -> PlanResult:
+    """`result` with each stage's uneven model chunks: their layer counts, and their shares of the stage's
+    forward and backward time (`chunk_work_ms`) and of its activations (by layers), which the schedule's
+    timeline runs on."""
+    p = terms.shape.pp
+    v = len(chunks) // p
+    per_stage = []
+    for stage in range(p):
+        layers = tuple(chunks[c * p + stage] for c in range(v))
+        work = chunk_work_ms(terms, stage, layers)
+        forward, backward = sum(f for f, _ in work), sum(b for _, b in work)
+        shares = tuple(ChunkShare(f / forward, b / backward, n / sum(layers)) for (f, b), n in zip(work, layers))
+        per_stage.append((layers, shares))
+    replicas = tuple(
+        replace(replica, stages=tuple(
+            replace(stage, chunk_layers=per_stage[position][0], chunk_shares=per_stage[position][1])
+            for position, stage in enumerate(replica.stages)))
+        for replica in result.replicas)
+    return replace(result, replicas=replicas)
 
 
 def _priced(problem: PlanningProblem, layout: FixedLayout, dp: int, split: tuple[int, ...],

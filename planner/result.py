@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from cost_models.hardware import GIB
 from cost_models.iteration import StageTime
 from cost_models.model_spec import ModelSpec
-from planner.schedules.ops import GradSync
+from planner.schedules.ops import ChunkShare, GradSync
 from planner.schedules.result import ScheduleChoice
 
 
@@ -26,6 +26,8 @@ class StageResult:
     static_memory_gib: float = 0.0
     cp: int = 1  # context-parallel ranks: devices holds tp x cp GPUs, tp fastest
     grad_sync: GradSync | None = None  # internal: what schedules that hide the sync differently need
+    chunk_layers: tuple[int, ...] | None = None  # layers of each model chunk when they are uneven; None: even
+    chunk_shares: tuple[ChunkShare, ...] | None = None  # internal: each chunk's share of the stage's work
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,8 @@ def render_table(plan: Plan, console: Console | None = None) -> None:
             table.add_column(column)
         for stage in replica.stages:
             devices = _text(", ".join(stage.devices) if len(stage.devices) <= 4 else f"{stage.devices[0]} .. {stage.devices[-1]}")
-            table.add_row(str(stage.id), f"[{stage.layers[0]}, {stage.layers[1]})", devices, str(stage.tp),
+            chunks = f" chunks {'+'.join(map(str, stage.chunk_layers))}" if stage.chunk_layers is not None else ""
+            table.add_row(str(stage.id), f"[{stage.layers[0]}, {stage.layers[1]}){chunks}", devices, str(stage.tp),
                           f"{stage.speed:g}", f"{stage.memory_gib:.1f}", f"{stage.forward_ms:.1f}", f"{stage.backward_ms:.1f}")
         console.print(table)
     console.print(f"unused devices: {len(plan.unused_devices)}   excluded (failed): {len(plan.excluded_devices)}")

@@ -134,7 +134,9 @@ def check_schedule(plan: Plan, gpu: GpuSpec, tolerance_ms: float = 2e-3) -> None
 
     Checked from the wire alone: every replica has one timeline; every
     (microbatch, chunk) runs F and B (or I and W) once per stage; each op
-    lasts what the stage's times say; ops of one stage never overlap; an op
+    lasts what the stage's times say (1/v of them, or, where a stage's
+    `chunk_layers` are uneven, one duration per chunk and kind that add up
+    to them); ops of one stage never overlap; an op
     starts only after what it consumes (the previous virtual stage's F, the
     next one's B/I, its own F, its own I); memory_gib is static memory plus
     the activations alive at the timeline's peak; the iteration contains the
@@ -160,12 +162,17 @@ def check_schedule(plan: Plan, gpu: GpuSpec, tolerance_ms: float = 2e-3) -> None
             }
             seen = set()
             previous_end = 0.0
+            chunk_durations: dict[tuple[str, int], float] = {}
             for label, start, end in zip(row.ops, row.start_ms, row.end_ms):
                 kind, microbatch, chunk = _op_parts(label)
                 assert (kind, microbatch, chunk) not in seen, f"stage {stage.id}: {label} twice"
                 seen.add((kind, microbatch, chunk))
                 assert start >= previous_end - tolerance_ms, f"stage {stage.id}: {label} overlaps the op before"
-                assert abs((end - start) - durations[kind]) <= tolerance_ms, f"stage {stage.id}: {label} lasts {end - start}"
+                if stage.chunk_layers is None:
+                    assert abs((end - start) - durations[kind]) <= tolerance_ms, f"stage {stage.id}: {label} lasts {end - start}"
+                else:
+                    first = chunk_durations.setdefault((kind, chunk), end - start)
+                    assert abs((end - start) - first) <= tolerance_ms, f"stage {stage.id}: {label} lasts {end - start}"
                 previous_end = end
                 virtual = chunk * p + stage.id
                 ends[(kind if kind in "FW" else "G", microbatch, virtual)] = end
@@ -175,6 +182,11 @@ def check_schedule(plan: Plan, gpu: GpuSpec, tolerance_ms: float = 2e-3) -> None
                     full = ("B", microbatch, chunk) in seen
                     split = ("I", microbatch, chunk) in seen and ("W", microbatch, chunk) in seen
                     assert full != split, f"stage {stage.id}: microbatch {microbatch} needs B or I+W"
+            if stage.chunk_layers is not None:
+                for kind in {kind for kind, _ in chunk_durations}:
+                    total = sum(chunk_durations.get((kind, chunk), 0.0) for chunk in range(v))
+                    assert abs(total - durations[kind] * v) <= v * tolerance_ms, (
+                        f"stage {stage.id}: its chunks' {kind} ops add up to {total}, not {durations[kind] * v}")
             rows.append(row)
         last_virtual = p * v - 1
         for stage, row in zip(replica.stages, rows):
@@ -199,13 +211,16 @@ def check_schedule(plan: Plan, gpu: GpuSpec, tolerance_ms: float = 2e-3) -> None
         assert abs(entry.bubble_fraction - (1 - busiest / makespan)) <= 1e-3, "bubble_fraction disagrees"
         for stage, row in zip(replica.stages, rows):
             alive, peak = 0.0, 0.0
+            # A chunk's activations: its share of the stage's layers.
+            shares = ([count / sum(stage.chunk_layers) for count in stage.chunk_layers]
+                      if stage.chunk_layers is not None else [1 / v] * v)
             for label in row.ops:
-                kind = label[0]
+                kind, _, chunk = _op_parts(label)
                 if kind == "F":
-                    alive += stage.activation_gib / v
+                    alive += stage.activation_gib * shares[chunk]
                     peak = max(peak, alive)
                 elif kind in "BW":
-                    alive -= stage.activation_gib / v
+                    alive -= stage.activation_gib * shares[chunk]
             expected = stage.static_memory_gib + peak
             assert abs(stage.memory_gib - expected) <= 2e-3 + 1e-3 * expected, (
                 f"stage {stage.id}: memory_gib {stage.memory_gib} != static {stage.static_memory_gib} + peak {peak}"

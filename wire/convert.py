@@ -250,6 +250,7 @@ def to_fixed_layout(layout: Layout) -> FixedLayout | ReplicaLayout:
         schedule=layout.schedule,
         recompute=layout.recompute,
         layers_per_stage=tuple(layout.layers_per_stage) if layout.layers_per_stage is not None else None,
+        layers_per_chunk=tuple(layout.layers_per_chunk) if layout.layers_per_chunk is not None else None,
         dp=layout.dp,
         cp=layout.cp,
         ep=layout.ep,

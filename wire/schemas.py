@@ -290,6 +290,12 @@ class Layout(_Strict):
         default=None, description="Default: training.recompute unless it is auto, else selective; if both are given "
         "they must agree.")
     layers_per_stage: list[int] | None = Field(default=None, max_length=1024)
+    layers_per_chunk: list[int] | None = Field(
+        default=None, max_length=65_536, description="Interleaved layouts (virtual_stages >= 2): the transformer "
+        "layers of each model chunk, pp x virtual_stages positive counts, chunk c of stage s at index c x pp + s "
+        "(the order of Megatron's --pipeline-model-parallel-layout), e.g. Llama 3.1 405B's 126 layers at pp 8, "
+        "virtual_stages 8 as Megatron-Bridge runs them: [1, 2 x 62, 1]. Omitted: each stage's layers cut into "
+        "virtual_stages equal chunks.")
     dp: int | None = Field(default=None, ge=1, description="Replicas; default as many as the healthy devices allow.")
     cp: int = Field(default=1, ge=1, le=1024, description="Context-parallel ranks splitting each sequence: a stage "
                     "runs on tp x cp GPUs, inside a node or on whole nodes. Needs flash attention and a seq_length "
@@ -315,7 +321,8 @@ class Layout(_Strict):
     @model_validator(mode="after")
     def _one_form(self) -> Layout:
         if self.replicas is not None:
-            given = [name for name in ("tp", "pp", "dp", "layers_per_stage") if getattr(self, name) is not None]
+            given = [name for name in ("tp", "pp", "dp", "layers_per_stage", "layers_per_chunk")
+                     if getattr(self, name) is not None]
             given += [name for name in ("cp", "ep") if getattr(self, name) != 1]
             given += ["etp"] if self.etp is not None else []
             given += ["dp_shard"] if self.dp_shard is not None else []
@@ -368,6 +375,10 @@ class Stage(BaseModel):
     )
     cp: int = Field(default=1, description="Context-parallel ranks splitting each sequence: devices holds tp x cp "
                     "GPUs, tp consecutive ones per CP rank (Megatron's rank order).")
+    chunk_layers: list[int] | None = Field(
+        default=None, description="Layers of each of the stage's model chunks (chunk c is virtual stage c x pp + "
+        "id), where an estimate's layers_per_chunk cut them unevenly; null: `layers` cut into the plan's "
+        "virtual_stages equal chunks.")
 
 
 class Replica(BaseModel):

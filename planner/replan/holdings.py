@@ -24,6 +24,7 @@ class PlacedStage:
     devices: tuple[str, ...]
     layers: tuple[int, int]  # half-open, over the transformer layers
     cp: int = 1  # context-parallel ranks: devices are cp TP groups, each holding the stage's weights
+    chunk_layers: tuple[int, ...] | None = None  # its model chunks' layers when uneven; None: cut evenly
 
 
 class StageShape(Protocol):
@@ -73,7 +74,8 @@ class PlacedLayout:
 def placed_layout(result: PlanShape) -> PlacedLayout:
     """From a PlanResult or API.md's Plan."""
     replicas = tuple(
-        tuple(PlacedStage(tuple(stage.devices), (stage.layers[0], stage.layers[1]), getattr(stage, "cp", 1))
+        tuple(PlacedStage(tuple(stage.devices), (stage.layers[0], stage.layers[1]), getattr(stage, "cp", 1),
+                          _chunk_layers(stage))
               for stage in replica.stages)
         for replica in sorted(result.replicas, key=lambda r: r.id)
     )
@@ -81,6 +83,11 @@ def placed_layout(result: PlanShape) -> PlacedLayout:
     return PlacedLayout(replicas, result.virtual_stages, result.zero_stage, num_layers, getattr(result, "ep", 1),
                         _expert_share(getattr(result, "architecture", None)), getattr(result, "dp_shard", None),
                         getattr(result, "etp", None))
+
+
+def _chunk_layers(stage: StageShape) -> tuple[int, ...] | None:
+    chunks = getattr(stage, "chunk_layers", None)
+    return tuple(chunks) if chunks is not None else None
 
 
 def _expert_share(architecture: object) -> float:
@@ -100,17 +107,20 @@ _SHAPE_FIELDS = ("name", "num_layers", "hidden_size", "ffn_hidden_size", "num_at
                  "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "dense_layers", "dense_ffn_hidden_size")
 
 
-def chunk_layer_runs(layer_counts: Sequence[int], virtual_stages: int) -> list[list[tuple[int, int]]]:
+def chunk_layer_runs(layer_counts: Sequence[int], virtual_stages: int,
+                     chunk_layers: Sequence[Sequence[int] | None] | None = None) -> list[list[tuple[int, int]]]:
     """Per stage, the layer runs its model chunks hold: chunk c of stage s is virtual stage c*p + s,
-    virtual stages hold consecutive layers, and a stage's layers split over its chunks near-evenly
-    (the first chunks take the remainder), as the adapters and the reference executor build them."""
+    virtual stages hold consecutive layers, and a stage's layers split over its chunks as its
+    `chunk_layers` say, else near-evenly (the first chunks take the remainder), as the adapters and the
+    reference executor build them."""
     p = len(layer_counts)
     runs: list[list[tuple[int, int]]] = [[] for _ in range(p)]
     first = 0
     for virtual in range(p * virtual_stages):
         stage, chunk = virtual % p, virtual // p
         count = layer_counts[stage]
-        size = count // virtual_stages + (1 if chunk < count % virtual_stages else 0)
+        given = chunk_layers[stage] if chunk_layers is not None else None
+        size = given[chunk] if given is not None else count // virtual_stages + (1 if chunk < count % virtual_stages else 0)
         if size:
             runs[stage].append((first, first + size))
         first += size
@@ -163,7 +173,7 @@ def device_holdings(layout: PlacedLayout) -> dict[str, Holding]:
     etp = layout.etp
     for index, stages in enumerate(layout.replicas):
         counts = [stage.layers[1] - stage.layers[0] for stage in stages]
-        runs = chunk_layer_runs(counts, layout.virtual_stages)
+        runs = chunk_layer_runs(counts, layout.virtual_stages, [stage.chunk_layers for stage in stages])
         for s, stage in enumerate(stages):
             layer_units = [(first + 1, end + 1) for first, end in runs[s]]
             end_units = ([(0, 1)] if s == 0 else []) + (

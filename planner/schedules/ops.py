@@ -57,6 +57,16 @@ def parse_op(label: str) -> Op:
 
 
 @dataclass(frozen=True)
+class ChunkShare:
+    """One model chunk's share of its stage's forward time, backward time and activations, where a stage's
+    chunks are uneven (`layers_per_chunk`); chunks cut evenly take 1/v of each."""
+
+    forward: float
+    backward: float
+    activation: float
+
+
+@dataclass(frozen=True)
 class ChunkTimes:
     """Per-microbatch times of one model chunk on one stage, at the stage's speed.
 

@@ -122,6 +122,10 @@ PLANS = {
     "recompute-selective-interleaved": lambda: _estimate(
         {"tp": 1, "pp": 4, "virtual_stages": 2, "schedule": "interleaved", "recompute": "selective"}),
     "recompute-full-layout": lambda: _estimate({"tp": 2, "pp": 4, "layers_per_stage": [8, 7, 9, 8], "recompute": "full"}),
+    # uneven model chunks (layers_per_chunk): the embedding's and the loss's chunks one layer short, as
+    # Megatron-Bridge's --account-for-embedding/loss-in-pipeline-split cuts them
+    "uneven-chunks": lambda: _estimate({"tp": 1, "pp": 4, "virtual_stages": 2, "schedule": "interleaved",
+                                        "recompute": "selective", "layers_per_chunk": [3, 4, 4, 5, 5, 4, 4, 3]}),
     # FP8 training on H100s (Transformer Engine, hybrid E4M3/E5M2)
     "fp8-h100": lambda: plan_for(PlanRequest.model_validate(small_request(
         cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
@@ -434,12 +438,17 @@ def launched(command: str) -> tuple[list[str], list[str]]:
 
 
 def expected_layers(plan: Plan, stage: int, chunk: int) -> list[int]:
-    """Plan semantics: chunk c of stage s is virtual stage c*p + s; virtual stages hold consecutive layers."""
+    """Plan semantics: chunk c of stage s is virtual stage c*p + s; virtual stages hold consecutive layers, a stage's
+    chunks its `chunk_layers` each, else its layers / v."""
     replica = plan.replicas[0]
     p, v = len(replica.stages), plan.virtual_stages
-    sizes = [(s.layers[1] - s.layers[0]) // v for s in replica.stages]
-    start = sum(sizes[k % p] for k in range(chunk * p + stage))
-    return list(range(start, start + sizes[stage]))
+
+    def size(s: int, c: int) -> int:
+        given = replica.stages[s].chunk_layers
+        return given[c] if given is not None else (replica.stages[s].layers[1] - replica.stages[s].layers[0]) // v
+
+    start = sum(size(k % p, k // p) for k in range(chunk * p + stage))
+    return list(range(start, start + size(stage, chunk)))
 
 
 def megatron_layers(config: TransformerConfig, stage: int, chunk: int | None) -> list[int]:
@@ -877,7 +886,7 @@ def test_uneven_interleaved_layout_is_what_megatron_core_builds():
     layout = dataclasses.replace(
         megatron.stock(real_plan("recompute-full-layout")), layers_per_stage=(4, 6, 2), pp=3, virtual_stages=2
     )
-    text = megatron._pipeline_layout(layout)
+    text = megatron._pipeline_layout(layout.chunk_layers("megatron"))
     assert text == "Et*2|t*3|t|t*2|t*3|tL"
     config = TransformerConfig(num_layers=12, hidden_size=64, num_attention_heads=8, pipeline_model_parallel_size=3,
                                pipeline_model_parallel_layout=text, pipeline_dtype=torch.bfloat16, bf16=True)

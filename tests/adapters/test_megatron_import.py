@@ -103,6 +103,11 @@ def test_export_then_import_gives_the_same_layout_and_model(name):
     assert layout.get("ep", 1) == plan.ep
     assert layout.get("etp") == plan.etp
     assert layout.get("layers_per_stage", [arch.num_layers // len(split)] * len(split)) == split
+    p, v = len(first.stages), plan.virtual_stages
+    if any(stage.chunk_layers is not None for stage in first.stages):  # uneven model chunks, in virtual-stage order
+        assert layout["layers_per_chunk"] == [first.stages[i % p].chunk_layers[i // p] for i in range(p * v)]
+    else:
+        assert "layers_per_chunk" not in layout or len(set(split)) > 1
     assert (layout["micro_batch_size"], layout["recompute"]) == (plan.micro_batch_size, plan.recompute)
     assert layout["schedule"] == ("interleaved" if plan.virtual_stages > 1 else "1f1b")
     bf16_grads = {"grad_precision": "bf16"} if plan.grad_precision == "bf16" else {}
@@ -120,7 +125,7 @@ def test_export_then_import_gives_the_same_layout_and_model(name):
     assert not [entry for entry in imported.not_modelled if "not a flag resiplan knows" in entry]
 
 
-@pytest.mark.parametrize("name", ["healthy-interleaved-70b", "gqa-llama3-8b", "recompute-full-layout"])
+@pytest.mark.parametrize("name", ["healthy-interleaved-70b", "gqa-llama3-8b", "recompute-full-layout", "uneven-chunks"])
 def test_the_imported_launch_command_estimates_to_the_plans_prediction(name):
     """The launch command (torchrun, then the script) imported and estimated on the plan's cluster predicts what
     the plan predicted: the same layout, model and replica count, priced by the same model."""
@@ -165,6 +170,33 @@ def test_hybrid_sharding_launch_command_estimates_to_the_plans_prediction(name):
     bare = import_megatron(shlex.join(["pretrain_gpt.py", *args]), vocab_size=plan.architecture.vocab_size)
     assert "dp_shard" not in bare.request["layout"]
     assert any("replica count is unknown" in entry for entry in bare.not_modelled)
+
+
+def test_the_embedding_and_the_loss_counted_as_layers_give_megatron_cores_chunks():
+    """Megatron-Bridge's Llama 3.1 405B recipe (pp 8, vp 8) splits 126 layers + the embedding + the loss into 64
+    slots of 2: megatron-core's own split (TransformerConfig with the same flags) is what the import estimates."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    flags = ["--num-layers", "126", "--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "4096",
+             "--max-position-embeddings", "4096", "--tensor-model-parallel-size", "1",
+             "--pipeline-model-parallel-size", "8", "--num-virtual-stages-per-pipeline-rank", "8",
+             "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+             "--micro-batch-size", "1", "--global-batch-size", "64", "--bf16", "--use-distributed-optimizer",
+             "--overlap-grad-reduce", "--overlap-param-gather"]
+    imported = import_megatron(shlex.join(["pretrain_gpt.py", *flags]), vocab_size=32000)
+    chunks = imported.request["layout"]["layers_per_chunk"]
+    assert chunks == [1] + [2] * 62 + [1]
+    assert not [entry for entry in imported.not_modelled if "account-for" in entry]
+    config = TransformerConfig(num_layers=126, hidden_size=512, num_attention_heads=8, pipeline_model_parallel_size=8,
+                               virtual_pipeline_model_parallel_size=8, account_for_embedding_in_pipeline_split=True,
+                               account_for_loss_in_pipeline_split=True, pipeline_dtype=torch.bfloat16, bf16=True)
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    built = [get_num_layers_to_build(config, vp_stage=part // 8, pp_rank=part % 8) for part in range(64)]
+    assert built == chunks
+    with pytest.raises(CommandLineError, match="do not split evenly"):
+        import_megatron(shlex.join(["pretrain_gpt.py", *flags[:1], "125", *flags[2:]]), vocab_size=32000)
 
 
 def test_shell_quoting_continuations_and_equals_forms():

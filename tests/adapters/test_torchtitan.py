@@ -148,6 +148,13 @@ HYBRID = {
     "hsdp-zero1-pp": estimate_request({"tp": 2, "pp": 2, "dp": 8, "dp_shard": 4}, model="llama3-8b",
                                       training={"global_batch_size": 32, "seq_length": 8192}),
 }
+# Uneven model chunks (an estimate's layers_per_chunk): the embedding's and the loss's chunks one layer short
+UNEVEN_CHUNKS = {
+    "interleaved-uneven-chunks": estimate_request(
+        {"tp": 1, "pp": 4, "virtual_stages": 2, "schedule": "interleaved", "recompute": "selective",
+         "layers_per_chunk": [3, 4, 4, 5, 5, 4, 4, 3]},
+        model="llama3-8b", training={"global_batch_size": 64, "seq_length": 4096}),
+}
 NON_UNIFORM = _request("llama3-8b", 32, 4096, {"schedules": ["1f1b"], "allow_non_uniform": True}, failures=FAILED)
 
 
@@ -161,11 +168,13 @@ def real_plan(name: str) -> Plan:
         return estimate_for(EstimateRequest.model_validate(EXPERT_PARALLEL[name]))
     if name in HYBRID:
         return estimate_for(EstimateRequest.model_validate(HYBRID[name]))
+    if name in UNEVEN_CHUNKS:
+        return estimate_for(EstimateRequest.model_validate(UNEVEN_CHUNKS[name]))
     body = NON_UNIFORM if name == "non-uniform" else REQUESTS[name]
     return plan_for(PlanRequest.model_validate(body))
 
 
-CASES = [*sorted(REQUESTS), "zero3-no-pp", *CONTEXT_PARALLEL, *EXPERT_PARALLEL, *HYBRID]
+CASES = [*sorted(REQUESTS), "zero3-no-pp", *CONTEXT_PARALLEL, *EXPERT_PARALLEL, *HYBRID, *UNEVEN_CHUNKS]
 
 
 @pytest.fixture(params=CASES)
@@ -463,6 +472,11 @@ def test_pipeline_split_is_the_plans(case, plan):
         assert local == tuple(rank + c * p for c in range(v))  # the looped placement the plan's chunks assume
         held = sum(1 for i in local for fqn in parts[i] if fqn.startswith("layers."))
         assert held == layout.layers_per_stage[rank]
+    # each part holds the layers of the plan's model chunk: a stage's chunk_layers, else its layers / v
+    stages = plan.replicas[0].stages
+    planned = [stages[i % p].chunk_layers[i // p] if stages[i % p].chunk_layers is not None
+               else (stages[i % p].layers[1] - stages[i % p].layers[0]) // v for i in range(p * v)]
+    assert [sum(fqn.startswith("layers.") for fqn in part) for part in parts] == planned
     # the names are the real model's modules
     whole = meta_model(case)
     modules = {name for name, _ in whole.named_children()} | {f"layers.{name}" for name, _ in whole.layers.named_children()}
@@ -734,7 +748,7 @@ def test_uneven_interleaved_parts_follow_the_looped_placement():
     for rank in range(2):
         local = _get_pp_rank_to_stage_indices_mapping(rank, 2, "Interleaved1F1B", len(parts))
         assert sum(f.startswith("layers.") for i in local for f in parts[i]) == layout.layers_per_stage[rank]
-    with pytest.raises(ExportError, match=f"do not cut into {v} equal model chunks"):
+    with pytest.raises(ExportError, match=f"do not split into virtual_stages={v} equal chunks"):
         module_fqns_per_model_part(dataclasses.replace(layout, layers_per_stage=(first + 1, total - first - 1)))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.api.support import (
     assert_detail,
     assert_validation,
@@ -64,6 +66,44 @@ def test_interleaved_schedule(client):
     plan = post_estimate(client, body)
     assert plan.schedule == "interleaved"
     assert plan.virtual_stages == 2
+
+
+CHUNKED = {"tp": 1, "pp": 4, "schedule": "interleaved", "virtual_stages": 2, "recompute": "selective"}
+
+
+def test_uneven_model_chunks_are_timed_as_given(client):
+    """llama2-7b's 32 layers over 4 stages of 2 chunks (chunk c of stage s at c x 4 + s): 8 layers a stage
+    either way, but chunks of 3 where the embedding and the head run (Megatron-Bridge's split) pipeline faster
+    than equal chunks, and chunks of 5 there slower: the timeline runs each chunk's own work."""
+    light_ends = post_estimate(client, estimate_request({**CHUNKED, "layers_per_chunk": [3, 4, 4, 5, 5, 4, 4, 3]}))
+    even = post_estimate(client, estimate_request(CHUNKED))
+    heavy_ends = post_estimate(client, estimate_request({**CHUNKED, "layers_per_chunk": [5, 4, 4, 3, 3, 4, 4, 5]}))
+    assert [s.chunk_layers for s in light_ends.replicas[0].stages] == [[3, 5], [4, 4], [4, 4], [5, 3]]
+    assert all(s.chunk_layers is None for s in even.replicas[0].stages)
+    assert [s.layers for s in light_ends.replicas[0].stages] == [s.layers for s in even.replicas[0].stages]
+    times = [plan.predicted.iteration_time_s for plan in (light_ends, even, heavy_ends)]
+    assert times[0] < times[1] < times[2], times
+    # Stage 0's forwards: chunk 0 (3 layers and the embedding) and chunk 1 (5 layers) add up to the stage's, in
+    # about their layers' proportion (the embedding is a lookup).
+    stage = light_ends.pipeline_schedule.replicas[0].stages[0]
+    duration = {op: end - start for op, start, end in zip(stage.ops, stage.start_ms, stage.end_ms)}
+    first, second = duration["F0"], duration["F0.1"]
+    assert first + second == pytest.approx(light_ends.replicas[0].stages[0].forward_ms, abs=2e-3)
+    assert 3 / 5 < first / second < 3.3 / 5
+
+
+def test_uneven_model_chunks_that_cannot_exist_are_422(client):
+    def refused(layout: dict, *words: str) -> None:
+        assert_detail(client.post("/v1/estimate", json=estimate_request(layout)), *words)
+
+    refused({**CHUNKED, "layers_per_chunk": [4] * 7}, "layers_per_chunk", "4 x 2 = 8", "num_layers=32")
+    refused({**CHUNKED, "layers_per_chunk": [0, 4, 4, 8, 4, 4, 4, 4]}, "positive")
+    refused({**CHUNKED, "layers_per_chunk": [3, 4, 4, 5, 5, 4, 4, 4]}, "summing to num_layers=32")
+    refused({"tp": 1, "pp": 4, "layers_per_chunk": [8, 8, 8, 8]}, "virtual_stages >= 2")
+    refused({**CHUNKED, "layers_per_chunk": [3, 4, 4, 5, 5, 4, 4, 3], "layers_per_stage": [9, 8, 8, 7]},
+            "disagrees", "[8, 8, 8, 8]")
+    refused({**CHUNKED, "pp": 3}, "does not divide num_layers 32", "layers_per_chunk")
+    refused({**CHUNKED, "layers_per_stage": [9, 8, 8, 7]}, "layers_per_chunk")
 
 
 def test_estimate_excludes_failed_devices(client):

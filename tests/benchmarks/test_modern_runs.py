@@ -13,6 +13,8 @@ from benchmarks.modern_runs import (
     MODERN_RUNS_PATH,
     balanced_split,
     load_modern_runs,
+    slot_chunks,
+    stage_split,
     published_iteration_s,
     source_flops_per_iteration,
 )
@@ -63,6 +65,31 @@ def test_uneven_splits_put_the_extra_layers_in_the_middle():
     assert balanced_split(126, 16) == [7] + [8] * 14 + [7]  # Llama 3 405B as Meta ran it
     assert balanced_split(10, 4) == [2, 3, 3, 2]
     assert balanced_split(12, 4) == [3, 3, 3, 3]
+
+
+@pytest.mark.parametrize(("layers", "pp", "v"), [(126, 8, 8), (126, 16, 2), (94, 8, 4)])
+def test_counting_the_embedding_and_the_loss_as_layers_is_megatron_cores_split(layers, pp, v):
+    """Megatron-Bridge's 405B and Qwen3-235B splits and the Llama 3 paper's, against megatron-core's own
+    (--account-for-embedding/loss-in-pipeline-split): the layers each (pp rank, virtual stage) builds."""
+    import torch
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(num_layers=layers, hidden_size=64, num_attention_heads=8, pipeline_model_parallel_size=pp,
+                               virtual_pipeline_model_parallel_size=v, account_for_embedding_in_pipeline_split=True,
+                               account_for_loss_in_pipeline_split=True, pipeline_dtype=torch.bfloat16, bf16=True)
+    built = [get_num_layers_to_build(config, vp_stage=part // pp, pp_rank=part % pp) for part in range(pp * v)]
+    assert list(slot_chunks(layers, pp, v)) == built
+
+
+def test_the_runs_split_that_way_are_priced_at_their_chunks_stage_sums():
+    flagged = [run for run in load_modern_runs() if run.layers_per_chunk is not None]
+    assert {run.source_id for run in flagged} == {"llama3-paper-2024", "megatron-bridge-405b-h100",
+                                                  "megatron-bridge-moe-h100"}
+    for run in flagged:
+        p = run.shape.pp
+        assert stage_split(run) == [sum(run.layers_per_chunk[s::p]) for s in range(p)]
+        assert sum(run.layers_per_chunk) == run.workload.model.num_layers
 
 
 def test_the_report_prices_every_run_and_says_the_mean_error():

@@ -88,6 +88,13 @@ def test_estimate_table_format(tmp_path, capsys):
     assert "[0, 16)" in out and "[16, 32)" in out
 
 
+def test_the_table_names_uneven_model_chunks(tmp_path, capsys):
+    layout = {"tp": 1, "pp": 4, "virtual_stages": 2, "schedule": "interleaved", "recompute": "selective",
+              "layers_per_chunk": [3, 4, 4, 5, 5, 4, 4, 3]}
+    out = run_ok(capsys, ["estimate", "--request", write(tmp_path, estimate_request(layout)), "--format", "table"])
+    assert "[0, 8) chunks 3+5" in out and "[24, 32) chunks 5+3" in out and "chunks 4+4" in out
+
+
 def test_missing_file(tmp_path, capsys):
     missing = str(tmp_path / "nope.json")
     err = run_error(capsys, ["plan", "--request", missing])

@@ -60,6 +60,16 @@ REQUESTS = {
         "training": {"global_batch_size": 32, "seq_length": 4096},
         "options": {"time_limit_s": 2, "schedules": ["interleaved"]},
     },
+    # 1 node x 4 GPUs: two interleaved replicas of 2 stages whose model chunks are uneven (layers_per_chunk): the
+    # embedding's chunk and the loss's hold 1 layer, the others 3.
+    "uneven-chunks": {
+        "cluster": {"num_nodes": 1, "gpus_per_node": 4, "gpu": "A100-80GB"},
+        "model": _arch(8, 4096, 32, 8),
+        "training": {"global_batch_size": 8, "seq_length": 4096},
+        "options": {"time_limit_s": 2},
+        "layout": {"tp": 1, "pp": 2, "dp": 2, "micro_batch_size": 1, "virtual_stages": 2, "schedule": "interleaved",
+                   "recompute": "none", "layers_per_chunk": [1, 3, 3, 1]},
+    },
     # 1 node x 2 GPUs, microbatches of one sequence: two single-stage replicas doing the same work, the
     # cleanest peers for timing (and only two busy processes on the 2-core test machine).
     "telemetry": {

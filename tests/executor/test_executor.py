@@ -72,6 +72,8 @@ def runs(plans, tmp_path_factory) -> dict[str, Case]:
         Case("tp-slow", uniform, options(steps=TP_SLOW_STEPS, lr=LR, slowdowns=(Slowdown(_tp_partner(plans["uniform"]),
                                                                                  TP_SLOW_FACTOR),)),
              str(tmp / "tp-slow"), str(tmp / "tp-slow.jsonl")),
+        Case("uneven-chunks", plans["uneven-chunks"].model_dump_json(), options(steps=STEPS, lr=LR),
+             str(tmp / "uneven-chunks")),
         Case("telemetry", plans["telemetry"].model_dump_json(),
              options(steps=STEPS, lr=LR, slowdowns=(Slowdown(slow_device, SLOW_FACTOR),)), str(tmp / "telemetry"),
              str(tmp / "telemetry.jsonl")),
@@ -137,6 +139,16 @@ def test_uniform_plan_trains_like_one_process(plans, runs):
 
 def test_non_uniform_plan_trains_like_one_process(plans, runs):
     _assert_trains_like_one_process(plans["non-uniform"], runs["non-uniform"].out_dir)
+
+
+def test_uneven_model_chunks_are_built_as_planned_and_train_like_one_process(plans, runs):
+    """An estimate's layers_per_chunk [1, 3, 3, 1]: stage 0 runs chunks of 1 (with the embedding) and 3 layers,
+    stage 1 chunks of 3 and 1 (with the head); the parts the executor builds hold exactly those layers."""
+    plan = plans["uneven-chunks"]
+    assert [stage.chunk_layers for stage in plan.replicas[0].stages] == [[1, 3], [3, 1]]
+    parts = executor_layout.build_layout(plan).replicas[0].parts
+    assert [list(part.layers) for part in parts] == [[0], [1, 2, 3], [4, 5, 6], [7]]
+    _assert_trains_like_one_process(plan, runs["uneven-chunks"].out_dir)
 
 
 def test_equal_replica_averaging_is_caught(plans, runs):

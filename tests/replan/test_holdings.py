@@ -22,6 +22,33 @@ def test_interleaved_chunks_follow_the_looped_order():
     assert chunk_layer_runs([2, 5], 1) == [[(0, 2)], [(2, 7)]]
 
 
+def test_uneven_chunks_hold_the_layers_the_plan_gives_them():
+    # An estimate's layers_per_chunk [1, 3, 3, 1]: stage 0 holds layer 0 and layers 4-6, stage 1 layers 1-3 and 7.
+    assert chunk_layer_runs([4, 4], 2, [(1, 3), (3, 1)]) == [[(0, 1), (4, 7)], [(1, 4), (7, 8)]]
+
+
+def test_a_plans_uneven_chunks_reach_the_migration_model():
+    from executor.layout import build_layout
+    from planner.replan.holdings import placed_layout
+    from tests.executor.support import REQUESTS
+
+    from api.tasks.planning import estimate_for
+    from wire.schemas import EstimateRequest
+
+    plan = estimate_for(EstimateRequest.model_validate(REQUESTS["uneven-chunks"]))
+    placed = placed_layout(plan)
+    assert [stage.chunk_layers for stage in placed.replicas[0]] == [(1, 3), (3, 1)]
+    held = device_holdings(placed)
+    # The layers (units 1..L) each device holds are those the reference executor builds there.
+    built = build_layout(plan).replicas[0]
+    num_layers = plan.architecture.num_layers
+    for stage in built.stages:
+        layers = sorted(i for part in built.parts if part.stage == stage.stage for i in part.layers)
+        device = plan.replicas[0].stages[stage.stage].devices[0]
+        units = {unit for block in held[device] for unit in range(block.first_unit, block.end_unit)}
+        assert sorted(unit - 1 for unit in units if 1 <= unit <= num_layers) == layers
+
+
 def test_chunks_match_the_reference_executor():
     from executor.layout import chunk_sizes
 
