@@ -92,6 +92,21 @@ def test_uneven_model_chunks_are_timed_as_given(client):
     assert 3 / 5 < first / second < 3.3 / 5
 
 
+def test_megatron_bridges_llama31_405b_recipe_is_estimated_as_it_runs(client):
+    """The published H100 recipe (1,024 GPUs, tp 8, cp 2, pp 8, vp 8, FP8, bf16 gradients, its 126 layers split
+    with the embedding and the loss counted as layers): a 422 before estimates took uneven chunks."""
+    body = {"cluster": {"num_nodes": 128, "gpus_per_node": 8, "gpu": "H100-SXM"}, "model": "llama3-405b",
+            "training": {"global_batch_size": 1536, "seq_length": 8192, "precision": "fp8", "grad_precision": "bf16"},
+            "layout": {"tp": 8, "cp": 2, "pp": 8, "virtual_stages": 8, "schedule": "interleaved", "recompute": "none",
+                       "micro_batch_size": 1, "layers_per_chunk": [1] + [2] * 62 + [1]}}
+    plan = post_estimate(client, body)
+    stages = plan.replicas[0].stages
+    assert stages[0].chunk_layers == [1] + [2] * 7 and stages[-1].chunk_layers == [2] * 7 + [1]
+    assert [s.layers[1] - s.layers[0] for s in stages] == [15] + [16] * 6 + [15]
+    assert max(s.memory_gib for s in stages) <= 80 - 3  # under the default memory reserve
+    assert plan.replicas[0].num_microbatches == 1536 // 8
+
+
 def test_uneven_model_chunks_that_cannot_exist_are_422(client):
     def refused(layout: dict, *words: str) -> None:
         assert_detail(client.post("/v1/estimate", json=estimate_request(layout)), *words)
