@@ -16,8 +16,11 @@ torchtitan's TOML job file, with every setting that changes time or memory mappe
     --parallelism.pipeline_parallel_microbatch_size      layout.micro_batch_size (pp > 1; else local_batch_size)
     --training.global_batch_size, --training.seq_len     training (global -1: local_batch_size x dp)
     --parallelism.pipeline_parallel_schedule             GPipe / 1F1B / Interleaved1F1B / LoopedBFS by name
-    pipeline_parallel_layers_per_stage L                 layout.virtual_stages = layers / (pp L)
-    module_fqns_per_model_part                           layout.layers_per_stage and virtual_stages
+    pipeline_parallel_layers_per_stage L                 layout.virtual_stages = ceil((layers + f + l) / L) / pp
+    pipeline_parallel_first/last_stage_less_layers f, l  the split torchtitan cuts (default 1 and 1: the embedding
+                                                         and the output each weigh a layer): layout.layers_per_stage,
+                                                         or layout.layers_per_chunk with virtual stages
+    module_fqns_per_model_part                           the same, from each part's layers
     activation_checkpoint:<mode>                         layout.recompute
     --training.mixed_precision_param                     training.precision (bfloat16; float32 is refused)
     --training.mixed_precision_reduce float32            fp32 gradients, the default (torchtitan 0.3 takes no other)
@@ -236,18 +239,21 @@ def _pipeline(options: dict, pp: int, model: str | dict, not_modelled: list[str]
     named = (options.get("--parallelism.pipeline_parallel_schedule") or ["1F1B"])[0]
     parts = options.get("--parallelism.module_fqns_per_model_part")
     per_stage = _int(options, "--parallelism.pipeline_parallel_layers_per_stage", None)
+    first_less = _int(options, "--parallelism.pipeline_parallel_first_stage_less_layers", 1)
+    last_less = _int(options, "--parallelism.pipeline_parallel_last_stage_less_layers", 1)
     layers = _layers(model)
-    split, v = None, 1
+    counts, v = None, 1
     if parts:
         v = len(parts) // pp
         counts = [sum(1 for fqn in part.split(",") if fqn.startswith("layers.")) for part in parts]
-        split = [sum(counts[c * pp + s] for c in range(v)) for s in range(pp)]
     elif per_stage:
-        v = max(1, layers // (pp * per_stage))
-        for key in ("--parallelism.pipeline_parallel_first_stage_less_layers",
-                    "--parallelism.pipeline_parallel_last_stage_less_layers"):
-            if _int(options, key, 0):
-                not_modelled.append(f"{key} {options[key][0]}: estimated with every model part holding {per_stage} layers")
+        parts_needed = -(-(layers + first_less + last_less) // per_stage)
+        if parts_needed % pp:
+            raise CommandLineError(f"pipeline_parallel_layers_per_stage {per_stage} cuts {layers} layers (+ {first_less} "
+                                   f"+ {last_less} for the embedding and output) into {parts_needed} model parts, not a "
+                                   f"multiple of pp {pp}; torchtitan refuses that")
+        v = parts_needed // pp
+        counts = _torchtitan_parts(layers, parts_needed, first_less, last_less)
     schedule = _SCHEDULES.get(named)
     if schedule is None:
         chunked = named not in ("PipelineScheduleSingle", "ZBVZeroBubble") and (v > 1 or named.startswith(
@@ -258,10 +264,32 @@ def _pipeline(options: dict, pp: int, model: str | dict, not_modelled: list[str]
     if schedule in _CHUNKED and v == 1:
         v = 2
         notes.append(f"{named} without a layer count per model part: estimated with 2 model parts per stage")
+    if counts is None:
+        counts = _torchtitan_parts(layers, pp * v, first_less, last_less)
     out = {"schedule": schedule, "virtual_stages": v}
-    if split is not None and len(set(split)) > 1:
-        out["layers_per_stage"] = split
+    if v > 1 and len(set(counts)) > 1:
+        out["layers_per_chunk"] = counts  # part c x pp + s runs on stage s (torchtitan's looped placement)
+    elif v == 1 and len(set(counts)) > 1:
+        out["layers_per_stage"] = counts
     return out
+
+
+def _torchtitan_parts(layers: int, parts: int, first_less: int, last_less: int) -> list[int]:
+    """Transformer layers of each model part as torchtitan cuts them without module_fqns_per_model_part
+    (torchtitan/distributed/pipeline_parallel.py, `_generate_llm_fqn_per_model_part`): the embedding weighs
+    `first_less` layers and the output `last_less`, those effective layers split evenly over the parts (the
+    first ones taking the remainder), and the first and last part then hold their weight fewer layers."""
+    effective = layers + first_less + last_less
+    base, extra = divmod(effective, parts)
+    if parts > 1 and (base < 1 or max(first_less, last_less) > base):
+        raise CommandLineError(f"{layers} layers cannot be cut into {parts} model parts with the embedding weighing "
+                               f"{first_less} and the output {last_less} layers; torchtitan refuses that")
+    counts = [base + (1 if part < extra else 0) for part in range(parts)]
+    if parts == 1:
+        return [layers]
+    counts[0] -= first_less
+    counts[-1] -= last_less
+    return counts
 
 
 def _recompute(mode: str | None, notes: list[str]) -> str:

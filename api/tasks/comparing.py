@@ -78,10 +78,7 @@ def _check_searched_expert_tp(yours: Plan) -> None:
 
 
 def _split(layout: dict, layers: int) -> list[int]:
-    chunks, p = layout.get("layers_per_chunk"), layout["pp"]
-    if chunks:
-        return [sum(chunks[s::p]) for s in range(p)]
-    return layout.get("layers_per_stage") or [layers // p] * p
+    return layout.get("layers_per_stage") or [layers // layout["pp"]] * layout["pp"]
 
 
 def _candidate_changes(yours: dict, best: dict, layers: int) -> list[tuple[str, dict]]:
@@ -112,11 +109,10 @@ def _candidate_changes(yours: dict, best: dict, layers: int) -> list[tuple[str, 
         if yours["virtual_stages"] > 1 and best["pp"] == 1:
             chunked = {"schedule": "1f1b", "virtual_stages": 1}
         out.append((f"pp {yours['pp']} → {best['pp']}" + ("" if even else f" (layers {split})"),
-                    {**yours, "pp": best["pp"], "layers_per_stage": split, "layers_per_chunk": None, "dp": None,
-                     **chunked}))
+                    {**yours, "pp": best["pp"], "layers_per_stage": split, "dp": None, **chunked}))
     elif _split(yours, layers) != best["layers_per_stage"]:
         out.append((f"layers per stage {_split(yours, layers)} → {best['layers_per_stage']}",
-                    {**yours, "layers_per_stage": best["layers_per_stage"], "layers_per_chunk": None}))
+                    {**yours, "layers_per_stage": best["layers_per_stage"]}))
     if (yours["schedule"], yours["virtual_stages"]) != (best["schedule"], best["virtual_stages"]):
         if best["schedule"] == "optimized":
             out.append(("schedule → optimized (CP-SAT)", {}))
@@ -124,13 +120,12 @@ def _candidate_changes(yours: dict, best: dict, layers: int) -> list[tuple[str, 
             if named is not None and named != yours["schedule"]:
                 v = f" v={best['virtual_stages']}" if named in ("interleaved", "looped-bfs") else ""
                 out.append((f"schedule {yours['schedule']} → {named}{v}",
-                            {**yours, "schedule": named, "layers_per_chunk": None,
+                            {**yours, "schedule": named,
                              "virtual_stages": best["virtual_stages"] if v else 1}))
         else:
             v = f" v={best['virtual_stages']}" if best["virtual_stages"] > 1 else ""
             out.append((f"schedule {yours['schedule']} → {best['schedule']}{v}",
-                        {**yours, "schedule": best["schedule"], "virtual_stages": best["virtual_stages"],
-                         "layers_per_chunk": None}))
+                        {**yours, "schedule": best["schedule"], "virtual_stages": best["virtual_stages"]}))
     return out
 
 
@@ -161,13 +156,16 @@ def compare_for(request: EstimateRequest, calibration: AppliedCalibration | None
     if request.layout.replicas is not None:
         raise PlanningError("compare takes a layout by shape (tp, pp, ...); a replica-by-replica layout is already "
                             "a plan: estimate it with /v1/estimate")
+    if request.layout.layers_per_chunk is not None:
+        raise PlanningError("layers_per_chunk (uneven model chunks) is estimated but not searched by the planner, so "
+                            "the best plan would not weigh it: compare with it left out (each stage's layers cut "
+                            "into equal chunks), or estimate it alone with /v1/estimate")
     yours = estimate_for(request, calibration)
     _check_searched_shard(yours, request.cluster.gpus_per_node if request.options.allow_hybrid_sharding else None)
     _check_searched_expert_tp(yours)
     best = plan_for(_best_request(request), calibration=calibration)
     stated = request.layout.model_dump(include={"tp", "cp", "ep", "etp", "pp", "dp", "micro_batch_size", "recompute",
-                                                "schedule", "virtual_stages", "layers_per_stage", "layers_per_chunk",
-                                                "dp_shard"})
+                                                "schedule", "virtual_stages", "layers_per_stage", "dp_shard"})
     stated["etp"] = yours.etp
     stated["dp_shard"] = _hybrid_shard(yours)
     your_s, best_s = yours.predicted.iteration_time_s, best.predicted.iteration_time_s

@@ -58,6 +58,52 @@ def test_the_imported_launch_command_estimates_to_the_plans_prediction(name):
     assert estimate.predicted.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=2e-3)
 
 
+def test_uneven_model_chunks_round_trip_as_layers_per_chunk():
+    plan = real_plan("interleaved-uneven-chunks")
+    imported = import_torchtitan(shlex.join(override_argv(plan)), model=plan.model)
+    stages, p = plan.replicas[0].stages, len(plan.replicas[0].stages)
+    assert imported.request["layout"]["layers_per_chunk"] == [
+        stages[i % p].chunk_layers[i // p] for i in range(p * plan.virtual_stages)]
+
+
+@pytest.mark.parametrize(("options", "parts"), [
+    ("--parallelism.pipeline_parallel_degree 4", 4),  # 1F1B, torchtitan's defaults: the ends weigh a layer each
+    ("--parallelism.pipeline_parallel_degree 4 --parallelism.pipeline_parallel_first_stage_less_layers 0 "
+     "--parallelism.pipeline_parallel_last_stage_less_layers 3", 4),
+    ("--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B", 4),
+    ("--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B "
+     "--parallelism.pipeline_parallel_layers_per_stage 3", 12),
+])
+def test_the_split_is_the_one_torchtitan_cuts(options, parts):
+    """Without module_fqns_per_model_part torchtitan cuts the layers itself, the embedding and the output weighing
+    pipeline_parallel_first/last_stage_less_layers (default 1 each): the import estimates exactly that split, as
+    torchtitan's own splitter (`_generate_llm_fqn_per_model_part`) makes it for llama3-8b's 32 layers."""
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    words = options.split()
+    first = int(words[words.index("--parallelism.pipeline_parallel_first_stage_less_layers") + 1]) if (
+        "--parallelism.pipeline_parallel_first_stage_less_layers" in words) else 1
+    last = int(words[words.index("--parallelism.pipeline_parallel_last_stage_less_layers") + 1]) if (
+        "--parallelism.pipeline_parallel_last_stage_less_layers" in words) else 1
+    expected = [sum(fqn.startswith("layers.") for fqn in part)
+                for part in _generate_llm_fqn_per_model_part(parts, 32, first, last)]
+    layout = import_torchtitan(options + " --training.global_batch_size 64 --training.seq_len 4096",
+                              model="llama3-8b").request["layout"]
+    pp, v = layout["pp"], layout["virtual_stages"]
+    assert pp * v == parts
+    got = layout.get("layers_per_chunk") or layout.get("layers_per_stage") or [32 // parts] * parts
+    assert got == expected
+    assert len(set(expected)) > 1, "each case is chosen for a split that is not even"
+
+
+def test_a_layer_count_per_part_torchtitan_would_refuse_is_refused():
+    # 32 layers + 2 for the ends in parts of 5: 7 parts, which 2 pipeline ranks cannot share.
+    options = ("--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B "
+               "--parallelism.pipeline_parallel_layers_per_stage 5 --training.global_batch_size 64 --training.seq_len 4096")
+    with pytest.raises(CommandLineError, match="7 model parts, not a multiple of pp 2"):
+        import_torchtitan(options, model="llama3-8b")
+
+
 def test_csv_schedules_say_they_do_not_round_trip():
     name = next(name for name in REQUESTS if "zb-h1" in name)
     plan = real_plan(name)

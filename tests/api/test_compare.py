@@ -62,23 +62,13 @@ def test_a_change_is_the_users_layout_with_that_field_alone(client):
     assert change.iteration_time_s == alone.predicted.iteration_time_s
 
 
-def test_uneven_model_chunks_stay_in_changes_that_keep_the_split_and_leave_those_that_do_not():
-    """A layout with layers_per_chunk: a micro-batch or recompute change keeps its chunks (the same layout but for
-    that field, as an estimate of it confirms); a change of pp, split or schedule drops them (they no longer fit)."""
+def test_uneven_model_chunks_are_refused_as_outside_the_searched_space(client):
+    """layers_per_chunk is estimated, not searched: compared, the best plan could be slower than the user's layout
+    for want of looking, so compare refuses it (as it refuses shard groups and expert-TP it does not search)."""
     layout = {"tp": 1, "pp": 4, "virtual_stages": 2, "schedule": "interleaved", "recompute": "selective",
               "micro_batch_size": 1, "layers_per_chunk": [3, 4, 4, 5, 5, 4, 4, 3]}
-    comparison = compare_for(EstimateRequest.model_validate(estimate_request(layout)))
-    assert [s.chunk_layers for s in comparison.yours.replicas[0].stages][0] == [3, 5]
-    priced = [c for c in comparison.changes if c.iteration_time_s is not None]
-    assert priced, "the best plan differs from this layout"
-    # Kept where they no longer fit, the chunks would make a pp or schedule change a 422, listed unpriced.
-    assert all(c.iteration_time_s is not None or "optimized" in c.change for c in comparison.changes)
-    for change in priced:
-        field = change.change.split()[0]
-        if field in ("micro_batch_size", "recompute"):
-            value = comparison.best.micro_batch_size if field == "micro_batch_size" else comparison.best.recompute
-            alone = estimate_for(EstimateRequest.model_validate(estimate_request({**layout, field: value})))
-            assert change.iteration_time_s == alone.predicted.iteration_time_s
+    assert_detail(client.post("/v1/compare", json=estimate_request(layout)), "layers_per_chunk", "not searched",
+                  "/v1/estimate")
 
 
 def test_the_route(client):
