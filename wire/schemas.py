@@ -358,7 +358,9 @@ class EstimateRequest(PlanRequest):
 
 class Stage(BaseModel):
     id: int
-    layers: tuple[int, int] = Field(description="Half-open [first, last) transformer layers.")
+    layers: tuple[int, int] = Field(description="Half-open [first, last) transformer layers. With virtual_stages "
+                                    "above 1 it counts the stage's layers in stage order: its model chunks hold the "
+                                    "runs of virtual stages c x pp + id (chunk_layers, or equal chunks).")
     devices: list[str]
     tp: int
     memory_gib: float
