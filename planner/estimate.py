@@ -143,7 +143,8 @@ def _chunk_split(layout: FixedLayout, layers: int) -> tuple[int, ...] | None:
         raise PlanningError("layers_per_chunk gives the layers of interleaved model chunks: set virtual_stages >= 2 "
                             "(and an interleaved schedule), or give layers_per_stage")
     if len(chunks) != p * v or min(chunks) < 1 or sum(chunks) != layers:
-        raise PlanningError(f"layers_per_chunk {list(chunks)} must list pp x virtual_stages = {p} x {v} = {p * v} "
+        given = f"{list(chunks)}" if len(chunks) <= 64 else f"of {len(chunks)} counts"
+        raise PlanningError(f"layers_per_chunk {given} must list pp x virtual_stages = {p} x {v} = {p * v} "
                             f"positive counts (chunk c of stage s at c x pp + s) summing to num_layers={layers}")
     return None if len(set(chunks)) == 1 else chunks
 

@@ -112,6 +112,8 @@ def test_uneven_model_chunks_that_cannot_exist_are_422(client):
         assert_detail(client.post("/v1/estimate", json=estimate_request(layout)), *words)
 
     refused({**CHUNKED, "layers_per_chunk": [4] * 7}, "layers_per_chunk", "4 x 2 = 8", "num_layers=32")
+    refused({**CHUNKED, "layers_per_chunk": [1] * 5000}, "of 5000 counts", "4 x 2 = 8")  # not echoed whole
+    refused({**CHUNKED, "layers_per_chunk": []}, "4 x 2 = 8")
     refused({**CHUNKED, "layers_per_chunk": [0, 4, 4, 8, 4, 4, 4, 4]}, "positive")
     refused({**CHUNKED, "layers_per_chunk": [3, 4, 4, 5, 5, 4, 4, 4]}, "summing to num_layers=32")
     refused({"tp": 1, "pp": 4, "layers_per_chunk": [8, 8, 8, 8]}, "virtual_stages >= 2")
