@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from statistics import median
 
 from api.tasks.planning import estimate_for
-from benchmarks.telemetry import LengthMix, Slowdown, Stop, TelemetryConfig, generate_telemetry
+from benchmarks.telemetry import LengthMix, Slowdown, Stop, TelemetryConfig, generate_telemetry, role_truth
 from cost_models.model_spec import ModelSpec
 from detector import (
     RECOMMENDED_WINDOW,
@@ -34,6 +34,7 @@ from detector import (
     DetectionLayout,
     DetectorOptions,
     DeviceIteration,
+    Role,
     TelemetryItem,
     decide,
     layout_from_plan,
@@ -366,6 +367,7 @@ def run(setup: Setup, clean_iterations: int, injected_iterations: int, seeds: Se
     lines += ["### Speed 0.9", "", mild_text, ""]
     lines += mis_modelled_injections(plan, model, layout, injected_iterations, seeds[0])
     lines += small_job(clean_iterations)
+    lines += [""] + two_peer_time_models()
     return "\n".join(lines)
 
 
@@ -407,6 +409,59 @@ def seven_device_plan(seq_length: int = 8192) -> object:
                                 num_microbatches=6)]
     return SimpleNamespace(replicas=replicas, recompute="selective", seq_length=seq_length, micro_batch_size=1,
                            predicted=SimpleNamespace(iteration_time_s=2.0))
+
+
+TWO_PEER_WINDOWS = 40  # windows per (attention error, window length) in `two_peer_time_models`
+
+
+def two_peer_plan() -> Plan:
+    """llama3-8b, TP 1 x PP 2 x DP 2 on 4 H100s at 4,096 tokens: each role is one stage of the two replicas, two
+    devices that see different packs."""
+    request = EstimateRequest.model_validate({
+        "cluster": {"num_nodes": 1, "gpus_per_node": 4, "gpu": "H100-SXM"}, "model": "llama3-8b",
+        "training": {"global_batch_size": 16, "seq_length": 4096},
+        "layout": {"tp": 1, "pp": 2, "micro_batch_size": 1, "recompute": "full", "schedule": "1f1b"}})
+    return estimate_for(request)
+
+
+def true_factor(plan: Plan, model: ModelSpec, role: Role, attention_error: float) -> float:
+    """The attention factor a noiseless window would measure: the generator's c2 over its per-token cost (its
+    per-microbatch c0 is per token too, since every microbatch is full), over the prior's b / a."""
+    stage = next(stage for replica in plan.replicas for stage in replica.stages if stage.devices[0] in role.devices)
+    truth = role_truth(model, tuple(stage.layers), stage.tp, plan.recompute or "selective", "H100-SXM",
+                       attention_error)
+    tokens = plan.seq_length * plan.micro_batch_size
+    return truth.c2 / (truth.c1 + truth.c0 / tokens) / (role.work.quadratic / role.work.linear)
+
+
+def two_peer_time_models() -> list[str]:
+    plan = two_peer_plan()
+    model = resolve_model(plan.architecture)
+    layout = layout_from_plan(plan, model)
+    lines = ["### Measured time models in roles of two devices", "",
+             "llama3-8b, TP 1 x PP 2 x DP 2 on 4 H100s at 4,096 tokens, 8 microbatches per replica: a role is one "
+             "stage of both replicas, two devices that see different packs. Per row, "
+             f"{TWO_PEER_WINDOWS} consecutive windows of one run (seed 31); `role` = the window pinned the role's "
+             "own attention factor, `job` / `prior` = it fell back. Truth = what a noiseless window would measure "
+             "(the generator's attention cost over its per-token cost, over the prior's).", "",
+             "| attention vs cost model | window (iterations) | truth per role | role / job / prior | measured "
+             "(min / median / max) | worst measured error |", "|---|---|---|---|---|---|"]
+    for attention_error in (1.0, 3.0):
+        truths = [true_factor(plan, model, role, attention_error) for role in layout.roles]
+        for window in (RECOMMENDED_WINDOW, 64, 256):
+            windows = generate_telemetry(plan, model, TelemetryConfig(
+                iterations=window + TWO_PEER_WINDOWS - 1, seed=31, attention_error=attention_error))
+            detections = sliding_detections(summaries_per_iteration(windows, layout), layout, window=window)
+            fits = [(fit, truth) for detection in detections[window - 1:]
+                    for fit, truth in zip(detection.time_models, truths, strict=True)]
+            counts = " / ".join(f"{sum(fit.source == source for fit, _ in fits)}" for source in ("role", "job", "prior"))
+            measured = sorted(fit.attention_factor for fit, _ in fits if fit.source != "prior")
+            errors = [fit.attention_factor / truth - 1 for fit, truth in fits if fit.source != "prior"]
+            spread = f"{measured[0]:.2f} / {median(measured):.2f} / {measured[-1]:.2f}" if measured else "—"
+            worst = f"{max(errors, key=abs):+.0%}" if errors else "—"
+            lines.append(f"| {attention_error:g}x | {window} | {', '.join(f'{t:.2f}' for t in truths)} | {counts} | "
+                         f"{spread} | {worst} |")
+    return lines
 
 
 def small_job(iterations: int) -> list[str]:

@@ -11,11 +11,26 @@ is fitted from the window itself:
   whole cluster), or, in a role with a single reporting device, that device's iterations.
   Absolute deviations of logs make it a median-type estimator: a slow device is a constant offset that
   barely moves the fit while slow devices are a minority of the role.
+- A role of exactly two devices is fitted on their difference instead: per iteration, the first device's
+  log(T / W) minus the second's, around its median over the window. The median of two values is their
+  mean, so an iteration group would leave the two GPUs' fixed speed difference (a few percent between any
+  two GPUs, or a slowdown present from the first iteration) for k to explain, and with the few packs of a
+  small job it does: k came out 0.1 and 2.6 for two roles whose truth is 1. The difference's median takes
+  that offset out; k is then fitted only on how the two devices' mixes move from iteration to iteration.
 - k is searched on a log grid over [1/8, 8] and refined around the best point.
-- k is identifiable only where the mix Q/N varies (packed documents of varied lengths): a role whose Q/N
-  spans less than 10%, which has fewer than `MIN_FIT_SAMPLES` samples or a single device (whose own history
-  a slowdown starting mid-window would bend), takes the job's k (the same fit over every role's groups at
-  once), and the prior's k = 1 when the job's is not identifiable either.
+- k is identifiable only where the mix Q/N varies (packed documents of varied lengths) more than the noise
+  hides. A role takes its own k only when its window pins it: k x 1.5 and k / 1.5 must both be rejected at
+  99% by the likelihood-ratio test of median regression (Koenker and Bassett, 1982: 4 x the rise of the
+  summed absolute deviation over the residuals' sparsity is chi-squared with one degree of freedom). The
+  sparsity is read as for Gaussian residuals from their median absolute deviation, which a slow device
+  does not widen; since that scale is itself uncertain on a few residuals, the threshold is Student's t
+  squared at the scale's degrees of freedom (0.367 x the residuals, the MAD's efficiency), and fewer than
+  16 residuals never pin. A two-device role pins only on long windows (8 iterations give 6 residuals;
+  before this test, 7 differences that lined up by chance gave k 3.4 where the truth is 0.84:
+  BENCHMARKS "Measured time models in roles of two devices"). A role that fails it, whose Q/N spans less
+  than 10%, which has fewer than `MIN_FIT_SAMPLES` samples or a single device (whose own history a
+  slowdown starting mid-window would bend), takes the job's k (the same fit over every role's groups at
+  once, held to the same test), and the prior's k = 1 when the job's is not identifiable either.
 - alpha (ms per token) and beta (ms per squared token) are then the role's median of T / (a N + k b Q)
   times a and k b: the time model users can read (and calibrate with).
 """
@@ -34,6 +49,10 @@ MIN_MIX_SPREAD = 1.10  # max / min of Q / N over a role's samples
 K_RANGE = (1 / 8, 8.0)
 GRID_POINTS = 25
 MAX_FIT_SAMPLES = 512  # per fit: more samples sharpen k little and cost time at 4,096 devices
+PINNED_WITHIN = 1.5  # a fitted k is used only when the window rules out k x and / this factor ...
+PINNING_CONFIDENCE_Z = 2.5758  # ... at 99% (two-sided normal quantile; Student's t for few residuals) ...
+MIN_PINNING_RESIDUALS = 16  # ... and never on fewer residuals, where even Student's t misjudges a median's scale
+MAD_EFFICIENCY = 0.367  # a median absolute deviation is worth this fraction of its residuals as degrees of freedom
 
 
 @dataclass(frozen=True)
@@ -58,26 +77,52 @@ class RoleFit:
     beta_ms_per_token_squared: float | None
 
 
-def _groups(samples: Sequence[Sample]) -> list[list[Sample]]:
-    devices = {s.device for s in samples}
+@dataclass(frozen=True)
+class _Group:
+    """Samples whose log(T / W) share one unknown offset; `pairs`: they are (first, second) device pairs whose
+    differences share it (a two-device role: see the module docstring)."""
+
+    prior: WorkModel
+    samples: tuple[Sample, ...] | tuple[tuple[Sample, Sample], ...]
+    pairs: bool = False
+
+    def residual_logs(self, k: float) -> list[float]:
+        linear, quadratic = self.prior.linear, k * self.prior.quadratic
+
+        def log_ratio(s: Sample) -> float:
+            return math.log(s.observed_ms / (linear * s.tokens + quadratic * s.squared_lengths))
+
+        if self.pairs:
+            return [log_ratio(first) - log_ratio(second) for first, second in self.samples]
+        return [log_ratio(s) for s in self.samples]
+
+
+def _groups(prior: WorkModel, samples: Sequence[Sample]) -> list[_Group]:
+    devices = sorted({s.device for s in samples})
+    if len(devices) == 2:
+        by_iteration: dict[int, dict[str, Sample]] = {}
+        for sample in samples:
+            by_iteration.setdefault(sample.iteration, {})[sample.device] = sample
+        pairs = tuple((both[devices[0]], both[devices[1]]) for _, both in sorted(by_iteration.items())
+                      if len(both) == 2)
+        return [_Group(prior, pairs, pairs=True)] if len(pairs) >= 2 else []
     key = (lambda s: s.device) if len(devices) == 1 else (lambda s: s.iteration)
     grouped: dict[object, list[Sample]] = {}
     for sample in samples:
         grouped.setdefault(key(sample), []).append(sample)
-    return [group for group in grouped.values() if len(group) >= 2]
+    return [_Group(prior, tuple(group)) for group in grouped.values() if len(group) >= 2]
 
 
-def _deviation(groups: list[tuple[WorkModel, list[Sample]]], k: float) -> float:
+def _deviation(groups: Sequence[_Group], k: float) -> float:
     total = 0.0
-    for prior, group in groups:
-        logs = [math.log(s.observed_ms / (prior.linear * s.tokens + k * prior.quadratic * s.squared_lengths))
-                for s in group]
+    for group in groups:
+        logs = group.residual_logs(k)
         center = median(logs)
         total += sum(abs(value - center) for value in logs)
     return total
 
 
-def _best_factor(groups: list[tuple[WorkModel, list[Sample]]]) -> float:
+def _best_factor(groups: Sequence[_Group]) -> float:
     lo, hi = math.log(K_RANGE[0]), math.log(K_RANGE[1])
     step = (hi - lo) / (GRID_POINTS - 1)
     grid = [lo + i * step for i in range(GRID_POINTS)]
@@ -86,13 +131,53 @@ def _best_factor(groups: list[tuple[WorkModel, list[Sample]]]) -> float:
     return math.exp(min(fine, key=lambda x: (_deviation(groups, math.exp(x)), abs(x))))
 
 
+def _sparsity(groups: Sequence[_Group], k: float) -> float:
+    """1 / (the residuals' density at 0), read as Gaussian from their median absolute deviation: sqrt(2 pi) x
+    1.4826 x median |residual|. Robust (a slow device's offset, which k barely moves, does not widen it) and
+    conservative for heavier tails than Gaussian. Each group's smallest residual is dropped, since its offset
+    fits it, and the smallest overall, since k does."""
+    kept: list[float] = []
+    for group in groups:
+        logs = group.residual_logs(k)
+        center = median(logs)
+        kept += sorted(abs(value - center) for value in logs)[1:]
+    kept = sorted(kept)[1:]
+    return math.sqrt(2 * math.pi) * 1.4826 * median(kept) if kept else 0.0
+
+
+def _t_quantile(z: float, dof: float) -> float:
+    """Student's t quantile from the normal one (Cornish-Fisher, Abramowitz and Stegun 26.7.5; within 0.1% of
+    the exact 99.5% quantile from 5 degrees of freedom up)."""
+    return (z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3)
+            + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * dof**4))
+
+
+def _pinned(groups: Sequence[_Group], k: float) -> bool:
+    """Whether the window rules out k x and / PINNED_WITHIN (see the module docstring)."""
+    residuals = sum(len(group.samples) - 1 for group in groups) - 1  # one offset per group, and k
+    sparsity = _sparsity(groups, k)
+    if residuals < MIN_PINNING_RESIDUALS or sparsity <= 0:
+        return False
+    best = _deviation(groups, k)
+    worse = min(_deviation(groups, k * PINNED_WITHIN), _deviation(groups, k / PINNED_WITHIN)) - best
+    return 4 * worse / sparsity >= _t_quantile(PINNING_CONFIDENCE_Z, MAD_EFFICIENCY * residuals) ** 2
+
+
+def _measured_factor(groups: Sequence[_Group]) -> float | None:
+    """The best k where the window pins it, else None."""
+    capped = _capped(groups)
+    k = _best_factor(capped)
+    return k if _pinned(capped, k) else None
+
+
 def _usable(samples: Sequence[Sample]) -> list[Sample]:
     return [s for s in samples if s.tokens > 0 and s.observed_ms > 0]
 
 
-def _capped(groups: list[tuple[WorkModel, list[Sample]]]) -> list[tuple[WorkModel, list[Sample]]]:
+def _capped(groups: Sequence[_Group]) -> Sequence[_Group]:
     """Every n-th group, at most about MAX_FIT_SAMPLES samples (deterministic)."""
-    total = sum(len(group) for _, group in groups)
+    total = sum(len(group.samples) for group in groups)
     every = max(1, math.ceil(total / MAX_FIT_SAMPLES))
     return groups[::every]
 
@@ -109,17 +194,17 @@ def fit_roles(priors: Sequence[WorkModel], samples_by_role: Sequence[Sequence[Sa
     """Each role's time model (see the module docstring), in the order of `priors`; `measure=False` keeps the
     prior's attention factor (only alpha and beta's scale are read from the samples)."""
     usable = [_usable(samples) for samples in samples_by_role]
-    job_groups = [(prior, group) for prior, samples in zip(priors, usable, strict=True)
-                  for group in _groups(samples)]
+    groups_by_role = [_groups(prior, samples) for prior, samples in zip(priors, usable, strict=True)]
+    job_groups = [group for groups in groups_by_role for group in groups]
     pooled = [s for samples in usable for s in samples]
-    job_k = _best_factor(_capped(job_groups)) if measure and job_groups and _identifiable(pooled) else None
+    job_k = _measured_factor(job_groups) if measure and job_groups and _identifiable(pooled) else None
     fits = []
-    for prior, samples in zip(priors, usable, strict=True):
-        groups = [(prior, group) for group in _groups(samples)]
+    for prior, samples, groups in zip(priors, usable, groups_by_role, strict=True):
         # A lone device's own history would let a slowdown that starts mid-window bend its factor.
-        if measure and groups and len({s.device for s in samples}) > 1 and _identifiable(
-                [s for _, g in groups for s in g]):
-            k, source = _best_factor(_capped(groups)), "role"
+        role_k = _measured_factor(groups) if measure and groups and len({s.device for s in samples}) > 1 \
+            and _identifiable(samples) else None
+        if role_k is not None:
+            k, source = role_k, "role"
         elif job_k is not None:
             k, source = job_k, "job"
         else:
