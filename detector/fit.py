@@ -15,15 +15,22 @@ is fitted from the window itself:
   log(T / W) minus the second's, around its median over the window. The median of two values is their
   mean, so an iteration group would leave the two GPUs' fixed speed difference (a few percent between any
   two GPUs, or a slowdown present from the first iteration) for k to explain, and with the few packs of a
-  small job it does: k came out 0.1 and 2.6 for two roles whose truth is 1. The difference's median takes
-  that offset out; k is then fitted only on how the two devices' mixes move from iteration to iteration.
-- k is searched on a log grid over [1/8, 8] and refined around the best point.
+  small job it does: k came out 0.105 and 2.64 (the ends of the search) for two roles whose truth is 0.84
+  and 0.83. The difference's median takes that offset out; k is then fitted only on how the two devices'
+  mixes move from iteration to iteration. This needs exactly two devices in the window: a third that
+  reports in some iterations turns the role back into iteration groups (where the test below then
+  usually refuses k).
+- k is searched on a log grid over [1/8, 8] and refined around the best point (so within about [0.105, 9.5]).
 - k is identifiable only where the mix Q/N varies (packed documents of varied lengths) more than the noise
   hides. A role takes its own k only when its window pins it: k x 1.5 and k / 1.5 must both be rejected at
   99% by the likelihood-ratio test of median regression (Koenker and Bassett, 1982: 4 x the rise of the
-  summed absolute deviation over the residuals' sparsity is chi-squared with one degree of freedom). The
-  sparsity is read as for Gaussian residuals from their median absolute deviation, which a slow device
-  does not widen; since that scale is itself uncertain on a few residuals, the threshold is Student's t
+  summed absolute deviation over the residuals' sparsity is chi-squared with one degree of freedom). Only
+  those two points are tested: the deviation need not be convex in k, so this is not a confidence
+  interval. The sparsity is read as for Gaussian residuals from their median absolute deviation, which a
+  minority of slow devices widens far less than a mean would (a fixed speed gap in a role of a few
+  devices still widens it, and the role then falls back: the error is towards not measuring). In the job's
+  pooled fit, a pair role's differences are about sqrt(2) wider than other roles' residuals and share one
+  scale with them. Since that scale is itself uncertain on a few residuals, the threshold is Student's t
   squared at the scale's degrees of freedom (0.367 x the residuals, the MAD's efficiency), and fewer than
   16 residuals never pin. A two-device role pins only on long windows (8 iterations give 6 residuals;
   before this test, 7 differences that lined up by chance gave k 3.4 where the truth is 0.84:
@@ -133,8 +140,8 @@ def _best_factor(groups: Sequence[_Group]) -> float:
 
 def _sparsity(groups: Sequence[_Group], k: float) -> float:
     """1 / (the residuals' density at 0), read as Gaussian from their median absolute deviation: sqrt(2 pi) x
-    1.4826 x median |residual|. Robust (a slow device's offset, which k barely moves, does not widen it) and
-    conservative for heavier tails than Gaussian. Each group's smallest residual is dropped, since its offset
+    1.4826 x median |residual|. Robust (a minority of slow devices, whose offsets k barely moves, widens it
+    far less than a mean) and conservative for heavier tails than Gaussian. Each group's smallest residual is dropped, since its offset
     fits it, and the smallest overall, since k does."""
     kept: list[float] = []
     for group in groups:

@@ -59,7 +59,7 @@ class RoleTimeModel(BaseModel):
     alpha_ms_per_token: float | None = Field(description="None when no device of the role reported work.")
     beta_ms_per_token_squared: float | None
     attention_factor: float = Field(description="Measured attention-to-linear cost over the cost model's.")
-    source: str = Field(description="`role`: fitted on this role's telemetry, which pins it within x/÷1.5 at 99%; "
+    source: str = Field(description="`role`: fitted on this role's telemetry, which rejects k x 1.5 and k / 1.5 at 99%; "
                         "`job`: the job's attention factor (this role's window does not pin its own: packs that vary "
                         "too little, too few samples, a single device, or two devices over a short window); `prior`: "
                         "the cost model's (the job's window does not pin one either).")
