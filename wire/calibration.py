@@ -127,9 +127,13 @@ class Calibration(BaseModel):
         description="Mean absolute relative error of each run predicted by a fit to the others; null with one run.")
     covers: CalibrationCoverage | None = Field(
         default=None, description="What the runs span: inside it the fitted parameters interpolate, outside they "
-        "extrapolate (published stacks: held-out runs inside 7.6% off on average, outside 12.2%, 19% where CP or EP "
-        "differ). A calibration stored before this field gets it the next time it is read or used, where the service "
+        "extrapolate (published stacks: held-out runs inside 7.7% off on average, outside 11.7%, 17.2% where CP or "
+        "EP differ). A calibration stored before this field gets it the next time it is read or used, where the service "
         "kept its runs.")
+    notes: list[str] = Field(
+        default_factory=list, description="What the fit rests on beyond the measurements: a role whose attention "
+        "factor `/v1/detect` did not measure (source `prior`) is priced at the plan's full sequence length with the "
+        "cost model's attention-to-linear ratio, not the job's.")
     refit: CalibrationRefit | None = Field(
         default=None, description="Set when the service refitted the stored runs because a newer cost model prices "
         "them differently under the stored parameters; the fit above is the new one, this is what it replaced. "

@@ -99,6 +99,9 @@ def _fitted(request: CalibrationRequest, calibration_id: str, plans: Mapping[str
     roles = _measured_roles(request, plans)
     runs = [*_measured_runs(request), *(measurement for _, measurement in roles)]
     sources += [source for source, _ in roles]
+    notes = [f"{source}: its attention factor was not measured (source prior: the detector's window could not "
+             "pin it), so its compute at the plan's full sequence length uses the cost model's attention-to-linear "
+             "ratio; send a longer telemetry window to measure it" for source in _unmeasured_attention(request)]
     start = fitted_efficiency()
     try:
         fit = calibrate(runs, start)
@@ -126,7 +129,15 @@ def _fitted(request: CalibrationRequest, calibration_id: str, plans: Mapping[str
         fit_mape=round(fit.fit_mape, 5),
         cross_validated_mape=round(fit.cross_validated_mape, 5) if fit.cross_validated_mape is not None else None,
         covers=CalibrationCoverage.of(joined_span(measured_span(run) for run in runs)),
+        notes=notes,
     )
+
+
+def _unmeasured_attention(request: CalibrationRequest) -> list[str]:
+    """Sources of the roles whose attention factor is the cost model's (`/v1/detect` source `prior`)."""
+    return [f"roles[{i}].time_models[{j}]" for i, measured in enumerate(request.roles)
+            for j, role in enumerate(measured.time_models)
+            if role.source == "prior" and role.alpha_ms_per_token is not None]
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,25 @@ def test_roles_the_detector_measured_calibrate_the_compute(client):
     assert calibrated == pytest.approx(ROLE_SLOWER * plain, rel=0.03)
 
 
+def test_a_calibration_says_which_roles_rest_on_the_cost_models_attention(client):
+    """Every microbatch here is one whole sequence (Q / N fixed), so the detector cannot measure attention: both
+    roles carry the cost model's factor (source prior), and the calibration says its fit rests on it there."""
+    _, plan, detected = _detected_job(client)
+    assert {role["source"] for role in detected["time_models"]} == {"prior"}
+    calibration = client.post("/v1/calibrations", json={
+        "name": "detected", "roles": [{"plan_id": plan["plan_id"], "time_models": detected["time_models"]}]}).json()
+    assert [note.split(":")[0] for note in calibration["notes"]] == ["roles[0].time_models[0]",
+                                                                      "roles[0].time_models[1]"]
+    assert all("not measured" in note for note in calibration["notes"])
+    measured = [{**role, "source": "role"} for role in detected["time_models"]]
+    mixed = [measured[0], detected["time_models"][1]]
+    assert client.post("/v1/calibrations", json={
+        "name": "measured", "roles": [{"plan_id": plan["plan_id"], "time_models": measured}]}).json()["notes"] == []
+    assert [note.split(":")[0] for note in client.post("/v1/calibrations", json={
+        "name": "mixed", "roles": [{"plan_id": plan["plan_id"], "time_models": mixed}]}).json()["notes"]] == [
+        "roles[0].time_models[1]"]
+
+
 def test_roles_naming_no_plan_or_no_stage_and_empty_requests_are_422(client):
     _, plan, detected = _detected_job(client)
     unknown = {"plan_id": "0123456789abcdef0123456789abcdef", "time_models": detected["time_models"]}
