@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import median
 
 from detector.work import WorkModel
@@ -182,11 +182,16 @@ def _usable(samples: Sequence[Sample]) -> list[Sample]:
     return [s for s in samples if s.tokens > 0 and s.observed_ms > 0]
 
 
-def _capped(groups: Sequence[_Group]) -> Sequence[_Group]:
-    """Every n-th group, at most about MAX_FIT_SAMPLES samples (deterministic)."""
+def _capped(groups: Sequence[_Group]) -> list[_Group]:
+    """At most about MAX_FIT_SAMPLES samples (deterministic): every n-th iteration group, and every n-th
+    difference of each pair group (a pair group is a whole role's window: dropping it would drop the role)."""
     total = sum(len(group.samples) for group in groups)
     every = max(1, math.ceil(total / MAX_FIT_SAMPLES))
-    return groups[::every]
+    if every == 1:
+        return list(groups)
+    thinned = [replace(group, samples=group.samples[::every]) for group in groups if group.pairs]
+    return [group for group in groups if not group.pairs][::every] + [
+        group for group in thinned if len(group.samples) >= 2]
 
 
 def _identifiable(samples: Sequence[Sample]) -> bool:

@@ -112,6 +112,20 @@ def test_a_noisy_window_does_not_claim_a_factor():
         assert fit.source == "prior" and fit.attention_factor == 1.0, (seed, fit)
 
 
+def test_a_long_window_keeps_every_two_device_role_in_the_jobs_fit():
+    """Two-device roles over 300 iterations are more samples than one fit takes: each role's differences are
+    thinned, none is dropped (each role is a single group of the whole window)."""
+    from detector.fit import MAX_FIT_SAMPLES, _capped, _groups
+
+    beta = 2e-3 * 3.0 * PRIOR.quadratic / PRIOR.linear
+    roles = [_groups(PRIOR, [Sample(f"{r}:{s.device[-1]}", s.iteration, s.tokens, s.squared_lengths, s.observed_ms)
+                             for s in _samples(2e-3, beta, devices=2, iterations=300, seed=r)]) for r in range(3)]
+    capped = _capped([group for groups in roles for group in groups])
+    assert len(capped) == 3 and all(group.pairs for group in capped)
+    assert {group.samples[0][0].device.split(":")[0] for group in capped} == {"0", "1", "2"}
+    assert sum(len(group.samples) for group in capped) <= MAX_FIT_SAMPLES
+
+
 def test_a_window_that_cannot_pin_the_factor_does_not_claim_one():
     """The same two GPUs over 8 iterations: too few differences to tell k from chance, so none is a `role`
     factor (the fallback's source says so)."""
