@@ -5,21 +5,24 @@ long packed documents or another GPU change it, and then a device that happens t
 packs looks slow beside its peers. So each role's attention factor k (beta / alpha = k x the prior's ratio)
 is fitted from the window itself:
 
-- Objective: the summed absolute deviation of log(T / (a N + k b Q)) from its median within each group
-  (a, b: the prior work model; N tokens, Q the summed squared sequence lengths of a device's iteration).
-  A group is one iteration of the role's devices (the median absorbs the role's scale and any drift of the
-  whole cluster), or, in a role with a single reporting device, that device's iterations.
-  Absolute deviations of logs make it a median-type estimator: a slow device is a constant offset that
-  barely moves the fit while slow devices are a minority of the role.
-- A role of exactly two devices is fitted on their difference instead: per iteration, the first device's
-  log(T / W) minus the second's, around its median over the window. The median of two values is their
-  mean, so an iteration group would leave the two GPUs' fixed speed difference (a few percent between any
-  two GPUs, or a slowdown present from the first iteration) for k to explain, and with the few packs of a
-  small job it does: k came out 0.105 and 2.64 (the ends of the search) for two roles whose truth is 0.84
-  and 0.83. The difference's median takes that offset out; k is then fitted only on how the two devices'
-  mixes move from iteration to iteration. This needs exactly two devices in the window: a third that
-  reports in some iterations turns the role back into iteration groups (where the test below then
-  usually refuses k).
+- Objective: the summed absolute deviation of log(T / (a N + k b Q)) from the offsets it shares (a, b: the
+  prior work model; N tokens, Q the summed squared sequence lengths of a device's iteration). Absolute
+  deviations of logs make it a median-type estimator: a slow device barely moves the fit while slow
+  devices are a minority of the role. The offsets, by role size:
+  - three or more devices: one per iteration (the role's scale and any drift of the whole cluster) and one
+    per device (its own speed), taken out by median polish (device medians, then iteration medians,
+    twice). No two GPUs run at the same speed (a few percent apart), and with iteration offsets alone a
+    role of a few devices reads that gap as attention or, under the test below, falls back: 8 devices with
+    three of them 3-5% off measured 18 of 20 windows; with device offsets, 20 of 20, within 16%
+    (`tests/detection/test_time_model.py`). Where the GPUs are equal the extra offsets cost some precision
+    (k at 3: median error 7% over 20 windows, was 4.6%).
+  - exactly two devices: the per-iteration difference of their log(T / W), around its median over the
+    window (the same offsets, counted once: a two-device polish would repeat each difference twice). With
+    iteration offsets alone, the two GPUs' fixed speed gap was left for k to explain: k came out 0.105 and
+    2.64 (the ends of the search) for two roles whose truth is 0.84 and 0.83.
+  - one device: its own median over the window.
+  The pair form needs exactly two devices in the window: a third that reports in some iterations makes the
+  role a table (which handles it, with fewer residuals).
 - k is searched on a log grid over [1/8, 8] and refined around the best point (so within about [0.105, 9.5]).
 - k is identifiable only where the mix Q/N varies (packed documents of varied lengths) more than the noise
   hides. A role takes its own k only when its window pins it: k x 1.5 and k / 1.5 must both be rejected at
@@ -27,12 +30,13 @@ is fitted from the window itself:
   summed absolute deviation over the residuals' sparsity is chi-squared with one degree of freedom). Only
   those two points are tested: the deviation need not be convex in k, so this is not a confidence
   interval. The sparsity is read as for Gaussian residuals from their median absolute deviation, which a
-  minority of slow devices widens far less than a mean would (a fixed speed gap in a role of a few
-  devices still widens it, and the role then falls back: the error is towards not measuring). In the job's
+  minority of slow devices widens far less than a mean would (a slowdown that starts mid-window still
+  widens it, and the role then falls back: the error is towards not measuring). In the job's
   pooled fit, a pair role's differences are about sqrt(2) wider than other roles' residuals and share one
   scale with them. Since that scale is itself uncertain on a few residuals, the threshold is Student's t
   squared at the scale's degrees of freedom (0.367 x the residuals, the MAD's efficiency), and fewer than
-  16 residuals never pin. A two-device role pins only on long windows (8 iterations give 6 residuals;
+  16 residuals never pin (residuals: samples less the offsets, less one for k). A two-device role pins
+  only on long windows (8 iterations give 6 residuals;
   before this test, 7 differences that lined up by chance gave k 3.4 where the truth is 0.84:
   BENCHMARKS "Measured time models in roles of two devices"). A role that fails it, whose Q/N spans less
   than 10%, which has fewer than `MIN_FIT_SAMPLES` samples or a single device (whose own history a
@@ -47,6 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from statistics import median
 
 from detector.work import WorkModel
@@ -59,6 +64,7 @@ MAX_FIT_SAMPLES = 512  # per fit: more samples sharpen k little and cost time at
 PINNED_WITHIN = 1.5  # a fitted k is used only when the window rules out k x and / this factor ...
 PINNING_CONFIDENCE_Z = 2.5758  # ... at 99% (two-sided normal quantile; Student's t for few residuals) ...
 MIN_PINNING_RESIDUALS = 16  # ... and never on fewer residuals, where even Student's t misjudges a median's scale
+POLISH_SWEEPS = 2  # median polish: device then iteration medians, twice
 MAD_EFFICIENCY = 0.367  # a median absolute deviation is worth this fraction of its residuals as degrees of freedom
 
 
@@ -86,12 +92,24 @@ class RoleFit:
 
 @dataclass(frozen=True)
 class _Group:
-    """Samples whose log(T / W) share one unknown offset; `pairs`: they are (first, second) device pairs whose
-    differences share it (a two-device role: see the module docstring)."""
+    """Samples of one role whose log(T / W) carry unknown offsets, and how they are taken out:
+    `history`: one device's iterations, one offset (its median); `pairs`: (first, second) samples of a
+    two-device role per iteration, whose differences share one offset; `table`: the iterations of a role of
+    three or more devices, one offset per device and per iteration (two-way median polish)."""
 
     prior: WorkModel
     samples: tuple[Sample, ...] | tuple[tuple[Sample, Sample], ...]
-    pairs: bool = False
+    kind: str = "history"
+
+    @property
+    def pairs(self) -> bool:
+        return self.kind == "pairs"
+
+    @property
+    def offsets(self) -> int:
+        if self.kind != "table":
+            return 1
+        return len({s.device for s in self.samples}) + len({s.iteration for s in self.samples}) - 1
 
     def residual_logs(self, k: float) -> list[float]:
         linear, quadratic = self.prior.linear, k * self.prior.quadratic
@@ -99,9 +117,51 @@ class _Group:
         def log_ratio(s: Sample) -> float:
             return math.log(s.observed_ms / (linear * s.tokens + quadratic * s.squared_lengths))
 
-        if self.pairs:
+        if self.kind == "pairs":
             return [log_ratio(first) - log_ratio(second) for first, second in self.samples]
-        return [log_ratio(s) for s in self.samples]
+        logs = [log_ratio(s) for s in self.samples]
+        if self.kind == "table":
+            for _ in range(POLISH_SWEEPS):
+                _center(logs, self._by_device)
+                _center(logs, self._by_iteration)
+        return logs
+
+    @cached_property
+    def _by_device(self) -> list[list[int]]:
+        return _partition([s.device for s in self.samples])
+
+    @cached_property
+    def _by_iteration(self) -> list[list[int]]:
+        return _partition([s.iteration for s in self.samples])
+
+    def thinned(self, every: int) -> _Group:
+        """Every n-th pair or history sample; a table's every n-th device, or iteration where it has more of
+        those (a table thinned to one iteration or one device would keep no residual)."""
+        if self.kind != "table":
+            return replace(self, samples=self.samples[::every])
+        devices = sorted({s.device for s in self.samples})
+        iterations = sorted({s.iteration for s in self.samples})
+        if len(devices) >= len(iterations):
+            kept_devices = set(devices[::every])
+            return replace(self, samples=tuple(s for s in self.samples if s.device in kept_devices))
+        kept_iterations = set(iterations[::every])
+        return replace(self, samples=tuple(s for s in self.samples if s.iteration in kept_iterations))
+
+
+def _partition(keys: Sequence[object]) -> list[list[int]]:
+    """Indices of the values sharing each key."""
+    by_key: dict[object, list[int]] = {}
+    for index, key in enumerate(keys):
+        by_key.setdefault(key, []).append(index)
+    return list(by_key.values())
+
+
+def _center(values: list[float], partition: list[list[int]]) -> None:
+    """Each value less the median of its part, in place."""
+    for part in partition:
+        center = median([values[i] for i in part])
+        for i in part:
+            values[i] -= center
 
 
 def _groups(prior: WorkModel, samples: Sequence[Sample]) -> list[_Group]:
@@ -112,12 +172,10 @@ def _groups(prior: WorkModel, samples: Sequence[Sample]) -> list[_Group]:
             by_iteration.setdefault(sample.iteration, {})[sample.device] = sample
         pairs = tuple((both[devices[0]], both[devices[1]]) for _, both in sorted(by_iteration.items())
                       if len(both) == 2)
-        return [_Group(prior, pairs, pairs=True)] if len(pairs) >= 2 else []
-    key = (lambda s: s.device) if len(devices) == 1 else (lambda s: s.iteration)
-    grouped: dict[object, list[Sample]] = {}
-    for sample in samples:
-        grouped.setdefault(key(sample), []).append(sample)
-    return [_Group(prior, tuple(group)) for group in grouped.values() if len(group) >= 2]
+        return [_Group(prior, pairs, "pairs")] if len(pairs) >= 2 else []
+    if len(devices) == 1:
+        return [_Group(prior, tuple(samples))] if len(samples) >= 2 else []
+    return [_Group(prior, tuple(samples), "table")] if len({s.iteration for s in samples}) >= 2 else []
 
 
 def _deviation(groups: Sequence[_Group], k: float) -> float:
@@ -147,7 +205,7 @@ def _sparsity(groups: Sequence[_Group], k: float) -> float:
     for group in groups:
         logs = group.residual_logs(k)
         center = median(logs)
-        kept += sorted(abs(value - center) for value in logs)[1:]
+        kept += sorted(abs(value - center) for value in logs)[group.offsets:]
     kept = sorted(kept)[1:]
     return math.sqrt(2 * math.pi) * 1.4826 * median(kept) if kept else 0.0
 
@@ -162,7 +220,7 @@ def _t_quantile(z: float, dof: float) -> float:
 
 def _pinned(groups: Sequence[_Group], k: float) -> bool:
     """Whether the window rules out k x and / PINNED_WITHIN (see the module docstring)."""
-    residuals = sum(len(group.samples) - 1 for group in groups) - 1  # one offset per group, and k
+    residuals = sum(len(group.samples) - group.offsets for group in groups) - 1  # the offsets, and k
     sparsity = _sparsity(groups, k)
     if residuals < MIN_PINNING_RESIDUALS or sparsity <= 0:
         return False
@@ -183,15 +241,14 @@ def _usable(samples: Sequence[Sample]) -> list[Sample]:
 
 
 def _capped(groups: Sequence[_Group]) -> list[_Group]:
-    """At most about MAX_FIT_SAMPLES samples (deterministic): every n-th iteration group, and every n-th
-    difference of each pair group (a pair group is a whole role's window: dropping it would drop the role)."""
+    """At most about MAX_FIT_SAMPLES samples (deterministic): each group thinned alike, none dropped (a group
+    is a whole role)."""
     total = sum(len(group.samples) for group in groups)
     every = max(1, math.ceil(total / MAX_FIT_SAMPLES))
     if every == 1:
         return list(groups)
-    thinned = [replace(group, samples=group.samples[::every]) for group in groups if group.pairs]
-    return [group for group in groups if not group.pairs][::every] + [
-        group for group in thinned if len(group.samples) >= 2]
+    thinned = [group.thinned(every) for group in groups]
+    return [group for group in thinned if len(group.samples) > group.offsets]
 
 
 def _identifiable(samples: Sequence[Sample]) -> bool:

@@ -62,8 +62,23 @@ def test_a_role_recovers_alpha_and_beta(factor):
     (fit,) = fit_roles([PRIOR], [_samples(alpha, beta, devices=8, iterations=8)])
     assert fit.source == "role"
     assert fit.attention_factor == pytest.approx(factor, rel=0.08)
-    assert fit.alpha_ms_per_token == pytest.approx(alpha, rel=0.06)
+    # alpha trades against k (and the window's 5% drift): taking out each device's own speed costs some
+    # precision where, as here, the GPUs are equal (20 seeds at 3.0: median alpha error 5.3%, was 2.8%).
+    assert fit.alpha_ms_per_token == pytest.approx(alpha, rel=0.1)
     assert fit.beta_ms_per_token_squared == pytest.approx(beta, rel=0.1)
+
+
+def test_gpus_of_unequal_speed_still_recover_the_factor():
+    """8 devices, three of them a few percent off the others for the whole window, as real GPUs are: each
+    device's own speed is taken out with each iteration's (median polish), so none is read as attention.
+    Fitting iteration groups alone left 2 of these 20 windows unmeasured (the others 2.46 to 3.48)."""
+    alpha = 2e-3
+    beta = alpha * 3.0 * PRIOR.quadratic / PRIOR.linear
+    for seed in range(20):
+        (fit,) = fit_roles([PRIOR], [_samples(alpha, beta, devices=8, iterations=8, seed=seed,
+                                              slow={"0:1": 0.95, "0:3": 1.04, "0:5": 0.97})])
+        assert fit.source == "role", seed
+        assert fit.attention_factor == pytest.approx(3.0, rel=0.18), seed
 
 
 def test_a_slow_device_barely_moves_the_fit():
@@ -110,6 +125,15 @@ def test_a_noisy_window_does_not_claim_a_factor():
         (fit,) = fit_roles([PRIOR], [_samples(2e-3, beta, devices=2, iterations=40, slow={"0:1": 0.9}, seed=seed,
                                               noise=0.1)])
         assert fit.source == "prior" and fit.attention_factor == 1.0, (seed, fit)
+
+
+def test_a_role_too_big_for_one_fit_is_thinned_by_device():
+    """520 devices x 8 iterations is 8x the samples one fit takes: the role keeps every iteration of every
+    n-th device (thinned to one iteration, its offsets would leave no residual and it would fall back)."""
+    beta = 2e-3 * 3.0 * PRIOR.quadratic / PRIOR.linear
+    (fit,) = fit_roles([PRIOR], [_samples(2e-3, beta, devices=520, iterations=8)])
+    assert fit.source == "role"
+    assert fit.attention_factor == pytest.approx(3.0, rel=0.1)
 
 
 def test_a_long_window_keeps_every_two_device_role_in_the_jobs_fit():
