@@ -34,6 +34,12 @@ from wire.convert import to_problem
 from wire.schemas import PlanRequest
 
 TIME_LIMIT_S = 10.0
+# Models whose plans also search context parallelism (CP groups up to a node) at these 4k sequences, which the
+# service's default searches from 16k tokens on: at two and four sequences per GPU a damaged replica gains by
+# splitting sequences (issue 19). The 70B models keep the default: with CP searched they get the same plans, the
+# uniform search's extra split solves making them up to 7x slower (llama2-70b, 4 slow x0.25: 0.9 s -> 6.1 s).
+CONTEXT_PARALLEL_MODELS = frozenset({"llama2-7b", "llama2-13b"})
+MAX_CONTEXT_PARALLEL = 8
 # Solve-time targets by cluster size (GPUs): wall seconds, layout search and schedules together.
 SOLVE_TARGET_S = {256: 2.0, 4096: 5.0}
 # resiplan "loses" only when a baseline is faster by more than this (rounding of reported times).
@@ -94,12 +100,13 @@ def scenarios(quick: bool = False) -> list[Scenario]:
 
 
 def request_for(setup: Setup, failed: tuple[str, ...] = (), slow: tuple[tuple[str, float], ...] = ()) -> dict:
+    cp = {"max_context_parallel": MAX_CONTEXT_PARALLEL} if setup.model in CONTEXT_PARALLEL_MODELS else {}
     return {
         "cluster": {"num_nodes": setup.nodes, "gpus_per_node": 8, "gpu": setup.gpu},
         "failures": {"failed": list(failed), "slow": [{"device": d, "speed": s} for d, s in slow]},
         "model": setup.model,
         "training": {"global_batch_size": setup.global_batch, "seq_length": setup.seq_length},
-        "options": {"time_limit_s": TIME_LIMIT_S},
+        "options": {"time_limit_s": TIME_LIMIT_S, **cp},
     }
 
 
@@ -230,6 +237,10 @@ _PREAMBLE = (
     "reported tok/s is the default plan's own `predicted.iteration_time_s` (every schedule allowed, zero-bubble and "
     "CP-SAT ones included, which the search chooses layouts by), and reported retention divides it by the healthy "
     "default plan's reported throughput x surviving compute; solve s, CPU s and solver are the default plan's. "
+    "For llama2-7b and llama2-13b every plan may split sequences over up to 8 context-parallel ranks in a node "
+    "(`options.max_context_parallel` 8; the service's default searches CP from 16,384 tokens on), failure-aware "
+    "plans included, and so may cordon's uniform layouts; the other baselines adapt the healthy layout. The 70B "
+    "models keep the default (no CP at 4k): searching it finds the same plans for them, up to 7x slower. "
     "Solve time: one fresh process per case, time limit 10 s. On 32 nodes the k-th failed or slow GPU is "
     "GPU k % 8 of node 3k + 1 (mixed: slow GPUs on nodes 10 and 13); on 128 and 512 nodes failed GPUs sit on "
     "nodes 1 + 31k / 1 + 63k, slow ones on 16 + 53k / 30 + 127k."

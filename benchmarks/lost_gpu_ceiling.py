@@ -3,9 +3,9 @@
     python -m benchmarks.lost_gpu_ceiling            # print the table
     python -m benchmarks.lost_gpu_ceiling --write    # also update BENCHMARKS.md
 
-The case is `benchmarks/failures.py`'s worst: llama2-7b on 256 A100-80GB at 512 x 4k, one GPU failed, where
-resiplan's plan for 1F1B-family schedules retains 0.76 of the surviving-compute limit and its default plan
-0.81 in its reported time. Healthy, resiplan's plan has every GPU train its two
+The case is issue 19's: llama2-7b on 256 A100-80GB at 512 x 4k, one GPU failed, where `benchmarks/failures.py`'s
+plans (context parallelism searched) retain 0.79 of the surviving-compute limit for 1F1B-family schedules and
+0.84 in the default plan's reported time. Healthy, resiplan's plan has every GPU train its two
 sequences alone (tp 1, one microbatch of 2). After the loss, 255 GPUs hold 512 sequences, more than two each,
 so by pigeonhole some replica of g GPUs takes at least 2g + 1 sequences, and the iteration lasts at least that
 replica's time. Each row prices one replica shape taking that many sequences (rounded up as below), by
@@ -13,12 +13,12 @@ replica's time. Each row prices one replica shape taking that many sequences (ro
 sync are about the job's), and gives the retention no plan whose busiest replica has that shape can exceed:
 healthy plan's iteration / that iteration x 256 / 255 (both simulated schedules, as plans report them).
 Shapes: tp x cp within a node, pp 1 to 4 stages under 1F1B and ZB-H2 (as many replicas as the 256 GPUs hold; pp 3,
-which does not divide the 32 layers, with the best split whose stages differ by at most 2 layers), selective recompute, and every micro-
-batch size b that divides the batch of 512, up to 2g + 1: a plan has one micro-batch size, so every replica
-takes a multiple of b sequences and the busiest one at least b x ceil((2g + 1) / b); each row keeps the best
-b. Not covered: pipelines of more than 4 stages, interleaved schedules, resiplan's CP-SAT schedules (an estimate names a
-fixed schedule; the plan's own beats ZB-H2 by about 3% on this case), CP groups spanning nodes, other
-recompute. Predicted times, not timings: the figures depend on the cost model only.
+which does not divide the 32 layers, with the best split whose stages differ by at most 2 layers), no and selective
+recompute, and every micro-batch size b that divides the batch of 512, up to 2g + 1: a plan has one micro-batch size,
+so every replica takes a multiple of b sequences and the busiest one at least b x ceil((2g + 1) / b); each row keeps
+the best b and recompute. Not covered: pipelines of more than 4 stages, interleaved schedules, resiplan's CP-SAT
+schedules (an estimate names a fixed schedule; the plan's own beats ZB-H2 by 1-3% on this case), CP groups spanning
+nodes, full recompute. Predicted times, not timings: the figures depend on the cost model only.
 """
 
 from __future__ import annotations
@@ -54,34 +54,39 @@ def layer_splits(pp: int) -> list[tuple[int, ...] | None]:
             if sum(split) == LAYERS and max(split) - min(split) <= 2]
 
 
-def iteration_s(tp: int, cp: int, pp: int, schedule: str, micro_batch: int, sequences: int) -> float | None:
+RECOMPUTE = ("none", "selective")  # full recomputes a whole forward: never faster where the others fit
+
+
+def iteration_s(tp: int, cp: int, pp: int, schedule: str, micro_batch: int, sequences: int) -> tuple[float, str] | None:
     """Predicted iteration of 256 GPUs cut into as many replicas of tp x cp x pp GPUs as they hold, each taking
-    `sequences`, with the best of `layer_splits`; None where no layout fits."""
+    `sequences`, with the best of `layer_splits` and `RECOMPUTE`, and that recompute; None where no layout fits."""
     dp = NODES * GPUS_PER_NODE // (tp * cp * pp)
     found = []
-    for split in layer_splits(pp):
-        layout = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "micro_batch_size": micro_batch, "schedule": schedule}
+    for split, recompute in itertools.product(layer_splits(pp), RECOMPUTE):
+        layout = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "micro_batch_size": micro_batch, "schedule": schedule,
+                  "recompute": recompute}
         if split is not None:
             layout["layers_per_stage"] = list(split)
         body = {**_request(sequences * dp), "layout": layout}
         try:
-            found.append(estimate_for(EstimateRequest.model_validate(body)).predicted.iteration_time_s)
+            found.append((estimate_for(EstimateRequest.model_validate(body)).predicted.iteration_time_s, recompute))
         except PlanningError:
             continue
     return min(found, default=None)
 
 
-def busiest_replica(tp: int, cp: int, pp: int, schedule: str, least_sequences: int) -> tuple[float, int, int] | None:
-    """The fastest (iteration s, micro-batch size, sequences) of a replica taking at least `least_sequences`:
-    one micro-batch size runs the whole plan, so the count is the next multiple of it."""
+def busiest_replica(tp: int, cp: int, pp: int, schedule: str,
+                    least_sequences: int) -> tuple[float, int, int, str] | None:
+    """The fastest (iteration s, micro-batch size, sequences, recompute) of a replica taking at least
+    `least_sequences`: one micro-batch size runs the whole plan, so the count is the next multiple of it."""
     found = []
     for micro_batch in range(1, least_sequences + 1):
         if GLOBAL_BATCH % micro_batch:
             continue
         sequences = micro_batch * -(-least_sequences // micro_batch)
-        seconds = iteration_s(tp, cp, pp, schedule, micro_batch, sequences)
-        if seconds is not None:
-            found.append((seconds, micro_batch, sequences))
+        priced = iteration_s(tp, cp, pp, schedule, micro_batch, sequences)
+        if priced is not None:
+            found.append((priced[0], micro_batch, sequences, priced[1]))
     return min(found, default=None)
 
 
@@ -97,18 +102,18 @@ def main() -> None:
             group = tp * cp * pp
             loaded = busiest_replica(tp, cp, pp, schedule, SEQUENCES_PER_GPU * group + 1)
             if loaded is None:
-                rows.append(f"| tp {tp} cp {cp} pp {pp} {schedule} | {group} | | | no layout fits | |")
+                rows.append(f"| tp {tp} cp {cp} pp {pp} {schedule} | {group} | | | | no layout fits | |")
                 continue
-            loaded_s, micro_batch, sequences = loaded
+            loaded_s, micro_batch, sequences, recompute = loaded
             ceiling = healthy_s / loaded_s * gpus / (gpus - 1)
             best = max(best, (ceiling, f"tp {tp} cp {cp} pp {pp} {schedule}"))
             rows.append(f"| tp {tp} cp {cp} pp {pp} {schedule} | {group} | {sequences} | "
-                        f"{micro_batch} | {loaded_s:.3f} | {ceiling:.3f} |")
+                        f"{micro_batch} | {recompute} | {loaded_s:.3f} | {ceiling:.3f} |")
             print(rows[-1], flush=True)
     body = (__doc__.split("\n\n", 2)[2].strip() + f"\n\nHealthy iteration {healthy_s:.3f} s. Highest ceiling: "
             f"{best[0]:.3f} ({best[1]}).\n\n"
-            "| busiest replica | GPUs g | sequences | micro-batch | iteration s | retention ceiling |\n"
-            "|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows))
+            "| busiest replica | GPUs g | sequences | micro-batch | recompute | iteration s | retention ceiling |\n"
+            "|---|---:|---:|---:|---|---:|---:|\n" + "\n".join(rows))
     print(body.rsplit("\n\n", 1)[0].rsplit("\n\n", 1)[1])
     if args.write:
         write_section("One lost GPU at two sequences per GPU", "python -m benchmarks.lost_gpu_ceiling --write", body)

@@ -37,7 +37,7 @@ def recost(problem: PlanningProblem, layout: NonUniformLayout) -> NonUniformLayo
             and all(len(t.stage_types) == 1 for t in used)):
         layout = replace(layout, outer=replace(layout.outer, virtual_stages=1))
     replicas = sum(layout.allocation.replicas_per_template)
-    devices = sum(count * sum(st.tp for st in t.stage_types)
+    devices = layout.outer.cp * sum(count * sum(st.tp for st in t.stage_types)
                   for t, count in zip(layout.templates, layout.allocation.replicas_per_template))
     cache = TermsCache(problem, layout.outer, replicas, layout.link_replicas, job_devices=devices)
     base = StageType(layout.outer.tp, 1.0)
@@ -51,11 +51,11 @@ def _group_pools(problem: PlanningProblem, layout: NonUniformLayout) -> dict[Sta
     base = StageType(layout.outer.tp, 1.0)
     pools: dict[StageType, list[Group]] = {base: []}
     damaged = cluster.damaged_nodes
-    per_node = cluster.gpus_per_node // layout.outer.tp
+    group = layout.outer.tp * layout.outer.cp
+    per_node = cluster.gpus_per_node // group
     for node in range(cluster.num_nodes):
         if node not in damaged:
-            tp = layout.outer.tp
-            pools[base].extend((node, tuple(range(g * tp, (g + 1) * tp))) for g in range(per_node))
+            pools[base].extend((node, tuple(range(g * group, (g + 1) * group))) for g in range(per_node))
     for node_class, partitions, counts in zip(layout.classes, layout.partitions, layout.allocation.partition_counts):
         nodes = iter(node_class.nodes)
         for partition, count in zip(partitions, counts):
@@ -63,10 +63,11 @@ def _group_pools(problem: PlanningProblem, layout: NonUniformLayout) -> dict[Sta
                 node = next(nodes)
                 healthy = [g for g, _ in cluster.healthy_by_speed[node]]
                 offset = 0
-                for group in partition.groups:
-                    members = tuple(sorted(healthy[offset : offset + group.tp]))
-                    pools.setdefault(group, []).append((node, members))
-                    offset += group.tp
+                for stage_type in partition.groups:
+                    size = stage_type.tp * layout.outer.cp
+                    members = tuple(sorted(healthy[offset : offset + size]))
+                    pools.setdefault(stage_type, []).append((node, members))
+                    offset += size
     return pools
 
 
@@ -106,6 +107,7 @@ def assemble_replicas(problem: PlanningProblem, layout: NonUniformLayout) -> tup
                     layers=(first, first + layers),
                     devices=tuple(device_id(node, g) for g in gpus),
                     tp=stage_type.tp,
+                    cp=layout.outer.cp,
                     memory_gib=round(timings[i].memory_bytes / GIB, 3),
                     forward_ms=round(timings[i].forward_ms, 3),
                     backward_ms=round(timings[i].backward_ms, 3),
@@ -134,6 +136,8 @@ def breakdown_s(cache: TermsCache, replica_plan: list[tuple[Template, list[int]]
         "tp_comm_s": m * stage.tp_comm_ms / 1e3,
         "pp_comm_s": m * stage.p2p_ms / 1e3,
         "pipeline_bubble_s": (pipeline - m * stage.total_ms) / 1e3,
-        "dp_comm_s": (sync_and_step - optimizer) / 1e3,
+        "dp_comm_s": (sync_and_step - optimizer + m * stage.shard_comm_ms) / 1e3,
         "optimizer_s": optimizer / 1e3,
+        "cp_comm_s": m * stage.cp_comm_ms / 1e3,
+        "ep_comm_s": m * stage.ep_comm_ms / 1e3,
     }

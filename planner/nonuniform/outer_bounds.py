@@ -36,14 +36,15 @@ class Inventory:
         return self.most_groups
 
 
-def build_inventory(problem: PlanningProblem, tp: int, sizes: list[int]) -> Inventory:
+def build_inventory(problem: PlanningProblem, tp: int, sizes: list[int], cp: int = 1) -> Inventory:
+    """What stage groups of `tp` (and smaller TP sizes among `sizes`) x `cp` GPUs the nodes can form."""
     cluster = problem.cluster
     classes = tuple(damaged_classes(cluster))
     allowed = tuple(s for s in sizes if s <= tp)
-    partitions = tuple(tuple(node_partitions(c.profile, allowed)) for c in classes)
+    partitions = tuple(tuple(node_partitions(c.profile, allowed, cp)) for c in classes)
     healthy_nodes = cluster.num_nodes - len(cluster.damaged_nodes)
     base = StageType(tp, 1.0)
-    healthy_groups = healthy_nodes * (cluster.gpus_per_node // tp)
+    healthy_groups = healthy_nodes * (cluster.gpus_per_node // (tp * cp))
     degraded = tuple(sorted({g for ps in partitions for p in ps for g in p.groups if g != base}))
     most = healthy_groups + sum(len(c.nodes) * max((len(p.groups) for p in ps), default=0) for c, ps in zip(classes, partitions))
     most_of_type = {base: healthy_groups}
@@ -70,7 +71,7 @@ def ends_in_layers(cache: TermsCache, tps: list[int]) -> float:
 
 @dataclass(frozen=True)
 class Capacity:
-    """Per-layer figures of one (tp, micro-batch size, recompute): they do not depend on pp or v.
+    """Per-layer figures of one (tp, cp, micro-batch size, recompute): they do not depend on pp or v.
 
     work: layers plus embedding and head, in layer units; throughput: layers per ms all the
     groups the nodes can form achieve together; fastest: the least per-layer time of any group.
@@ -82,7 +83,7 @@ class Capacity:
 
 
 def capacity_summary(problem: PlanningProblem, outer: OuterChoice, inventory: Inventory) -> Capacity:
-    cache = TermsCache(problem, OuterChoice(outer.tp, 1, outer.micro_batch_size, outer.recompute), 1)
+    cache = TermsCache(problem, OuterChoice(outer.tp, 1, outer.micro_batch_size, outer.recompute, cp=outer.cp), 1)
     per_layer = {g: per_layer_ms(cache, g) for g in (inventory.base, *inventory.degraded)}
     throughput = inventory.healthy_base_groups / per_layer[inventory.base]
     for node_class, partitions in zip(inventory.classes, inventory.partitions):
@@ -144,7 +145,7 @@ def base_bottleneck_ms(
     `memo` shares it between outer choices of one search (adjacent pp share lengths)."""
     # What the split reads: stage times (which see the replica counts only through whether pipeline sends
     # stay in a node) and memory caps (through ZeRO's replicas).
-    key = (outer.tp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, stages,
+    key = (outer.tp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, outer.cp, stages,
            cache.memory_replicas, cache.links_in_node(outer.tp, stages))
     if memo is not None and key in memo:
         return memo[key]

@@ -19,7 +19,8 @@ from planner.problem import ClusterState
 
 
 class StageType(NamedTuple):
-    """A TP group's size and speed (its slowest member's).
+    """A TP group's size and speed (its slowest member's); with context parallelism the stage group is cp
+    such TP groups (`OuterChoice.cp`), its speed the slowest of them all.
 
     A named tuple rather than a frozen dataclass: stage types key most of the search's memo tables, and a
     tuple hashes and compares in C (a dataclass's generated `__eq__` ran half a million times per 256-GPU
@@ -39,7 +40,8 @@ class NodeClass:
 
 @dataclass(frozen=True)
 class Partition:
-    """Groups of one node, in block order (block i takes the next `groups[i].tp` fastest GPUs)."""
+    """Groups of one node, in block order (block i takes the next `groups[i].tp` x cp fastest GPUs, cp the
+    layout's context-parallel ranks)."""
 
     groups: tuple[StageType, ...]
 
@@ -72,16 +74,18 @@ def _size_sequences(total: int, sizes: tuple[int, ...], largest: int) -> list[tu
     return [(size, *rest) for size in options for rest in _size_sequences(total - size, sizes, size)]
 
 
-def node_partitions(profile: tuple[float, ...], sizes: tuple[int, ...]) -> list[Partition]:
-    """Maximal partitions of a node with this profile into groups of the given sizes."""
+def node_partitions(profile: tuple[float, ...], sizes: tuple[int, ...], cp: int = 1) -> list[Partition]:
+    """Maximal partitions of a node with this profile into groups of the given TP sizes, each group of a TP size
+    tp taking tp x cp GPUs (`cp` context-parallel ranks of it)."""
     if not profile or not sizes:
         return [Partition(())]
     partitions = []
-    for sequence in _size_sequences(len(profile), tuple(sorted(set(sizes))), max(sizes)):
+    # A group of TP size s takes s cp GPUs, so in units of cp GPUs the node holds len // cp of them.
+    for sequence in _size_sequences(len(profile) // cp, tuple(sorted(set(sizes))), max(sizes)):
         groups = []
         offset = 0
         for size in sequence:
-            groups.append(StageType(size, min(profile[offset : offset + size])))
-            offset += size
+            groups.append(StageType(size, min(profile[offset : offset + size * cp])))
+            offset += size * cp
         partitions.append(Partition(tuple(groups)))
     return partitions

@@ -1,6 +1,6 @@
 """Failure-aware search over non-uniform layouts: outer branch and bound, CP-SAT allocation inside.
 
-Outer choices (base TP size, stage count, micro-batch size, recompute,
+Outer choices (base TP size, context-parallel size, stage count, micro-batch size, recompute,
 chunks) are ordered by a lower bound valid for every layout they allow
 (`planner.nonuniform.outer_bounds`). For each outer choice whose bound can
 still beat the incumbent, templates are built and CP-SAT allocates them.
@@ -12,6 +12,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from cost_models.context_parallel import load_balanced_chunks
 from cost_models.resharding import nonuniform_iteration_ms
 from planner.budget import Budget
 from planner.config import TIME_QUANTUM_MS, PlannerConfig
@@ -41,7 +42,7 @@ from planner.nonuniform.templates import (
 )
 from planner.problem import PlanningProblem
 from planner.schedules.bounds import full_backward_only
-from planner.uniform.candidates import tensor_parallel_sizes
+from planner.uniform.candidates import context_parallel_sizes, split_sequences_win, tensor_parallel_sizes
 from planner.work import Work
 
 
@@ -107,20 +108,40 @@ def _link_replicas(outer: OuterChoice, inventory: Inventory, config: PlannerConf
     return max(1, inventory.group_count_bound() // pipeline_lengths(outer.pp, config)[0])
 
 
+def nonuniform_context_parallel_sizes(problem: PlanningProblem, tp: int) -> list[int]:
+    """CP sizes the failure-aware search tries with base TP size `tp`: those of the uniform search
+    (`context_parallel_sizes`) whose stage group of tp x cp GPUs fits in one node, where damaged nodes can
+    still form it. Groups spanning nodes stay with stock layouts, which take undamaged nodes for them."""
+    return [cp for cp in context_parallel_sizes(problem, tp) if tp * cp <= problem.cluster.gpus_per_node]
+
+
 def outer_choices(problem: PlanningProblem) -> list[OuterChoice]:
     layers = problem.workload.model.num_layers
     batch = problem.workload.global_batch_size
     out = []
     for tp in tensor_parallel_sizes(problem):
-        for mbs in problem.micro_batch_sizes:
-            if batch % mbs:
-                continue
-            for pp in range(1, layers + 1):
-                chunks = [1] + [v for v in range(2, problem.config.max_virtual_stages + 1) if pp >= 2 and layers % v == 0 and layers // v >= pp]
-                for v in filter(problem.allows_virtual_stages, chunks):
-                    for recompute in problem.recompute_modes:
-                        out.append(OuterChoice(tp, pp, mbs, recompute, v))
+        for cp in nonuniform_context_parallel_sizes(problem, tp):
+            for mbs in problem.micro_batch_sizes:
+                # As in the uniform search (`split_sequences_win`): cp ranks on a micro-batch that cp whole
+                # sequences fill lose to cp replicas of mbs / cp sequences on the same GPUs, which the
+                # allocation of the cp = 1 outer choice can build replica for replica.
+                if batch % mbs or split_sequences_win(problem, cp, mbs):
+                    continue
+                for pp in range(1, layers + 1):
+                    chunks = [1] + [v for v in range(2, problem.config.max_virtual_stages + 1) if pp >= 2 and layers % v == 0 and layers // v >= pp]
+                    for v in filter(problem.allows_virtual_stages, chunks):
+                        for recompute in problem.recompute_modes:
+                            out.append(OuterChoice(tp, pp, mbs, recompute, v, cp))
     return out
+
+
+def _inventories(problem: PlanningProblem) -> dict[tuple[int, int], Inventory]:
+    """Per (base TP size, CP size), the stage groups the nodes can form; smaller TP sizes serve as degraded
+    groups where the sequence still cuts into their CP chunks."""
+    sizes = tensor_parallel_sizes(problem)
+    seq = problem.workload.seq_length
+    return {(tp, cp): build_inventory(problem, tp, [s for s in sizes if cp == 1 or load_balanced_chunks(seq, cp, s)], cp)
+            for tp in sizes for cp in nonuniform_context_parallel_sizes(problem, tp)}
 
 
 class NonUniformSearch:
@@ -159,10 +180,9 @@ class NonUniformSearch:
         # What does not depend on the pricing is kept in `caches`, which two searches of one problem share.
         caches = {} if caches is None else caches
         if "inventories" not in caches:
-            sizes = tensor_parallel_sizes(problem)
-            caches["inventories"] = {tp: build_inventory(problem, tp, sizes) for tp in sizes}
-        self._inventories: dict[int, Inventory] = caches["inventories"]
-        self._capacities: dict[tuple[int, int, str], Capacity] = caches.setdefault("capacities", {})
+            caches["inventories"] = _inventories(problem)
+        self._inventories: dict[tuple[int, int], Inventory] = caches["inventories"]
+        self._capacities: dict[tuple[int, int, int, str], Capacity] = caches.setdefault("capacities", {})
         self._bottlenecks: dict[tuple, float | None] = caches.setdefault("bottlenecks", {})
         # Memory caps and stage times shared by every TermsCache, and templates shared by outer choices.
         self._shared: dict = caches.setdefault("terms", {})
@@ -183,10 +203,10 @@ class NonUniformSearch:
         queue = []
         choices = outer_choices(problem)
         for index, outer in enumerate(choices):
-            inventory = self._inventories[outer.tp]
+            inventory = self._inventories[(outer.tp, outer.cp)]
             if pipeline_lengths(outer.pp, problem.config)[0] > inventory.group_count_bound():
                 continue  # not even the shortest allowed pipeline finds enough TP groups
-            key = (outer.tp, outer.micro_batch_size, outer.recompute)
+            key = (outer.tp, outer.cp, outer.micro_batch_size, outer.recompute)
             if key not in self._capacities:
                 self._capacities[key] = capacity_summary(problem, outer, inventory)
             # The shortest allowed length keeps this bound valid whatever fits; whether anything
@@ -243,7 +263,7 @@ class NonUniformSearch:
         problem = self._problem
         best_ms = min(incumbent_ms, self.best_ms)
         lower, index, stage, outer = heapq.heappop(self._dives if self._dives else self._queue)
-        inventory = self._inventories[outer.tp]
+        inventory = self._inventories[(outer.tp, outer.cp)]
         memory_replicas = _memory_replicas(problem, outer, inventory)
         link_replicas = _link_replicas(outer, inventory, problem.config)
         # Priced by floors, sync and optimizer must be at most what any allocation of this outer choice pays
@@ -255,7 +275,7 @@ class NonUniformSearch:
         cache = TermsCache(problem, outer, memory_replicas, link_replicas, self._shared)
         if stage == _CHEAP:
             # The strong bound is infinite when no base-only pipeline fits memory: such outer choices drop here.
-            capacity = self._capacities[(outer.tp, outer.micro_batch_size, outer.recompute)]
+            capacity = self._capacities[(outer.tp, outer.cp, outer.micro_batch_size, outer.recompute)]
             tighter = max(lower, strong_lower_bound_ms(problem, outer, inventory, cache, capacity, self._bottlenecks,
                                                         simulated=self._value_of is not None))
             budget.charge(Work.STRONG_BOUND)
@@ -380,7 +400,8 @@ def _valuation_key(layout: NonUniformLayout) -> tuple:
     outer, allocation = layout.outer, layout.allocation
     used = tuple((t.stage_types, t.layers_per_stage, count, work) for t, count, work in zip(
         layout.templates, allocation.replicas_per_template, allocation.microbatches_per_template) if count)
-    return outer.tp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, used, allocation.partition_counts
+    return (outer.tp, outer.cp, outer.micro_batch_size, outer.recompute, outer.virtual_stages, used,
+            allocation.partition_counts)
 
 
 def search_nonuniform(problem: PlanningProblem, incumbent_ms: float, budget: Budget,

@@ -63,13 +63,16 @@ def degraded_lengths(pp: int, config: PlannerConfig = DEFAULT_CONFIG) -> range:
 
 @dataclass(frozen=True)
 class OuterChoice:
-    """What every replica shares: base TP size, nominal stage count, micro-batch size, recompute, chunks."""
+    """What every replica shares: base TP size, nominal stage count, micro-batch size, recompute, chunks, and
+    context-parallel ranks: every stage of the layout, base or degraded, runs on tp x cp GPUs of one node (a
+    degraded one on fewer TP ranks, never fewer CP ranks), each sequence split over its cp ranks."""
 
     tp: int
     pp: int
     micro_batch_size: int
     recompute: str
     virtual_stages: int = 1
+    cp: int = 1
 
 
 @dataclass(frozen=True)
@@ -127,13 +130,13 @@ class TermsCache:
         self.memory_replicas = memory_replicas
         self.link_replicas = self._link_replicas
         self._job_devices = job_devices
-        self._shape_key = (outer.micro_batch_size, outer.recompute, outer.virtual_stages)
+        self._shape_key = (outer.micro_batch_size, outer.recompute, outer.virtual_stages, outer.cp)
         # The search pops each outer choice several times, with a new cache each time: whatever
         # depends on less than the whole outer choice is kept in `shared`, keyed by what it
-        # depends on. Layer costs: (tp, mbs, recompute).
+        # depends on. Layer costs: (tp, mbs, recompute, cp).
         shared = {} if shared is None else shared
         self._parts: dict[tuple, PartSet] = shared.setdefault("parts", {})
-        # Cost terms and per-stage costs: (tp, stages, mbs, recompute, v, both replica counts).
+        # Cost terms and per-stage costs: (tp, stages, mbs, recompute, v, cp, both replica counts).
         self.replicas_key = self._shape_key + (memory_replicas, self._link_replicas, job_devices)
         self._terms: dict[tuple, StageCostTerms] = shared.setdefault("terms", {})
         self._stage_costs: dict[tuple, tuple[float, ...]] = shared.setdefault("stage_costs", {})
@@ -142,7 +145,7 @@ class TermsCache:
         self._affine: dict[tuple, tuple[float, float]] = shared.setdefault("affine", {})
         self._backward: dict[tuple, tuple[float, float]] = shared.setdefault("backward", {})
         # Memory caps, a row of positions: (tp, mbs, recompute, v, stages, memory replicas).
-        self._caps_key = (outer.micro_batch_size, outer.recompute, outer.virtual_stages, memory_replicas)
+        self._caps_key = (outer.micro_batch_size, outer.recompute, outer.virtual_stages, outer.cp, memory_replicas)
         self._cap_rows: dict[tuple, tuple[int, ...]] = shared.setdefault("cap_rows", {})
         # Their first, last and roomiest middle stage alone (`layer_caps_outline`): the same key and memory.
         self._cap_outlines: dict[tuple, tuple[int, int, int | None]] = shared.setdefault("cap_outlines", {})
@@ -219,7 +222,7 @@ class TermsCache:
         layout; once it is known, its device count (`job_devices`) decides for every stage alike."""
         if self._job_devices is not None:
             return self._job_devices <= self._problem.hardware.gpus_per_node
-        return tp * stages * self._link_replicas <= self._problem.hardware.gpus_per_node
+        return tp * self._outer.cp * stages * self._link_replicas <= self._problem.hardware.gpus_per_node
 
     def terms(self, tp: int, stages: int) -> StageCostTerms:
         key = (tp, stages) + self.replicas_key
@@ -228,6 +231,7 @@ class TermsCache:
             shape = ParallelShape(
                 tp, stages, self._replicas, outer.micro_batch_size, outer.recompute,
                 ScheduleName.INTERLEAVED if outer.virtual_stages > 1 else ScheduleName.ONE_F_ONE_B, outer.virtual_stages,
+                cp=outer.cp,
             )
             parts = self._part_set(tp)
             terms = stage_cost_terms(problem.workload, problem.hardware, shape, problem.efficiency, problem.software, parts)
@@ -252,12 +256,12 @@ class TermsCache:
         return self._part_set(tp).layer.time
 
     def _part_set(self, tp: int) -> PartSet:
-        """Layer, embedding and head costs (`part_costs` reads only tp, micro-batch size and recompute)."""
+        """Layer, embedding and head costs (`part_costs` reads only tp, cp, micro-batch size and recompute)."""
         outer = self._outer
-        key = (tp, outer.micro_batch_size, outer.recompute)
+        key = (tp, outer.micro_batch_size, outer.recompute, outer.cp)
         if key not in self._parts:
             problem = self._problem
-            shape = ParallelShape(tp, 1, 1, outer.micro_batch_size, outer.recompute)
+            shape = ParallelShape(tp, 1, 1, outer.micro_batch_size, outer.recompute, cp=outer.cp)
             self._parts[key] = part_costs(problem.workload, problem.hardware, shape, problem.efficiency, problem.software)
         return self._parts[key]
 
@@ -347,16 +351,19 @@ def _stage_costs(
     forward = full_speed[0]
     # The gradient reduction under the last backward, then ZeRO-1's weight all-gather under the next forward
     # (`cost_models.iteration.exposed_dp_sync_ms`).
+    # Every CP rank holds the stage's weights: gradients sync over replicas x cp ranks, as Megatron's
+    # data-parallel-with-CP group does.
+    ranks = sync_replicas * terms.shape.cp
     if sync_replicas > 1:
-        uniform = (exposed_sync_ms(terms.dp_sync_ms(params, sync_replicas), backward,
-                                   terms.dp_sync_ms(bucket_params, sync_replicas), terms.overlap_grad_reduce)
-                   + exposed_sync_ms(terms.param_gather_ms(params, sync_replicas), forward,
-                                     terms.param_gather_ms(bucket_params, sync_replicas), terms.overlap_param_gather))
+        uniform = (exposed_sync_ms(terms.dp_sync_ms(params, ranks), backward,
+                                   terms.dp_sync_ms(bucket_params, ranks), terms.overlap_grad_reduce)
+                   + exposed_sync_ms(terms.param_gather_ms(params, ranks), forward,
+                                     terms.param_gather_ms(bucket_params, ranks), terms.overlap_param_gather))
     else:
         uniform = 0.0
     resharded = sum(
-        exposed_sync_ms(resharded_sync_ms(params, layers, sync_replicas, bytes_per_param, network), overlapped_ms,
-                        resharded_sync_ms(bucket_params, 1, sync_replicas, bytes_per_param, network), overlap)
+        exposed_sync_ms(resharded_sync_ms(params, layers, ranks, bytes_per_param, network), overlapped_ms,
+                        resharded_sync_ms(bucket_params, 1, ranks, bytes_per_param, network), overlap)
         for bytes_per_param, overlapped_ms, overlap in (
             (terms.sync_bytes_per_param, backward, terms.overlap_grad_reduce),
             (terms.gather_bytes_per_param, forward, terms.overlap_param_gather)))
@@ -498,7 +505,7 @@ def enumerate_templates(
                 forms += [(_ALL_DEGRADED, st) for st in sorted(degraded_types) if buildable(stages, st)]
         for form, stage_type in forms:
             key = (outer.tp, stages, form, stage_type, outer.micro_batch_size, outer.recompute, outer.virtual_stages,
-                   cache.memory_replicas, cache.link_replicas, sync_replicas)
+                   outer.cp, cache.memory_replicas, cache.link_replicas, sync_replicas)
             if key not in memo:
                 if form == _BASE_ONLY:
                     sequence = arrange(stages, base, ())

@@ -85,7 +85,7 @@ def context_parallel_sizes(problem: PlanningProblem, tp: int) -> list[int]:
     ]
 
 
-def _split_sequences_win(problem: PlanningProblem, cp: int, mbs: int) -> bool:
+def split_sequences_win(problem: PlanningProblem, cp: int, mbs: int) -> bool:
     """Whether every shape with `cp` ranks and micro-batch size `mbs` is matched or beaten by a shape in the
     space without CP: when cp divides mbs and mbs / cp is a size the search tries, (tp, cp, mbs, dp) loses to
     (tp, 1, mbs / cp, dp cp) on the same GPUs in the same rank order (tp, then cp, then dp is tp, then dp cp).
@@ -254,7 +254,7 @@ def enumerate_shapes(problem: PlanningProblem) -> Iterator[tuple[ParallelShape, 
             if inventory.total == 0:
                 continue
             for mbs in problem.micro_batch_sizes:
-                if batch % mbs or _split_sequences_win(problem, cp, mbs):
+                if batch % mbs or split_sequences_win(problem, cp, mbs):
                     continue
                 for dp in reversed([d for d in divisors(batch // mbs) if d <= inventory.total]):
                     microbatches = batch // (dp * mbs)
@@ -306,7 +306,7 @@ def uniform_shape_count(problem: PlanningProblem) -> int:
             groups = (cluster.gpus_per_node // size * cluster.num_nodes if size <= cluster.gpus_per_node
                       else cluster.total_devices // size)
             for mbs in problem.micro_batch_sizes:
-                if batch % mbs == 0 and not _split_sequences_win(problem, cp, mbs):
+                if batch % mbs == 0 and not split_sequences_win(problem, cp, mbs):
                     count += sum(min(layers, groups // dp) * len(expert_layouts(
                                      problem.workload.model, tp, dp, problem.max_expert_parallel, cp))
                                  for dp in divisors(batch // mbs) if dp <= groups)

@@ -98,7 +98,7 @@ def test_an_impossible_cp_layout_is_refused_in_the_users_terms(layout, message):
 
 @pytest.mark.parametrize("failures", [{}, {"slow": [{"device": "0:1", "speed": 0.6}]}])
 def test_cp_over_whole_microbatches_loses_to_splitting_them_over_replicas(failures):
-    """The search leaves out cp dividing the micro-batch size (`_split_sequences_win`): the same GPUs as cp x
+    """The search leaves out cp dividing the micro-batch size (`split_sequences_win`): the same GPUs as cp x
     more replicas of mbs / cp sequences do at least as well, slow GPUs included."""
     body = small_request(cluster={"num_nodes": 2, **H100_NODES}, model="llama3-8b", failures=failures,
                          training={"global_batch_size": 16, "seq_length": 16384})

@@ -1,6 +1,7 @@
 """The failure-aware search's optimum equals exhaustive enumeration of its space on small clusters.
 
-The brute force enumerates, on its own: every outer choice; every maximal
+The brute force enumerates, on its own: every outer choice (context-parallel
+sizes included: a stage group of tp x cp GPUs); every maximal
 partition of every damaged node (its own recursion); every template of the
 space with the split that minimizes (bottleneck, sum) over all compositions
 of the layers; every multiset of replicas the partitions' groups can supply;
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -40,22 +42,22 @@ from tests.planner.helpers import small_problem
 INF = float("inf")
 
 
-def maximal_partitions(speeds: list[float], sizes: list[int]) -> list[tuple[StageType, ...]]:
-    """Non-increasing size sequences, contiguous blocks of the speed-sorted GPUs, nothing more fits."""
+def maximal_partitions(speeds: list[float], sizes: list[int], cp: int = 1) -> list[tuple[StageType, ...]]:
+    """Non-increasing TP-size sequences, contiguous blocks of tp x cp of the speed-sorted GPUs, nothing more fits."""
     ordered = sorted(speeds, reverse=True)
     out = []
 
     def extend(prefix: list[int], left: int) -> None:
-        options = [s for s in sizes if s <= left and (not prefix or s <= prefix[-1])]
+        options = [s for s in sizes if s * cp <= left and (not prefix or s <= prefix[-1])]
         if not options:
             groups, offset = [], 0
             for size in prefix:
-                groups.append(StageType(size, min(ordered[offset : offset + size])))
-                offset += size
+                groups.append(StageType(size, min(ordered[offset : offset + size * cp])))
+                offset += size * cp
             out.append(tuple(groups))
             return
         for size in options:
-            extend(prefix + [size], left - size)
+            extend(prefix + [size], left - size * cp)
 
     extend([], len(ordered))
     return out
@@ -104,7 +106,9 @@ def brute_force_nonuniform_ms(problem) -> float:
     sizes = tensor_parallel_sizes(problem)
     best = INF
     for outer in outer_choices(problem):
-        inventory = build_inventory(problem, outer.tp, sizes)
+        # TP sizes whose groups still cut each sequence into 2 cp chunks split over TP (Megatron's assertion).
+        allowed = [s for s in sizes if s <= outer.tp and problem.workload.seq_length % (2 * outer.cp * s) == 0]
+        inventory = build_inventory(problem, outer.tp, allowed, outer.cp)
         if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
             continue
         total = problem.workload.global_batch_size // outer.micro_batch_size
@@ -112,12 +116,11 @@ def brute_force_nonuniform_ms(problem) -> float:
         sync_replicas = max(1, inventory.group_count_bound() // pipeline_lengths(outer.pp)[0])
         cache = TermsCache(problem, outer, memory_replicas, sync_replicas)
         base = StageType(outer.tp, 1.0)
-        allowed = [s for s in sizes if s <= outer.tp]
         damaged = sorted(cluster.damaged_nodes)
         per_node = []
         for node in damaged:
             speeds = [cluster.speed_of(node, g) for g in range(cluster.gpus_per_node) if (node, g) not in cluster.failed]
-            per_node.append(maximal_partitions(speeds, allowed) if speeds else [()])
+            per_node.append(maximal_partitions(speeds, allowed, outer.cp) if speeds else [()])
         degraded_types = sorted({g for options in per_node for p in options for g in p if g != base})
         templates = []
         for stages in pipeline_lengths(outer.pp):
@@ -131,7 +134,7 @@ def brute_force_nonuniform_ms(problem) -> float:
                     templates.append(template_costs(problem, cache, form, split, base, sync_replicas))
         if not templates:
             continue
-        healthy_groups = (cluster.num_nodes - len(damaged)) * (cluster.gpus_per_node // outer.tp)
+        healthy_groups = (cluster.num_nodes - len(damaged)) * (cluster.gpus_per_node // (outer.tp * outer.cp))
         for choice in itertools.product(*per_node):
             supply = Counter({base: healthy_groups})
             for partition in choice:
@@ -177,6 +180,9 @@ CASES = {
     "failed and slow, 3x4": dict(num_nodes=3, failed=("0:0",), slow=(("2:3", 0.25),)),
     "whole node failed and a slow GPU, 3x4": dict(num_nodes=3, failed=("1:*",), slow=(("0:2", 0.5),)),
     "two failed, 4x4, batch 16": dict(num_nodes=4, failed=("0:3", "2:1"), global_batch=16),
+    # Long sequences, where context parallelism wins: cp 2 on single GPUs, and tp 2 x cp 2 stages.
+    "one failed GPU, 2x4, 16k tokens": dict(failed=("0:1",), global_batch=8, seq_length=16384),
+    "one failed GPU, 2x4, 32k tokens": dict(failed=("0:1",), global_batch=4, seq_length=32768),
 }
 
 
@@ -190,12 +196,23 @@ def test_nonuniform_search_matches_brute_force(case):
     assert found.layout.iteration_ms == pytest.approx(expected, rel=1e-5, abs=1e-3)
 
 
+def test_the_long_sequence_cases_are_won_by_context_parallelism():
+    """The two long-sequence cases above check the search's context-parallel outer choices only if one of
+    them is the optimum: without CP both plan slower."""
+    for name in ("one failed GPU, 2x4, 16k tokens", "one failed GPU, 2x4, 32k tokens"):
+        problem = small_problem(**CASES[name])
+        found = search_nonuniform(problem, INF, Budget.starting_now(60))
+        without = search_nonuniform(replace(problem, max_context_parallel=1), INF, Budget.starting_now(60))
+        assert found.layout.outer.cp > 1
+        assert found.layout.iteration_ms < without.layout.iteration_ms * 0.99
+
+
 def test_partitions_match_the_independent_enumeration():
     problem = small_problem(num_nodes=3, failed=("0:0",), slow=(("2:3", 0.25),))
     for node_class in damaged_classes(problem.cluster):
         from planner.nonuniform.partitions import node_partitions
 
-        for sizes in ([1, 2, 4], [1, 2], [2, 4], [4]):
-            mine = sorted(p.groups for p in node_partitions(node_class.profile, tuple(sizes)))
-            theirs = sorted(maximal_partitions(list(node_class.profile), sizes))
+        for sizes, cp in (([1, 2, 4], 1), ([1, 2], 1), ([2, 4], 1), ([4], 1), ([1, 2], 2), ([1], 2), ([1], 3)):
+            mine = sorted(p.groups for p in node_partitions(node_class.profile, tuple(sizes), cp))
+            theirs = sorted(maximal_partitions(list(node_class.profile), sizes, cp))
             assert mine == theirs
