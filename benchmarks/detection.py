@@ -280,8 +280,8 @@ def run(setup: Setup, clean_iterations: int, injected_iterations: int, seeds: Se
             "Alarms count (iteration, device) pairs: a device stays flagged at every iteration its rule holds. "
             "Normalized time = compute / (role median x expected work), 1.0 = as fast as its peers; the detector "
             "flags >= 1.15 in 3 consecutive iterations. One detector call on a "
-            f"{len(devices)}-device x {RECOMMENDED_WINDOW}-iteration window (summarize + decide, pure Python): "
-            f"{1e3 * max(timings):.0f} ms."
+            f"{len(devices)}-device x {RECOMMENDED_WINDOW}-iteration window (summarize + decide; the time-model fit "
+            f"on numpy arrays): {1e3 * max(timings):.0f} ms."
         ),
         "",
     ]

@@ -37,6 +37,8 @@ DIVE = "tests/planner/test_failure_aware_dive.py"
 REPORTED_FLOOR = "tests/schedules/test_reported_floor.py"
 PASS_ONE = "tests/planner/test_pass_one_best.py"
 IMPROVED_OPS = "tests/schedules/test_improved_ops_cap.py"
+NONUNIFORM = "tests/planner/test_nonuniform_brute_force.py"
+NONUNIFORM_CP = "tests/planner/test_nonuniform_context_parallel.py"
 
 SECTION = "Oracle mutation runs"
 
@@ -89,6 +91,13 @@ MUTATIONS = [
      "incumbent * (1 - problem.config.bubble_search_gap)", "incumbent * (1 - 0.05)", (PASS_ONE,)),
     ("schedules: CP-SAT asked to improve replicas of any size", "planner/schedules/for_plan.py",
      "        if cp_sat_ops(specs[slowest]) > problem.config.max_improved_ops:", "        if False:", (IMPROVED_OPS,)),
+    ("failure-aware: no context parallelism in non-uniform layouts", "planner/nonuniform/search.py",
+     "    return [cp for cp in context_parallel_sizes(problem, tp) if tp * cp <= problem.cluster.gpus_per_node]",
+     "    return [1]", (NONUNIFORM, NONUNIFORM_CP)),
+    ("failure-aware: a damaged node's CP groups take tp GPUs, not tp x cp", "planner/nonuniform/partitions.py",
+     "            offset += size * cp", "            offset += size", (NONUNIFORM, NONUNIFORM_CP)),
+    ("failure-aware: gradients sync over replicas, not replicas x CP ranks", "planner/nonuniform/templates.py",
+     "    ranks = sync_replicas * terms.shape.cp", "    ranks = sync_replicas", (NONUNIFORM, NONUNIFORM_CP)),
     ("floors count the backward chain under zero-bubble schedules", "planner/nonuniform/templates.py",
      "before = sum(forwards[:s]) + (sum(backwards[:s]) if full_backward else 0.0)",
      "before = sum(forwards[:s]) + sum(backwards[:s])", (FLOORS, FAILURE_AWARE, ORACLE)),
