@@ -106,8 +106,27 @@ def replica_speed_vectors(inventory: SlotInventory, pp: int, dp: int, expert_rep
     return replace(packed(degraded_speeds_used(inventory, pp, dp), pp, dp), ep=expert_replicas).distinct
 
 
+@dataclass(frozen=True)
+class ForcedSlow:
+    """What every layout of a shape must run slowly: some replica holds at least `stages` stages at `speed` or
+    below (`forced_slow`); none is (0, 1.0)."""
+
+    stages: int = 0
+    speed: float = 1.0
+
+
+def forced_slow(shape: ParallelShape, inventory: SlotInventory) -> ForcedSlow:
+    """A layout takes dp x pp slots, so where the full-speed ones are fewer it takes k = dp pp - full-speed
+    degraded ones, none faster than the fastest degraded slot, and by pigeonhole one of its dp replicas holds
+    ceil(k / dp) of them (an expert-parallel group runs at its slowest member's pace, which is no faster)."""
+    forced = shape.dp * shape.pp - inventory.full_speed_count
+    if forced <= 0 or not inventory.degraded:
+        return ForcedSlow()
+    return ForcedSlow(-(-forced // shape.dp), inventory.degraded[0].speed)
+
+
 def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float | None = None,
-                    chunk_sync_overlap: bool = False) -> float:
+                    chunk_sync_overlap: bool = False, slow: ForcedSlow = ForcedSlow()) -> float:
     """A bound below every split, at full speed, plus the sync floors.
 
     The slowest stage takes at least the mean stage time, and at least the
@@ -126,13 +145,31 @@ def _lower_bound_ms(terms: StageCostTerms, layers: int, *, prefix_share: float |
     were every term below g, induction on s would give P_s below the equal
     solution's, and P_p below W.
 
+    With `slow` (`forced_slow`: in every layout of the shape some replica runs j stages at speed s < 1 or
+    below), that replica's speeds v_i sum to at most p - j + j s, and a stage takes its compute c_i over its
+    speed (links do not slow): max_i (c_i / v_i) >= sum_i c_i / sum_i v_i >= C / (p - j + j s), C the compute
+    of one microbatch through every layer and both ends at full speed. Chunked shapes (v > 1) split the layers
+    evenly, L / p a stage, in every search: a slow stage then takes at least (L / p) c_layer / s. The slowest
+    replica's bubble-model pipeline (m - 1/v) M + W / v and every schedule's m M are no less with this M and
+    the full-speed W.
+
     The sync floor is the last bucket of a stage of mean parameters, and the first bucket of its weight
     all-gather with ZeRO-1 (under the 1F1B overlap model at least the largest stage's stay exposed); with `chunk_sync_overlap` (looped BFS allowed, which
     hides finished chunks' sync: `planner.schedules.sync`) only some stage's last bucket is sure to, and
     every stage holds a layer at least.
     """
     dp_floor, optimizer_floor = _sync_floor_ms(terms, layers, chunk_sync_overlap)
-    return _pipeline_floor_ms(terms, layers, *_work_ms(terms), prefix_share) + dp_floor + optimizer_floor
+    pipeline = _pipeline_floor_ms(terms, layers, *_work_ms(terms), prefix_share, _compute_ms(terms, layers), slow)
+    return pipeline + dp_floor + optimizer_floor
+
+
+def _compute_ms(terms: StageCostTerms, layers: int) -> tuple[float, float]:
+    """(one microbatch's forward and backward compute through every layer, the embedding and the head; one
+    layer's) at full speed: what a slow stage stretches (`cost_models.iteration.stage_time`)."""
+    def compute(part) -> float:
+        return part.time.forward_compute_ms + part.time.backward_compute_ms
+    layer = compute(terms.layer)
+    return layers * layer + compute(terms.embedding) + compute(terms.head), layer
 
 
 def _work_ms(terms: StageCostTerms) -> tuple[float, float]:
@@ -143,11 +180,18 @@ def _work_ms(terms: StageCostTerms) -> tuple[float, float]:
 
 
 def _pipeline_floor_ms(terms: StageCostTerms, layers: int, layer_ms: float, ends_ms: float,
-                       prefix_share: float | None) -> float:
-    """The pipeline term of `_lower_bound_ms`."""
+                       prefix_share: float | None, compute_ms: tuple[float, float] = (0.0, 0.0),
+                       slow: ForcedSlow = ForcedSlow()) -> float:
+    """The pipeline term of `_lower_bound_ms`; `compute_ms` (all of a microbatch's, one layer's) is read only
+    with forced `slow` stages."""
     p, m, v = terms.shape.pp, terms.num_microbatches, terms.shape.virtual_stages
     work = layers * layer_ms + ends_ms + p * terms.p2p_ms
     slowest = max(work / p, -(-layers // p) * layer_ms + terms.p2p_ms)
+    if slow.stages:
+        total_compute, layer_compute = compute_ms
+        slowest = max(slowest, total_compute / (p - slow.stages + slow.stages * slow.speed))
+        if v > 1:
+            slowest = max(slowest, layers // p * layer_compute / slow.speed)
     if prefix_share is None:
         return m * slowest + (work - slowest) / v
     if prefix_share > 0:
@@ -180,19 +224,27 @@ class LowerBounds:
         self._sharded_parts = shards_every_microbatch(problem.workload.zero_stage)  # part times depend on dp
         self._software = problem.software
         self._works: dict[tuple, tuple[float, float]] = {}
+        self._computes: dict[tuple, tuple[float, float]] = {}
         self._syncs: dict[tuple, tuple[float, float]] = {}
 
     def bound_ms(self, terms: StageCostTerms, prefix_share: float | None = None,
-                 chunk_sync_overlap: bool = False) -> float:
+                 chunk_sync_overlap: bool = False, slow: ForcedSlow = ForcedSlow()) -> float:
+        """`_lower_bound_ms`; `slow` as there (`forced_slow`)."""
         shape = terms.shape
         work_key = parts_key(shape, self._software)
         if self._sharded_parts:
             work_key += (shape.dp, shape.dp_shard)
         work = self._works.get(work_key) or self._works.setdefault(work_key, _work_ms(terms))
+        compute_ms = (0.0, 0.0)
+        if slow.stages:
+            compute_key = ("compute", *work_key)
+            compute_ms = self._computes.get(compute_key) or self._computes.setdefault(
+                compute_key, _compute_ms(terms, self._layers))
         sync_key = (shape.tp, shape.cp, shape.ep, shape.etp, shape.dp, shape.dp_shard, shape.pp, chunk_sync_overlap)
         dp_floor, optimizer_floor = self._syncs.get(sync_key) or self._syncs.setdefault(
             sync_key, _sync_floor_ms(terms, self._layers, chunk_sync_overlap))
-        return _pipeline_floor_ms(terms, self._layers, *work, prefix_share) + dp_floor + optimizer_floor
+        return (_pipeline_floor_ms(terms, self._layers, *work, prefix_share, compute_ms, slow)
+                + dp_floor + optimizer_floor)
 
 
 def simulation_floor_ms(candidate: Candidate, layers: int, *, full_backward: bool, chunk_sync_overlap: bool = False,
@@ -201,9 +253,11 @@ def simulation_floor_ms(candidate: Candidate, layers: int, *, full_backward: boo
     every allowed schedule runs whole backward ops, else 0; `chunk_sync_overlap` when a schedule that hides
     finished chunks' sync (looped BFS) is allowed for this shape. `bounds`: shared pieces, for many shapes."""
     share = 1.0 / candidate.shape.virtual_stages if full_backward else 0.0
+    slow = forced_slow(candidate.shape, candidate.inventory)
     if bounds is not None:
-        return bounds.bound_ms(candidate.terms, share, chunk_sync_overlap)
-    return _lower_bound_ms(candidate.terms, layers, prefix_share=share, chunk_sync_overlap=chunk_sync_overlap)
+        return bounds.bound_ms(candidate.terms, share, chunk_sync_overlap, slow)
+    return _lower_bound_ms(candidate.terms, layers, prefix_share=share, chunk_sync_overlap=chunk_sync_overlap,
+                           slow=slow)
 
 
 def split_fits(shape: ParallelShape, max_layers: tuple[int, ...], layers: int, stock_only: bool) -> bool:
@@ -337,7 +391,8 @@ def ranked_candidates(problem: PlanningProblem, budget: Budget | None = None) ->
         terms = stage_cost_terms(
             problem.workload, problem.hardware, shape, problem.efficiency, problem.software, parts[key]
         )
-        out.append(Candidate(terms=terms, inventory=inventory, lower_bound_ms=bounds.bound_ms(terms)))
+        out.append(Candidate(terms=terms, inventory=inventory,
+                             lower_bound_ms=bounds.bound_ms(terms, slow=forced_slow(shape, inventory))))
     # Equal bounds in the ascending order of tp, cp, micro-batch size, dp, pp, chunks, recompute mode and ep,
     # expert-TP = TP before 1, full sharding before hybrid.
     modes = {mode: index for index, mode in enumerate(problem.recompute_modes)}

@@ -62,7 +62,7 @@ def test_no_handcrafted_schedule_beats_a_templates_floor(body):
     sizes = tensor_parallel_sizes(problem)
     checked = 0
     for outer in outer_choices(problem)[::7]:  # a spread of outer choices keeps this fast
-        inventory = build_inventory(problem, outer.tp, sizes)
+        inventory = build_inventory(problem, outer.tp, sizes, outer.cp)
         cache = TermsCache(problem, outer, _memory_replicas(problem, outer, inventory))
         templates = enumerate_templates(problem, outer, cache, inventory.degraded_types(), 2)
         v = outer.virtual_stages

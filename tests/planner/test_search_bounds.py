@@ -35,7 +35,7 @@ def _outer_choices_with_templates(problem):
     sizes = tensor_parallel_sizes(problem)
     shared: dict = {}
     for outer in outer_choices(problem):
-        inventory = build_inventory(problem, outer.tp, sizes)
+        inventory = build_inventory(problem, outer.tp, sizes, outer.cp)
         if pipeline_lengths(outer.pp)[0] > inventory.group_count_bound():
             continue
         memory, links = _memory_replicas(problem, outer, inventory), _link_replicas(outer, inventory, problem.config)
