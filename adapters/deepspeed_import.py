@@ -65,13 +65,14 @@ def _number(config: dict, key: str) -> int | None:
     return value
 
 
-def _section(exported: dict, key: str) -> dict:
-    """`exported[key]`, an object or absent/null ({}); anything else is a CommandLineError naming it."""
-    value = exported.get(key)
+def _section(parent: dict, key: str, path: str = "") -> dict:
+    """`parent[key]`, an object or absent/null ({}); anything else is a CommandLineError naming it (`path`: the
+    keys leading to `parent`, "resiplan." inside the export's own section)."""
+    value = parent.get(key)
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise CommandLineError(f"resiplan.{key} must be a JSON object, not {type(value).__name__}")
+        raise CommandLineError(f"{path}{key} must be a JSON object, not {type(value).__name__}")
     return value
 
 
@@ -90,12 +91,12 @@ def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size:
         notes += imported.notes
         ignored = list(imported.ignored)
     elif exported is not None:
-        module = _section(exported, "pipeline_module")  # null: a ZeRO-2/3 export, one stage, no PipelineModule
-        model = {k: v for k, v in _section(exported, "model").items() if k != "name"}
+        module = _section(exported, "pipeline_module", "resiplan.")  # null: a ZeRO-2/3 export, one stage, no PipelineModule
+        model = {k: v for k, v in _section(exported, "model", "resiplan.").items() if k != "name"}
         split = module.get("transformer_layers_per_stage") or []
         if not isinstance(split, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in split):
             raise CommandLineError("resiplan.pipeline_module.transformer_layers_per_stage must list whole numbers")
-        tp = _section(exported, "tensor_parallel").get("size", 1)
+        tp = _section(exported, "tensor_parallel", "resiplan.").get("size", 1)
         layout = {"tp": tp, "pp": module.get("num_stages", 1), "virtual_stages": 1, "schedule": "1f1b"}
         if len(set(split)) > 1:
             layout["layers_per_stage"] = split
@@ -117,10 +118,10 @@ def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size:
                                    "DeepSpeed refuses such a config too")
         layout["dp"] = batch // (mbs * steps)
     layout["micro_batch_size"] = mbs
-    stage = (config.get("zero_optimization") or {}).get("stage", 0)
+    stage = _section(config, "zero_optimization").get("stage", 0)
     if stage not in (0, 1, 2, 3):
         raise CommandLineError(f"zero_optimization.stage {stage!r}: DeepSpeed's ZeRO stages are 0, 1, 2 and 3")
-    interval = (config.get("pipeline") or {}).get("activation_checkpoint_interval", 0)
+    interval = _section(config, "pipeline").get("activation_checkpoint_interval", 0)
     if interval not in (0, 1):
         not_modelled.append(f"pipeline.activation_checkpoint_interval {interval}: checkpointing every "
                             f"{interval} layers is estimated as every layer")
@@ -132,7 +133,7 @@ def import_deepspeed(config: dict, megatron_args: str | None = None, vocab_size:
                 "precision": _precision(config)}
     # DeepSpeed accumulates gradients in the model's dtype unless data_types.grad_accum_dtype says otherwise
     # (engine.get_data_types); fp32 accumulation in bf16 training exists with ZeRO-1 only (its BF16_Optimizer).
-    if training["precision"] == "bf16" and (config.get("data_types") or {}).get("grad_accum_dtype") in (None, "bf16"):
+    if training["precision"] == "bf16" and _section(config, "data_types").get("grad_accum_dtype") in (None, "bf16"):
         training["grad_precision"] = "bf16"
     _expert_parallel(config, model, layout, training, not_modelled)
     for key in sorted(config):
@@ -174,8 +175,8 @@ def _expert_parallel(config: dict, model: dict, layout: dict, training: dict, no
 
 
 def _precision(config: dict) -> str:
-    bf16 = bool((config.get("bf16") or {}).get("enabled"))
-    fp16 = bool((config.get("fp16") or {}).get("enabled"))
+    bf16 = bool(_section(config, "bf16").get("enabled"))
+    fp16 = bool(_section(config, "fp16").get("enabled"))
     if bf16 and fp16:
         raise CommandLineError("bf16 and fp16 both enabled: DeepSpeed refuses that too")
     if not (bf16 or fp16):

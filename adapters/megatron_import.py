@@ -113,8 +113,23 @@ def _number(flags: dict, name: str, default, kind: type = int):
         raise CommandLineError(f"{name} {value!r} is not a {'whole number' if kind is int else 'number'}") from None
 
 
+# Sizes, counts and parallel degrees Megatron needs at least one of; every other whole-number flag at least 0.
+_AT_LEAST_ONE = frozenset({
+    "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--global-batch-size",
+    "--micro-batch-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--num-virtual-stages-per-pipeline-rank",
+    "--num-layers-per-virtual-pipeline-stage", "--num-query-groups", "--kv-channels", "--ffn-hidden-size",
+    "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--num-distributed-optimizer-instances",
+    "--vocab-size", "--max-position-embeddings",
+})
+
+
 def _int(flags: dict, name: str, default: int | None = None) -> int | None:
-    return _number(flags, name, default)
+    value = _number(flags, name, default)
+    least = 1 if name in _AT_LEAST_ONE else 0
+    if flags.get(name) is not None and value < least:
+        raise CommandLineError(f"{name} {value} must be at least {least}")
+    return value
 
 
 def _float(flags: dict, name: str, default: float) -> float:
@@ -259,6 +274,9 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
     v = _int(flags, "--num-virtual-stages-per-pipeline-rank", 1)
     per_virtual = _int(flags, "--num-layers-per-virtual-pipeline-stage")
     if per_virtual is not None:
+        if layers % (pp * per_virtual):
+            raise CommandLineError(f"--num-layers-per-virtual-pipeline-stage {per_virtual}: {layers} layers do not "
+                                   f"split into pp {pp} x chunks of {per_virtual} layers")
         v = layers // (pp * per_virtual)
     split, chunks = None, None
     if "--pipeline-model-parallel-layout" in flags:

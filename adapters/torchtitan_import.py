@@ -95,6 +95,8 @@ def _from_toml(text: str) -> dict[str, list[str]]:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise CommandLineError(f"the TOML job file does not parse: {error}") from None
+    except RecursionError:  # tomllib recurses per nesting level; a job file nests a few
+        raise CommandLineError("the TOML job file nests arrays or tables too deeply to parse") from None
     out = {}
     for section, fields in table.items():
         if not isinstance(fields, dict):
@@ -105,14 +107,26 @@ def _from_toml(text: str) -> dict[str, list[str]]:
     return out
 
 
+# Options that may be 0 (layers the embedding and the output weigh), and the one that may be -1 (torchtitan's
+# "the ranks left over"); every other whole-number option is a size or degree of at least 1.
+_MAY_BE_ZERO = frozenset({"--parallelism.pipeline_parallel_first_stage_less_layers",
+                          "--parallelism.pipeline_parallel_last_stage_less_layers"})
+_MAY_BE_AUTO = frozenset({"--parallelism.data_parallel_shard_degree"})
+
+
 def _int(options: dict, key: str, default: int | None) -> int | None:
     values = options.get(key)
     if not values:
         return default
     try:
-        return int(values[0])
+        value = int(values[0])
     except ValueError:
         raise CommandLineError(f"{key} {values[0]!r} is not a whole number") from None
+    least = 0 if key in _MAY_BE_ZERO else 1
+    if value < least and not (key in _MAY_BE_AUTO and value == -1):
+        raise CommandLineError(f"{key} {value} must be at least {least}" + (" (or -1: the ranks left over)"
+                                                                             if key in _MAY_BE_AUTO else ""))
+    return value
 
 
 def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict | None = None) -> Imported:

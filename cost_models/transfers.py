@@ -41,6 +41,8 @@ WEIGHTS, OPTIMIZER = "weights", "optimizer"
 _BYTES_PER_PARAM = {WEIGHTS: WEIGHT_BYTES_PER_PARAM, OPTIMIZER: OPTIMIZER_BYTES_PER_PARAM}
 # Interval ends are r/t plus multiples of (1/t)/d: no denominator exceeds t x d <= 2^24 here.
 _MAX_DENOMINATOR = 1 << 24
+_MAX_GRID_DENOMINATOR = 2**62
+_FALLBACK_GRID_DENOMINATOR = 2**24 * math.lcm(*range(1, 33))
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,13 @@ class _Grid:
                     if end not in exact:
                         exact[end] = Fraction(end).limit_denominator(_MAX_DENOMINATOR)
         self.denominator = math.lcm(1, *(value.denominator for value in exact.values()))
+        if self.denominator > _MAX_GRID_DENOMINATOR:
+            # Ends that are not small fractions (a mixture of experts' shards cut at the routed experts' float
+            # share of a layer) each bring their own denominator, and their least common multiple outgrows any
+            # float: round them to a fixed fine grid, where every k/n with n <= 32 still falls on a step.
+            self.denominator = _FALLBACK_GRID_DENOMINATOR
+            self._steps = {end: round(Fraction(end) * self.denominator) for end in exact}
+            return
         self._steps = {end: value.numerator * (self.denominator // value.denominator) for end, value in exact.items()}
 
     def interval(self, block: ShardBlock, kind: str) -> tuple[int, int]:

@@ -188,3 +188,32 @@ def test_receivers_prefer_their_node_and_share_the_senders():
     per_receiver = (1000 + 200 + 700) * 14
     assert cost.bytes_moved == 2 * per_receiver
     assert cost.estimated_s == pytest.approx(per_receiver / 100e9)  # two senders side by side over NVLink
+
+
+def test_shards_cut_at_a_float_share_move_exactly_what_each_receiver_lacks():
+    """A mixture of experts cuts shards at the routed experts' float share of a layer: every such end brings its own
+    denominator near 2^24, and their least common multiple once outgrew a float (a 500 on replan). Each receiver
+    must still get exactly the part of its new interval it did not hold, summed here without the grid."""
+    from cost_models.memory import OPTIMIZER_BYTES_PER_PARAM
+    from cost_models.migration import WEIGHT_BYTES_PER_PARAM, ShardBlock
+
+    share = 0.0323456789
+    old_cuts = sorted({0.0, 1.0} | {(share * k) % 1.0 for k in range(1, 80)})
+    new_cuts = sorted({0.0, 1.0} | {(share * k * 7 / 3) % 1.0 for k in range(1, 80)})
+
+    def holdings(cuts: list[float], first: int) -> dict[str, tuple]:
+        return {_device(first + i): (ShardBlock(1, 2, lo, hi, lo, hi),) for i, (lo, hi) in enumerate(zip(cuts, cuts[1:]))}
+
+    old, new = holdings(old_cuts, 0), holdings(new_cuts, 40)
+    alive = frozenset(old) | frozenset(new)
+    units = UnitParams(num_layers=1, embedding=0.0, per_layer=1e9, head=0.0)
+    cost = migration_cost(old, new, alive, {device: _node(device) for device in alive}, units, 100.0, 10.0)
+
+    def own(device: str, lo: float, hi: float) -> float:
+        return sum(max(0.0, min(hi, b.weight_hi) - max(lo, b.weight_lo)) for b in old.get(device, ()))
+
+    lacking = sum(block.weight_hi - block.weight_lo - own(device, block.weight_lo, block.weight_hi)
+                  for device, (block,) in new.items())
+    expected = lacking * units.per_layer * (WEIGHT_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM)
+    assert math.isfinite(cost.estimated_s) and cost.bytes_from_checkpoint == 0
+    assert cost.bytes_moved == pytest.approx(expected, rel=1e-9)
