@@ -19,18 +19,23 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from cost_models.efficiency import (
+    CALIBRATION_BOUNDS,
     EFFICIENCY_BOUNDS,
     MEASURED_EFFICIENCY,
     MEGATRON_2021,
     EfficiencyParams,
     SoftwareConfig,
     fitted_efficiency,
+    fitted_hopper_attention_fraction,
 )
-from cost_models.hardware import GIB, gpu_preset
+from cost_models.gpu_efficiency import efficiency_for_gpu, is_hopper_class
+from cost_models.hardware import GIB, GpuSpec, gpu_preset
 from cost_models.iteration import estimate_iteration
 from cost_models.layout import Hardware, ParallelShape, Workload
 from cost_models.model_spec import ModelSpec
@@ -207,25 +212,34 @@ def table(runs: list[CalibrationRun], efficiency: EfficiencyParams) -> str:
     return "\n".join(lines)
 
 
-def modern_table(efficiency: EfficiencyParams) -> list[str]:
-    """Each 2023+ run's published and predicted seconds per iteration (and tokens/s per GPU), then the
-    mean |error| per source, over all, and per feature (`run_feature`: FP8, ZeRO-2, ZeRO-3 / FSDP reported apart)."""
+def modern_table(efficiency_for: Callable[[GpuSpec], EfficiencyParams], fitted: frozenset[str] = frozenset()) -> list[str]:
+    """Each 2023+ run's published and predicted seconds per iteration (and tokens/s per GPU), priced with its GPU's
+    parameters (`efficiency_for`), and whether Hopper's attention fraction was fitted on it (`fitted`: labels); then
+    the mean |error| of the fitted and the held-out runs, per source, over all, and per feature (`run_feature`:
+    FP8, ZeRO-2, ZeRO-3 / FSDP reported apart)."""
     from benchmarks.modern_runs import load_modern_runs, predict_iteration_s
 
-    lines = ["| source | run | mbs, recompute | published s (tokens/s/GPU) | predicted s | error |",
-             "|---|---|---|---:|---:|---:|"]
+    lines = ["| source | run | mbs, recompute | published s (tokens/s/GPU) | predicted s | error | attention fraction |",
+             "|---|---|---|---:|---:|---:|---|"]
     errors: dict[str, list[float]] = {}
     by_feature: dict[str, list[float]] = {}
+    by_role: dict[str, list[float]] = {}
     for run in load_modern_runs():
-        predicted = predict_iteration_s(run, efficiency)
+        predicted = predict_iteration_s(run, efficiency_for(run.hardware.gpu))
         error = predicted / run.published_iteration_s - 1
+        role = "fitted" if run.label in fitted else "held out"
         errors.setdefault(run.source_id, []).append(abs(error))
         by_feature.setdefault(run_feature(run), []).append(abs(error))
+        by_role.setdefault(role, []).append(abs(error))
+        if role == "held out" and run_feature(run) != "moe":
+            by_role.setdefault("held out, dense", []).append(abs(error))
         lines.append(f"| {run.source_id} | {run.label} | {run.shape.micro_batch_size}, {run.shape.recompute} "
                      f"| {run.published_iteration_s:.3f} ({run.tokens_per_s_per_gpu:,.0f}) | {predicted:.3f} "
-                     f"| {100 * error:+.1f}% |")
+                     f"| {100 * error:+.1f}% | {role} |")
     every = [e for source in errors.values() for e in source]
-    lines += ["", "Mean |error| per source: " + "; ".join(
+    lines += ["", "Mean |error| of the runs Hopper's attention fraction is fitted on and of the others: " + "; ".join(
+        f"{role} {_mean_text(by_role.get(role, []))}" for role in ("fitted", "held out", "held out, dense")) + "."]
+    lines += ["Mean |error| per source: " + "; ".join(
         f"{source} {100 * sum(e) / len(e):.1f}% ({len(e)} runs)" for source, e in errors.items())
         + f"; all {100 * sum(every) / len(every):.1f}% ({len(every)} runs)."]
     lines += ["Per feature: " + "; ".join(
@@ -247,22 +261,69 @@ def run_feature(run) -> str:
     return "bf16"
 
 
-def joint_fit_report(runs: list[CalibrationRun], start: EfficiencyParams) -> list[str]:
-    """What fitting the 2023+ runs too would do: fit on the A100 runs and every other 2023+ run of each
-    source (by GPU count), report the rest as held out. Nothing is saved."""
-    from benchmarks.modern_runs import load_modern_runs, predict_iteration_s
+def modern_split() -> tuple[list, list]:
+    """(fitted, held out): the dense 2023+ runs on Hopper-class GPUs, each source's sorted by GPU count and taken
+    alternately, the first to the fit. Mixtures of experts are in neither: their error (the per-feature line)
+    comes from work the parameters do not price (token permutation, routing, grouped GEMMs, overlapped
+    dispatch), which a fit would smear over the dense runs."""
+    from benchmarks.modern_runs import load_modern_runs
 
     by_source: dict[str, list] = {}
-    # Mixtures of experts are left out: their error (the per-feature line) comes from work the six parameters do
-    # not price (token permutation, routing, grouped GEMMs, overlapped dispatch), which a fit would smear over
-    # the dense runs.
     for run in load_modern_runs():
-        if run_feature(run) != "moe":
+        if run_feature(run) != "moe" and is_hopper_class(run.hardware.gpu):
             by_source.setdefault(run.source_id, []).append(run)
     train, held = [], []
     for source_runs in by_source.values():
-        for i, run in enumerate(sorted(source_runs, key=lambda r: r.shape.devices)):
+        for i, run in enumerate(sorted(source_runs, key=lambda r: (r.shape.devices, r.label))):
             (train if i % 2 == 0 else held).append(run)
+    return train, held
+
+
+def fit_hopper_attention_fraction(base: EfficiencyParams, runs: list) -> float:
+    """Hopper's `attention_fraction`, the other parameters `base`'s: least squares on relative errors over its log,
+    each source weighted equally, as `fit` weighs its sources, within a user calibration's range."""
+    from benchmarks.modern_runs import predict_iteration_s
+
+    from scipy.optimize import minimize_scalar
+
+    by_source: dict[str, list] = {}
+    for run in runs:
+        by_source.setdefault(run.source_id, []).append(run)
+
+    def loss(log_fraction: float) -> float:
+        params = replace(base, attention_fraction=math.exp(log_fraction))
+        return sum(sum((predict_iteration_s(r, params) / r.published_iteration_s - 1) ** 2 for r in rs) / len(rs)
+                   for rs in by_source.values())
+
+    low, high = CALIBRATION_BOUNDS["attention_fraction"]
+    result = minimize_scalar(loss, bounds=(math.log(low), math.log(high)), method="bounded", options={"xatol": 1e-5})
+    return math.exp(result.x)
+
+
+def swapped_halves_report(base: EfficiencyParams, fitted_runs: list, held_runs: list) -> list[str]:
+    """How much the held-out error owes to which half was held out: Hopper's attention fraction fitted to each half
+    in turn (the stored fit is the first), the other half predicted; together every dense run predicted once by a
+    fit that never saw it."""
+    from benchmarks.modern_runs import predict_iteration_s
+
+    def errors(fraction: float, runs: list) -> list[float]:
+        params = replace(base, attention_fraction=fraction)
+        return [abs(predict_iteration_s(r, params) / r.published_iteration_s - 1) for r in runs]
+
+    first, second = fit_hopper_attention_fraction(base, fitted_runs), fit_hopper_attention_fraction(base, held_runs)
+    on_held, on_fitted = errors(first, held_runs), errors(second, fitted_runs)
+    return [f"Both ways: fitted to the `fitted` half, Hopper's attention fraction is {first:.4g} and the held-out dense "
+            f"runs are off by {_mean_text(on_held)}; fitted to the held-out half instead, {second:.4g}, and the "
+            f"`fitted` half is off by {_mean_text(on_fitted)}; every dense run predicted by a fit that never saw it: "
+            f"{_mean_text(on_held + on_fitted)}."]
+
+
+def joint_fit_report(runs: list[CalibrationRun], start: EfficiencyParams) -> list[str]:
+    """What fitting the 2023+ runs too, with parameters shared with A100, would do: fit on the A100 runs and the
+    runs `modern_split` fits on, report the rest as held out. Nothing is saved."""
+    from benchmarks.modern_runs import predict_iteration_s
+
+    train, held = modern_split()
     params = fit(runs, start, train)
 
     def mean_error(chosen: list) -> float:
@@ -271,7 +332,7 @@ def joint_fit_report(runs: list[CalibrationRun], start: EfficiencyParams) -> lis
     at_bound = [n for n, (lo, hi) in EFFICIENCY_BOUNDS.items() if not _pinned(n) and (
         math.isclose(getattr(params, n), lo) or math.isclose(getattr(params, n), hi))]
     # attention_fraction is a stack's, not the hardware's: one value over every stack's runs would mean nothing.
-    return ["Joint fit (A100 runs + every other dense 2023+ run per source; not saved): "
+    return ["Joint fit, one parameter set for A100 and Hopper (A100 runs + the fitted half above; not saved): "
             + ", ".join(f"{k} = {v:.4g}" for k, v in params.to_dict().items() if not _pinned(k))
             + "; held: " + ", ".join(f"{k} = {v:.4g}" for k, v in params.to_dict().items() if _pinned(k)),
             f"At a bound: {', '.join(at_bound) or 'none'}. SC'21 {100 * mape(runs, params, 'sc21'):.2f}%, "
@@ -309,10 +370,11 @@ def stack_folds(runs: list) -> list[tuple[list, list]]:
     return [([], evens)] if not odds else [(evens, odds), (odds, evens)]
 
 
-def stack_calibration_report(start: EfficiencyParams) -> list[str]:
+def stack_calibration_report(start_for: Callable[[GpuSpec], EfficiencyParams]) -> list[str]:
     """Each 2023+ source (a software stack) calibrated as a user would (`planner.calibration.calibrate`, what POST
-    /v1/calibrations runs, from the built-in parameters) on half its runs and predicting the other half, both ways.
-    Fit errors are the calibrated runs', held-out errors the others'; a source of one run is predicted uncalibrated."""
+    /v1/calibrations runs, from its GPU's built-in parameters, `start_for`) on half its runs and predicting the
+    other half, both ways. Fit errors are the calibrated runs', held-out errors the others'; a source of one run
+    is predicted uncalibrated."""
     from benchmarks.modern_runs import load_modern_runs
     from planner.calibration import calibrate
 
@@ -327,6 +389,7 @@ def stack_calibration_report(start: EfficiencyParams) -> list[str]:
     outside: list[float] = []
     parallel_outside: list[float] = []  # of those outside, runs whose CP or EP degree the fold's runs lack
     for source, runs in by_source.items():
+        start = start_for(runs[0].hardware.gpu)
         for k, (train, held) in enumerate(stack_folds(runs), start=1):
             parameters, names, fit_errors = start, "none (one run)", []
             if train:
@@ -389,18 +452,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs = load_runs()
     efficiency = fitted_efficiency()
+    hopper_attention = fitted_hopper_attention_fraction()
     if args.profile:
         print("\n".join(profile_report(runs, efficiency, args.profile)))
         return 0
+    fitted_runs, held_runs = modern_split()
     if args.fit:
         efficiency = fit(runs, efficiency)
+        hopper_attention = fit_hopper_attention_fraction(efficiency, fitted_runs)
         FITTED_PATH.write_text(json.dumps({
             "doc": "Fitted by `python -m benchmarks.fidelity --fit` to benchmarks/calibration (SC'21 Table 1, Korthikanti "
                    "et al.), but for " + " and ".join(MEASURED_EFFICIENCY) + ": NCCL's published measurements "
                    "(cost_models.efficiency.MEASURED_EFFICIENCY), and attention_fraction, held at 1: those runs price no "
                    "fused attention.",
             "params": {k: round(v, 5) for k, v in efficiency.to_dict().items()},
+            "hopper": {
+                "doc": "attention_fraction of GPUs with FP8 tensor cores (cost_models.gpu_efficiency), the other "
+                       "parameters the A100 fit's: fitted by the same command to the dense published 2023+ H100/H200 "
+                       "runs (benchmarks/calibration/modern_runs.json) that benchmarks.fidelity.modern_split fits on, "
+                       "every other run of each source by GPU count; the rest are held out.",
+                "attention_fraction": round(hopper_attention, 4),
+            },
         }, indent=2) + "\n")
+    efficiency_for = partial(efficiency_for_gpu, base=efficiency, hopper_attention_fraction=hopper_attention)
     sc21, kor = mape(runs, efficiency, "sc21"), mape(runs, efficiency, "korthikanti")
     report = [table(runs, efficiency), "",
               f"MAPE SC'21 TFLOP/s per GPU: {100 * sc21:.2f}% (target <= {100 * SC21_TARGET_MAPE:.0f}%)",
@@ -410,19 +484,27 @@ def main(argv: list[str] | None = None) -> int:
               + "; measured (NCCL's published figures, not fitted): "
               + ", ".join(f"{k} = {v:.4g}" for k, v in MEASURED_EFFICIENCY.items())
               + "; held (the A100 runs price no fused attention): "
-              + ", ".join(f"{k} = {v:.4g}" for k, v in efficiency.to_dict().items() if _pinned(k)), "",
+              + ", ".join(f"{k} = {v:.4g}" for k, v in efficiency.to_dict().items() if _pinned(k))
+              + (f" (on GPUs with FP8 tensor cores: {hopper_attention:.4g}, fitted below)" if hopper_attention else ""), "",
               "| model | state GiB published | predicted | activations (SP + selective) GiB published | predicted |",
               "|---|---:|---:|---:|---:|"]
     for name, sp, sq, ap, aq in korthikanti_memory_rows():
         report.append(f"| {name} | {sp:.2f} | {sq:.2f} ({100 * (sq / sp - 1):+.1f}%) | {ap:.2f} | {aq:.2f} ({100 * (aq / ap - 1):+.1f}%) |")
-    report += ["", "Held out: published 2023+ BF16 and FP8 runs on H100/H200 (`calibration/modern_runs.json`), never "
-               "fitted; the mixtures of experts (Megatron-Bridge's DGX-H100 MoE rows whose layout resiplan can "
-               "express: experts over replicas, expert-TP = TP) are priced with resiplan's presets:", ""]
-    report += modern_table(efficiency)
+    report += ["", "Published 2023+ BF16 and FP8 runs on H100/H200 (`calibration/modern_runs.json`), priced with their "
+               "GPU's built-in parameters (`cost_models.gpu_efficiency`): the A100 fit above but for the attention "
+               + (f"fraction, Hopper's {hopper_attention:.4g} against the A100 fit's held {efficiency.attention_fraction:.4g}, "
+                  f"fitted to the {len(fitted_runs)} dense runs marked `fitted` (`modern_split`: every other run of each "
+                  f"source by GPU count); the other {len(held_runs)} dense runs and the mixtures of experts "
+                  "(Megatron-Bridge's DGX-H100 MoE rows whose layout resiplan can express, priced with resiplan's "
+                  "presets) are held out, never fitted:" if hopper_attention is not None
+                  else "fraction, not fitted: every run held out:"), ""]
+    report += modern_table(efficiency_for, frozenset(run.label for run in fitted_runs) if hopper_attention else frozenset())
+    if hopper_attention is not None:
+        report += swapped_halves_report(efficiency, fitted_runs, held_runs)
     report += ["", "Calibrated per stack: each source's runs sorted by GPU count and split alternately in two; each half "
                "calibrated as a user calibrates their stack (`planner.calibration.calibrate`, POST /v1/calibrations' "
-               "fit, from the built-in parameters above), and the other half predicted:", ""]
-    report += stack_calibration_report(efficiency)
+               "fit, from its GPU's built-in parameters above), and the other half predicted:", ""]
+    report += stack_calibration_report(efficiency_for)
     if args.joint_fit:
         report += [""] + joint_fit_report(runs, efficiency)
     text = "\n".join(report)

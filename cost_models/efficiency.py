@@ -33,9 +33,9 @@ class EfficiencyParams:
         forward (backward pays it twice).
     attention_fraction: fraction of the modelled fused-attention throughput (the kernels
         `SoftwareConfig.attention_kernel` names, at their published speed) a stack's attention
-        reaches. 1 unless a user's runs say otherwise: the A100 runs the built-in parameters are
-        fitted on ran unfused attention, which this does not touch. PyTorch's context-parallel
-        SDPA of late 2024, say, reaches about half (torchtitan's published CP series).
+        reaches. 1 in the A100 fit, whose runs ran unfused attention, which this does not touch;
+        GPUs with FP8 tensor cores (Hopper or newer) take the value fitted to half of the published
+        2023+ H100/H200 runs (`cost_models.gpu_efficiency`); a user's calibration fits their own.
     """
 
     gemm_peak_fraction: float = 0.80
@@ -99,13 +99,25 @@ CALIBRATION_BOUNDS: dict[str, tuple[float, float]] = {
 
 
 @cache
-def fitted_efficiency() -> EfficiencyParams:
-    """The parameters last fitted by `benchmarks/fidelity.py --fit`, the measured ones among them (package data)."""
+def _fitted_file() -> dict:
     path = resources.files(__package__).joinpath("presets/fitted_efficiency.json")
-    if not path.is_file():
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+@cache
+def fitted_efficiency() -> EfficiencyParams:
+    """The parameters last fitted by `benchmarks/fidelity.py --fit`, the measured ones among them (package data):
+    the A100 fit, which every GPU shares but for Hopper's attention (`cost_models.gpu_efficiency`)."""
+    values = _fitted_file().get("params")
+    if values is None:
         return EfficiencyParams()
-    values = json.loads(path.read_text())["params"]
     return EfficiencyParams(**{name: float(values[name]) for name in EfficiencyParams.field_names() if name in values})
+
+
+def fitted_hopper_attention_fraction() -> float | None:
+    """Hopper's `attention_fraction`, fitted to half of the published 2023+ H100/H200 runs; None: not fitted."""
+    value = _fitted_file().get("hopper", {}).get("attention_fraction")
+    return None if value is None else float(value)
 
 
 # Megatron token dispatchers of a mixture of experts (`SoftwareConfig.moe_dispatcher`).

@@ -7,7 +7,8 @@ from dataclasses import asdict, is_dataclass
 from pydantic import ValidationError
 
 from cost_models.device import Device
-from cost_models.efficiency import SoftwareConfig, fitted_efficiency
+from cost_models.efficiency import SoftwareConfig
+from cost_models.gpu_efficiency import builtin_efficiency
 from cost_models.hardware import GpuSpec, gpu_preset, gpu_preset_names
 from cost_models.layout import Hardware, Workload
 from cost_models.memory import DEFAULT_MEMORY_RESERVE_GIB
@@ -209,7 +210,7 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
                               else default_max_context_parallel(training.seq_length)),
         max_expert_parallel=request.options.max_expert_parallel,
         allow_hybrid_sharding=request.options.allow_hybrid_sharding,
-        efficiency=calibration.parameters if calibration is not None else fitted_efficiency(),
+        efficiency=calibration.parameters if calibration is not None else builtin_efficiency(hardware.gpu),
         calibration_id=calibration.calibration_id if calibration is not None else None,
         software=software,
     )

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from api.tasks.planning import new_plan_id
 from cost_models.efficiency import fitted_efficiency
+from cost_models.gpu_efficiency import builtin_efficiency
 from cost_models.layout import ParallelShape
 from planner.calibration import MeasuredCompute, MeasuredRun, calibrate, exact_predicted_s, predicted_s
 from planner.calibration_span import joined_span, measured_span
@@ -102,7 +103,8 @@ def _fitted(request: CalibrationRequest, calibration_id: str, plans: Mapping[str
     notes = [f"{source}: its attention factor was not measured (source prior: the detector's window could not "
              "pin it), so its compute at the plan's full sequence length uses the cost model's attention-to-linear "
              "ratio; send a longer telemetry window to measure it" for source in _unmeasured_attention(request)]
-    start = fitted_efficiency()
+    # The built-in parameters of the runs' GPU (the first run's, where runs on several GPUs are fitted together).
+    start = builtin_efficiency(runs[0].problem.hardware.gpu) if runs else fitted_efficiency()
     try:
         fit = calibrate(runs, start)
     except PlanningError as error:  # a layout priced at some parameters but not at others

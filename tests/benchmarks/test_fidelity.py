@@ -6,19 +6,31 @@ Fails when someone changes the physics without refitting (`python -m benchmarks.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
+import benchmarks.modern_runs as modern_runs
 from benchmarks.fidelity import (
     CALIBRATION_DIR,
     KORTHIKANTI_TARGET_MAPE,
     SC21_TARGET_MAPE,
     fit,
+    fit_hopper_attention_fraction,
     korthikanti_memory_rows,
     load_runs,
     mape,
+    modern_split,
+    run_feature,
 )
-from cost_models.efficiency import EFFICIENCY_BOUNDS, MEASURED_EFFICIENCY, EfficiencyParams, fitted_efficiency
+from cost_models.efficiency import (
+    EFFICIENCY_BOUNDS,
+    MEASURED_EFFICIENCY,
+    EfficiencyParams,
+    fitted_efficiency,
+    fitted_hopper_attention_fraction,
+)
+from cost_models.gpu_efficiency import is_hopper_class
 
 
 def test_calibration_copy_matches_every_published_row():
@@ -68,3 +80,57 @@ def test_the_link_efficiencies_are_nccls_published_measurements_and_the_fit_hold
     refit = fit(load_runs(), EfficiencyParams(network_fraction=0.6, nvlink_fraction=0.6))
     assert (refit.network_fraction, refit.nvlink_fraction) == (0.96, 0.82)
     assert refit.gemm_peak_fraction != EfficiencyParams().gemm_peak_fraction
+
+
+def _dense_hopper_runs() -> list:
+    return [run for run in modern_runs.load_modern_runs()
+            if run_feature(run) != "moe" and is_hopper_class(run.hardware.gpu)]
+
+
+def test_the_halves_split_each_sources_dense_hopper_runs_alternately_by_gpu_count():
+    fitted, held = modern_split()
+    labels = [run.label for run in fitted + held]
+    assert len(labels) == len(set(labels)) and sorted(labels) == sorted(run.label for run in _dense_hopper_runs())
+    for source in {run.source_id for run in _dense_hopper_runs()}:
+        ordered = sorted((run for run in _dense_hopper_runs() if run.source_id == source),
+                         key=lambda run: (run.shape.devices, run.label))
+        assert [run.label for run in fitted if run.source_id == source] == [run.label for run in ordered[0::2]]
+    assert not {run.label for run in fitted + held} & {run.label for run in modern_runs.load_modern_runs()
+                                                       if run_feature(run) == "moe"}
+
+
+def test_the_stored_hopper_attention_fraction_is_the_fit_of_the_fitted_half():
+    """Fails when the physics changes without `python -m benchmarks.fidelity --fit`."""
+    fitted, _held = modern_split()
+    assert fit_hopper_attention_fraction(fitted_efficiency(), fitted) == pytest.approx(
+        fitted_hopper_attention_fraction(), abs=1e-3)
+
+
+def test_a_held_out_runs_measurement_never_reaches_the_fit(monkeypatch):
+    fitted, held = modern_split()
+    before = fit_hopper_attention_fraction(fitted_efficiency(), fitted)
+    doubled_held = {run.label for run in held}
+    runs = [replace(run, published_iteration_s=2 * run.published_iteration_s) if run.label in doubled_held else run
+            for run in modern_runs.load_modern_runs()]
+    monkeypatch.setattr(modern_runs, "load_modern_runs", lambda: runs)
+    assert fit_hopper_attention_fraction(fitted_efficiency(), modern_split()[0]) == before
+    # ... while a fitted run's does (a long-sequence one, whose time is mostly attention)
+    slowed = max(fitted, key=lambda run: run.workload.seq_length).label
+    runs = [replace(run, published_iteration_s=3 * run.published_iteration_s) if run.label == slowed else run
+            for run in modern_runs.load_modern_runs()]
+    monkeypatch.setattr(modern_runs, "load_modern_runs", lambda: runs)
+    assert fit_hopper_attention_fraction(fitted_efficiency(), modern_split()[0]) < before - 0.02
+
+
+def test_hoppers_attention_predicts_the_held_out_runs_better_than_the_a100_fits():
+    """The held-out dense runs, never fitted: 17-18% off with the A100 fit's attention, 9-10% with Hopper's."""
+    _fitted, held = modern_split()
+
+    def mean_error(params) -> float:
+        return sum(abs(modern_runs.predict_iteration_s(run, params) / run.published_iteration_s - 1)
+                   for run in held) / len(held)
+
+    a100 = mean_error(fitted_efficiency())
+    hopper = mean_error(replace(fitted_efficiency(), attention_fraction=fitted_hopper_attention_fraction()))
+    assert hopper < a100 - 0.05
+    assert hopper <= 0.10

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from benchmarks.fidelity import modern_table, run_feature
+from cost_models.gpu_efficiency import builtin_efficiency
 from benchmarks.modern_runs import (
     MODERN_RUNS_PATH,
     balanced_split,
@@ -18,7 +19,6 @@ from benchmarks.modern_runs import (
     published_iteration_s,
     source_flops_per_iteration,
 )
-from cost_models.efficiency import fitted_efficiency
 
 ROWS = json.loads(MODERN_RUNS_PATH.read_text())["runs"]
 
@@ -93,7 +93,7 @@ def test_the_runs_split_that_way_are_priced_at_their_chunks_stage_sums():
 
 
 def test_the_report_prices_every_run_and_says_the_mean_error():
-    lines = modern_table(fitted_efficiency())
+    lines = modern_table(builtin_efficiency)
     assert sum(line.startswith("| ") and "%" in line for line in lines) == len(load_modern_runs()) == len(ROWS)
     summary = "\n".join(lines[-2:])
     assert "all " in summary and f"({len(ROWS)} runs)" in summary

@@ -9,7 +9,7 @@ import pytest
 
 import benchmarks.modern_runs as modern_runs
 from benchmarks.fidelity import stack_calibration_report, stack_folds
-from cost_models.efficiency import fitted_efficiency
+from cost_models.gpu_efficiency import builtin_efficiency
 
 SOURCE = "flagperf-megatron-core-0.6"  # five runs: small enough to calibrate in a test
 
@@ -36,12 +36,12 @@ def test_every_run_is_held_out_exactly_once_and_never_by_a_fold_that_fits_it(sou
 def test_a_held_out_measurement_moves_its_prediction_error_but_not_its_fold_fit(monkeypatch):
     runs = _source_runs()
     monkeypatch.setattr(modern_runs, "load_modern_runs", lambda: runs)
-    before = _rows(stack_calibration_report(fitted_efficiency()))
+    before = _rows(stack_calibration_report(builtin_efficiency))
     first_held = stack_folds(runs)[0][1][0]
     doubled = [replace(run, published_iteration_s=2 * run.published_iteration_s) if run is first_held else run
                for run in runs]
     monkeypatch.setattr(modern_runs, "load_modern_runs", lambda: doubled)
-    after = _rows(stack_calibration_report(fitted_efficiency()))
+    after = _rows(stack_calibration_report(builtin_efficiency))
     assert len(before) == len(after) == 2
     # Fold 1 holds the run out: its fitted parameters and fit error stay, its held-out error grows.
     assert before[0][4:6] == after[0][4:6]
@@ -53,8 +53,8 @@ def test_a_held_out_measurement_moves_its_prediction_error_but_not_its_fold_fit(
 def test_a_source_of_one_run_is_predicted_uncalibrated(monkeypatch):
     single = _source_runs()[:1]
     monkeypatch.setattr(modern_runs, "load_modern_runs", lambda: single)
-    [row] = _rows(stack_calibration_report(fitted_efficiency()))
+    [row] = _rows(stack_calibration_report(builtin_efficiency))
     run = single[0]
-    error = abs(modern_runs.predict_iteration_s(run, fitted_efficiency()) / run.published_iteration_s - 1)
+    error = abs(modern_runs.predict_iteration_s(run, builtin_efficiency(run.hardware.gpu)) / run.published_iteration_s - 1)
     assert row[3] == "-" and row[4] == "none (one run)"
     assert row[6] == f"{100 * error:.1f}% ({100 * error:.1f}%)"

@@ -63,7 +63,8 @@ def test_pass_one_run_to_the_end_answers_no_worse_than_the_uniform_search(monkey
     if order == "best-bound order":
         monkeypatch.setattr(planner.plan, "NonUniformSearch", _BestBoundSearch)
     objective_ms, _ = _pass_one(problem)
-    assert objective_ms <= uniform_ms * (1 + 1e-9), (objective_ms, uniform_ms)
+    # Pass 1 reports its objective rounded to 1 us, the uniform search does not.
+    assert objective_ms <= uniform_ms * (1 + 1e-9) + 5e-4, (objective_ms, uniform_ms)
 
 
 def test_pass_one_stops_within_its_gap_of_the_best_over_both_spaces() -> None:

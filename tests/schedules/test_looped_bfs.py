@@ -84,8 +84,8 @@ def test_wide_data_parallelism_plans_breadth_first_and_estimates_agree():
     with_bfs = _plan(["1f1b", "interleaved", "looped-bfs"])
     assert with_bfs.schedule == "looped-bfs" and with_bfs.virtual_stages > 1
     # What breadth-first hides is the gradient reduction (ZeRO-1's weight all-gather hides under the forward in
-    # both): here about 3.9% of the iteration.
-    assert with_bfs.predicted.iteration_time_s < without.predicted.iteration_time_s * 0.97
+    # both): here about 2.2% of the iteration (3.9% before Hopper's attention was priced slower, 2026-12-06).
+    assert with_bfs.predicted.iteration_time_s < without.predicted.iteration_time_s * 0.985
     assert with_bfs.solver.status == "OPTIMAL"
     assert with_bfs.solver.objective_ms == pytest.approx(1e3 * with_bfs.predicted.iteration_time_s, rel=5e-3)
     assert max(s.memory_gib for r in with_bfs.replicas for s in r.stages) <= with_bfs.gpu_memory_gib

@@ -1,0 +1,42 @@
+"""The built-in efficiency parameters of one GPU: the A100 fit, with Hopper's attention on Hopper or newer.
+
+The A100 runs the parameters are fitted on (SC'21, Korthikanti et al.) ran unfused attention, so they say
+nothing of how fast fused attention runs (`attention_fraction`, held at 1 there). The published 2023+
+H100/H200 runs do: fitted to every other dense run of each source (`python -m benchmarks.fidelity --fit`,
+the rest held out), their attention reaches about half of the modelled kernels' speed (the FlashAttention-2
+and -3 papers' H100 benchmark figures), and fitted to either half alone the value moves by under 2%, where
+refitting the GEMM half width with it moves that by 5x between the halves: the runs pin attention down,
+not GEMM widths. Kernel benchmarks time one attention call on large, even shapes; a training step's
+attention also pays causal tiles cut at the diagonal, rotary embeddings, layout copies and, with context
+parallelism, the merge of partial results, which is where the fitted fraction reads as an effective value.
+
+A GPU with FP8 tensor cores (Hopper or newer: H100, H200, GH200, B200, MI300X, or a GPU given by its figures
+with `peak_fp8_tflops`) takes Hopper's value, the same line `training.attention_kernel: "fa2"` draws; the
+others keep the A100 fit whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+
+from cost_models.efficiency import EfficiencyParams, fitted_efficiency, fitted_hopper_attention_fraction
+from cost_models.hardware import GpuSpec
+
+
+def is_hopper_class(gpu: GpuSpec) -> bool:
+    """Hopper or newer: FP8 tensor cores."""
+    return gpu.peak_fp8_tflops is not None
+
+
+def efficiency_for_gpu(gpu: GpuSpec, base: EfficiencyParams, hopper_attention_fraction: float | None) -> EfficiencyParams:
+    """`base` (the A100 fit), with `hopper_attention_fraction` on a Hopper-class GPU; `base` without one."""
+    if hopper_attention_fraction is None or not is_hopper_class(gpu):
+        return base
+    return replace(base, attention_fraction=hopper_attention_fraction)
+
+
+@cache
+def builtin_efficiency(gpu: GpuSpec) -> EfficiencyParams:
+    """What the service prices `gpu` with when no calibration is named (the stored fits)."""
+    return efficiency_for_gpu(gpu, fitted_efficiency(), fitted_hopper_attention_fraction())
