@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from cost_models.gpu_efficiency import builtin_efficiency
 from cost_models.hardware import gpu_preset, gpu_preset_ceiling_source, gpu_preset_names, gpu_preset_source
 
 
@@ -22,6 +23,10 @@ class GpuPreset(BaseModel):
     fp8_matmul_ceiling_tflops: float | None = Field(description="The same for FP8 matmuls; null: not measured.")
     source: str = Field(description="The datasheet (and reference system) each figure is read from.")
     matmul_ceiling_source: str | None = Field(description="The measurement the matmul ceilings are read from.")
+    efficiency: dict[str, float] = Field(
+        description="The cost model's built-in efficiency parameters on this GPU, what a request without "
+                    "options.calibration_id is priced with: the A100 fit, with Hopper's fitted attention_fraction "
+                    "on GPUs with FP8 tensor cores (README, Efficiency parameters).")
 
 
 def gpu_presets() -> list[GpuPreset]:
@@ -35,6 +40,6 @@ def gpu_presets() -> list[GpuPreset]:
             intra_node_bandwidth_gb_s=spec.intra_node_bandwidth_gb_s,
             inter_node_bandwidth_gb_s=spec.inter_node_bandwidth_gb_s, matmul_ceiling_tflops=spec.matmul_ceiling_tflops,
             fp8_matmul_ceiling_tflops=spec.fp8_matmul_ceiling_tflops, source=gpu_preset_source(name),
-            matmul_ceiling_source=gpu_preset_ceiling_source(name),
+            matmul_ceiling_source=gpu_preset_ceiling_source(name), efficiency=builtin_efficiency(spec).to_dict(),
         ))
     return out

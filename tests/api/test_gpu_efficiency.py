@@ -78,3 +78,11 @@ def test_hoppers_attention_slows_long_sequences_far_more_than_short_ones(client)
     hopper = {**figures, "peak_fp8_tflops": 1979}
     short, long = (seconds(hopper, s) / seconds(figures, s) for s in (2048, 32768))
     assert 1.0 < short < 1.1 < 1.3 < long
+
+
+def test_the_gpu_listing_says_which_parameters_each_preset_is_priced_with(client):
+    response = client.get("/v1/gpus")
+    assert response.status_code == 200, response.text
+    listed = {gpu["name"]: gpu["efficiency"] for gpu in response.json()}
+    assert listed["A100-80GB"] == fitted_efficiency().to_dict()
+    assert listed["H100-SXM"] == {**fitted_efficiency().to_dict(), "attention_fraction": fitted_hopper_attention_fraction()}
