@@ -22,6 +22,17 @@ def _read_text(path: str) -> str:
     return sys.stdin.read() if path == "-" else Path(path).read_text()
 
 
+def _json_file(path: str) -> object:
+    """A JSON file's value; what cannot be read as JSON (bad syntax, a number of thousands of digits, nesting
+    deeper than Python recurses) is a PlanningError naming the file."""
+    try:
+        return json.loads(_read_text(path))
+    except json.JSONDecodeError as error:
+        raise PlanningError(f"{path} is not JSON: {error}") from None
+    except (ValueError, RecursionError) as error:
+        raise PlanningError(f"{path} cannot be read as JSON: {error or 'it nests too deeply'}") from None
+
+
 def _read_request(path: str, model: type[PlanRequest]) -> PlanRequest:
     return model.model_validate_json(_read_text(path))
 
@@ -52,19 +63,27 @@ def _calibration(args: argparse.Namespace):
     it fits (its --runs file), fitted now under this version's cost model."""
     if args.calibration is None:
         return None
-    import json
-
     from api.tasks.calibrating import calibration_for
+    from cost_models.efficiency import CALIBRATION_BOUNDS, EFFICIENCY_BOUNDS
     from wire.calibration import AppliedCalibration, Calibration, CalibrationRequest
 
     text = Path(args.calibration).read_text()
-    try:
-        is_runs = "runs" in json.loads(text) and "calibration_id" not in json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        is_runs = False  # the calibration's own validation names what is wrong
+    value = _json_file(args.calibration)
+    is_runs = isinstance(value, dict) and "runs" in value and "calibration_id" not in value
     if is_runs:
         return AppliedCalibration.of(calibration_for(CalibrationRequest.model_validate_json(text)))
-    return AppliedCalibration.of(Calibration.model_validate_json(text))
+    calibration = Calibration.model_validate_json(text)
+    # A printed calibration may have been edited by hand: its parameters must be ones a fit could give, or the
+    # built-in values a fit keeps for what its runs cannot determine.
+    for name, value in calibration.parameters.items():
+        if name not in CALIBRATION_BOUNDS:
+            continue  # not a parameter this version prices with: AppliedCalibration leaves it out
+        low, high = (min(bound[name][0] for bound in (CALIBRATION_BOUNDS, EFFICIENCY_BOUNDS)),
+                     max(bound[name][1] for bound in (CALIBRATION_BOUNDS, EFFICIENCY_BOUNDS)))
+        if not low <= value <= high:
+            raise PlanningError(f"{args.calibration}: parameters.{name} is {value!r}; a calibration's {name} lies in "
+                                f"[{low:g}, {high:g}]")
+    return AppliedCalibration.of(calibration)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -105,11 +124,17 @@ def _compare(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from adapters.registry import export_format
 
+    from adapters.plan_shape import check_exportable
+
     exporter = export_format(args.format)
     plan = Plan.model_validate_json(_read_text(args.plan))
+    check_exportable(plan)
     text = exporter.render(plan, args.replica)
     if args.output:
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as error:
+            raise PlanningError(f"cannot write {args.output}: {error.strerror or error}") from None
     else:
         sys.stdout.write(text)
     return 0
@@ -124,18 +149,18 @@ def _import(args: argparse.Namespace) -> int:
         from adapters.deepspeed_import import import_deepspeed
 
         megatron_args = _read_text(args.megatron_args) if args.megatron_args else None
-        imported = import_deepspeed(json.loads(_read_text(args.command_line)), megatron_args, vocab_size=args.vocab_size)
+        imported = import_deepspeed(_json_file(args.command_line), megatron_args, vocab_size=args.vocab_size)
     else:
         from adapters.torchtitan_import import import_torchtitan
 
         model = args.model
         if model is not None and model.endswith(".json"):
-            model = json.loads(_read_text(model))
+            model = _json_file(model)
         toml = _read_text(args.toml) if args.toml else None
         imported = import_torchtitan(_read_text(args.command_line), toml=toml, model=model)
     request = imported.request
     if args.cluster:
-        request = {**request, "cluster": json.loads(_read_text(args.cluster))}
+        request = {**request, "cluster": _json_file(args.cluster)}
         EstimateRequest.model_validate(request)  # what `resiplan estimate` and /v1/estimate take, checked now
     print(json.dumps({"request": request, "not_modelled": imported.not_modelled, "ignored": imported.ignored,
                       "notes": imported.notes}, indent=2))
@@ -180,6 +205,9 @@ def _launch(args: argparse.Namespace) -> int:
     launcher = _launcher(args.format)
     request = _stock_request(_read_request(args.request, PlanRequest))
     token = args.token or os.environ.get(TOKEN_ENV) or None
+    if token is not None and not (token.isascii() and token.isprintable()):
+        raise PlanningError(f"the bearer token (--token or ${TOKEN_ENV}) must be printable ASCII: HTTP headers carry "
+                            "nothing else")
     try:
         with PlannerClient(args.server, token, timeout_s=args.timeout, retries=args.retries) as client:
             plan = client.plan(request)
@@ -203,8 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug", "trace"))
     serve.set_defaults(run=_serve)
 
     for name, handler, help_text in (
@@ -293,6 +321,13 @@ def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0-65535, got {value}")
     return value
 
 

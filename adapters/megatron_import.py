@@ -51,6 +51,7 @@ a model preset of the same shape whose vocabulary it then takes (and says so).
 
 from __future__ import annotations
 
+import math
 import re
 
 from adapters.command_line import CommandLineError, Imported, command_words, world_size
@@ -132,8 +133,13 @@ def _int(flags: dict, name: str, default: int | None = None) -> int | None:
     return value
 
 
-def _float(flags: dict, name: str, default: float) -> float:
-    return _number(flags, name, default, float)
+def _float(flags: dict, name: str, default: float, least: float | None = None) -> float:
+    """A finite number above 0 (at least `least` where given): epsilons, rotary bases, scaling factors."""
+    value = _number(flags, name, default, float)
+    if not math.isfinite(value) or (value < least if least is not None else value <= 0):
+        raise CommandLineError(f"{name} {flags.get(name)} must be a finite number "
+                               + (f"of at least {least:g}" if least is not None else "above 0"))
+    return value
 
 
 def _required(flags: dict, name: str) -> int:
@@ -417,7 +423,7 @@ def _latent_attention(flags: dict, arch: dict, notes: list[str]) -> None:
         arch["rope_scaling"] = {"rope_type": "yarn", "factor": _float(flags, "--rotary-scaling-factor", 1.0),
                                 "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
                                 "mscale": _float(flags, "--mscale", 1.0),
-                                "mscale_all_dim": _float(flags, "--mscale-all-dim", 0.0)}
+                                "mscale_all_dim": _float(flags, "--mscale-all-dim", 0.0, least=0.0)}
 
 
 # What the token dispatchers other than the all-to-all the cost model prices do instead.

@@ -11,13 +11,16 @@ from wire.schemas import MAX_DEVICE_ID_CHARS, _checked_device, _Strict
 MAX_TELEMETRY_ITEMS = 131_072  # e.g. 4,096 devices x 32 iterations, or 16,384 x 8
 MAX_MICROBATCHES_PER_ITEM = 4_096
 MAX_SEQUENCES_PER_MICROBATCH = 65_536
+MAX_COMPUTE_MS = 1e9  # ms a microbatch: 11.6 days
 
 
 class TelemetryMicrobatch(_Strict):
     seq_lengths: list[Annotated[int, Field(ge=1, le=1_048_576)]] = Field(
         min_length=1, max_length=MAX_SEQUENCES_PER_MICROBATCH, description="Tokens of every sequence packed in it."
     )
-    compute_ms: float = Field(ge=0, allow_inf_nan=False, description="The device's compute time for it, ms.")
+    # A microbatch over 11 days is not a measurement; the bound keeps every sum and square the fit takes finite.
+    compute_ms: float = Field(ge=0, le=MAX_COMPUTE_MS, allow_inf_nan=False,
+                              description="The device's compute time for it, ms (at most 1e9).")
 
 
 class DeviceTelemetry(_Strict):

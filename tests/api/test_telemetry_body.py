@@ -107,6 +107,10 @@ def test_parsing_holds_about_the_bodys_text_not_an_object_per_number():
     [
         (json.dumps([_item(), _item(microbatches=[{"seq_lengths": [10], "compute_ms": -3.0}])]),
          "telemetry[1].microbatches[0].compute_ms", "greater than or equal to 0"),
+        # Finite but beyond any measurement: two of them summed to inf, and the detector then flagged every
+        # device at speed 0.001 (a 200).
+        (json.dumps([_item(microbatches=[{"seq_lengths": [10], "compute_ms": 1e308}] * 2)]),
+         "telemetry[0].microbatches[0].compute_ms", "less than or equal to 1000000000"),
         # NaN and Infinity are not JSON; they are refused at the field that holds them.
         ('[{"device": "0:0", "iteration": 1, "microbatches": [{"seq_lengths": [10], "compute_ms": NaN}], '
          '"last_heartbeat_s_ago": 0.1}]', "telemetry[0].microbatches[0].compute_ms", "finite number"),
