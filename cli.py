@@ -19,7 +19,10 @@ TOKEN_ENV = "RESIPLAN_API_TOKEN"
 
 
 def _read_text(path: str) -> str:
-    return sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        return sys.stdin.read() if path == "-" else Path(path).read_text()
+    except UnicodeDecodeError:
+        raise PlanningError(f"{'stdin' if path == '-' else path} is not UTF-8 text; expected a JSON file") from None
 
 
 def _json_file(path: str) -> object:
@@ -67,8 +70,11 @@ def _calibration(args: argparse.Namespace):
     from cost_models.efficiency import CALIBRATION_BOUNDS, EFFICIENCY_BOUNDS
     from wire.calibration import AppliedCalibration, Calibration, CalibrationRequest
 
-    text = Path(args.calibration).read_text()
+    text = _read_text(args.calibration)
     value = _json_file(args.calibration)
+    if isinstance(value, dict) and "roles" in value and "calibration_id" not in value:
+        raise PlanningError(f"{args.calibration} has roles: the command line fits runs only; roles name plans a "
+                            "service stored, so fit them with POST /v1/calibrations and pass what it answers")
     is_runs = isinstance(value, dict) and "runs" in value and "calibration_id" not in value
     if is_runs:
         return AppliedCalibration.of(calibration_for(CalibrationRequest.model_validate_json(text)))

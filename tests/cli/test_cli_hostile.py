@@ -111,3 +111,17 @@ def test_an_output_that_cannot_be_written_is_named_as_written_not_read(tmp_path,
     err = run_error(capsys, ["export", "--format", "megatron", "-o", str(tmp_path),
                              write(tmp_path, stock_plan, "plan.json")])
     assert f"cannot write {tmp_path}" in err
+
+
+def test_a_calibration_file_that_is_not_utf8_is_named_not_the_request(tmp_path, capsys):
+    bad = tmp_path / "calibration.json"
+    bad.write_bytes(b'{"name": "\xe9"}')
+    err = run_error(capsys, ["plan", "--request", write(tmp_path, small_request()), "--calibration", str(bad)])
+    assert f"{bad} is not UTF-8 text" in err
+
+
+def test_a_calibration_body_with_roles_says_the_cli_fits_runs_only(tmp_path, capsys):
+    roles = {"name": "job", "roles": [{"plan_id": "0" * 32, "time_models": []}]}
+    err = run_error(capsys, ["plan", "--request", write(tmp_path, small_request()), "--calibration",
+                             write(tmp_path, roles, "roles.json")])
+    assert "fits runs only" in err and "POST /v1/calibrations" in err
