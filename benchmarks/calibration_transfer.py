@@ -128,8 +128,8 @@ def modern_stack_report() -> list[str]:
         before = [abs(predicted_s(run, start) / run.measured_s - 1) for run in runs]
         lines += ["", f"{stack} ({len(runs)} runs): uncalibrated mean |error| {100 * sum(before) / len(before):.1f}%, "
                   f"worst {100 * max(before):.1f}%.", ""] + TABLE_HEAD
-        labels = [r.label.split(",")[0] + f" ({r.shape.devices} GPUs{', ' + r.precision if r.precision != 'bf16' else ''})"
-                  for r in published]
+        labels = [r.label.split(",")[0] + f" ({r.shape.devices} GPUs{', ' + r.precision if r.precision != 'bf16' else ''}"
+                  f"{', async TP' if r.software.async_tp else ''})" for r in published]
         lines += transfer_rows(runs, start, labels)
     return lines
 

@@ -94,12 +94,16 @@ def load_modern_runs(path: Path = MODERN_RUNS_PATH) -> list[ModernRun]:
         label = (f"{row['model']}, {row['gpus']} x {row['gpu']}, tp {row['tp']}"
                  + (f" cp {shape.cp}" if shape.cp > 1 else "") + f" pp {row['pp']} dp {row['dp']}"
                  + (f" ep {shape.ep}" if shape.ep > 1 else "") + (f" etp {shape.etp}" if shape.etp is not None else "")
-                 + (f" v {virtual}" if virtual > 1 else "") + (f", {row['precision']}" if row["precision"] != "bf16" else ""))
+                 + (f" v {virtual}" if virtual > 1 else "") + (f", {row['precision']}" if row["precision"] != "bf16" else "")
+                 + (", async TP" if row["software"].get("async_tp") else ""))
         software = SoftwareConfig(**row["software"])
         chunks = (slot_chunks(workload.model.num_layers, shape.pp, virtual)
-                  if row.get("embedding_and_loss_as_layers") else None)
+                  if row.get("embedding_and_loss_as_layers") else row.get("layers_per_chunk"))
+        if chunks is not None and (len(chunks) != shape.pp * virtual or sum(chunks) != workload.model.num_layers):
+            raise ValueError(f"{row['model']}: layers_per_chunk {chunks} is not {shape.pp * virtual} chunks of "
+                             f"{workload.model.num_layers} layers")
         runs.append(ModernRun(row["source_id"], label, workload, hardware, shape, software, published_iteration_s(row),
-                              row["precision"], chunks))
+                              row["precision"], None if chunks is None else tuple(chunks)))
     return runs
 
 

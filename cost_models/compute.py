@@ -269,18 +269,23 @@ def layer_time(
     )
     mlp_ms, dispatched_ms = mlp_tp_comm_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency, expert_tp,
                                            software.moe_dispatcher)
-    comm_ms = tp_all_reduce_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency) + mlp_ms
-    if software.tp_comm_overlap:
-        # The backward's collectives overlap its dX GEMMs, of the forward's size; the dispatcher's do not.
+    comm_ms = backward_comm_ms = tp_all_reduce_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency) + mlp_ms
+    if software.tp_comm_overlap or software.async_tp:
+        # The forward's collectives overlap its GEMMs; the dispatcher's do not.
         comm_ms = exposed_tp_comm_ms(comm_ms, 1e3 * gemm_s, tp)
-    comm_ms = backward_comm_ms = comm_ms + dispatched_ms
+    if software.tp_comm_overlap:
+        # The backward's overlap its dX GEMMs, of the forward's size (asynchronous TP leaves them exposed).
+        backward_comm_ms = comm_ms
+    recompute_comm_ms = backward_comm_ms + dispatched_ms  # a full recompute's forward runs inside the backward
+    comm_ms += dispatched_ms
+    backward_comm_ms += dispatched_ms
     kv_bytes = kv_exchange_bytes(model, seq_length, micro_batch, tp, cp)
     forward_cp_ms = exposed_exchange_ms(exchange_ms(kv_bytes, cp, *cp_link), 1e3 * attention_s, cp)
     backward_cp_ms = exposed_exchange_ms(
         exchange_ms(BACKWARD_EXCHANGE_FACTOR * kv_bytes, cp, *cp_link), 1e3 * attention_backward_ratio * attention_s, cp)
     if recompute == Recompute.FULL:
         backward_compute_s += forward_compute_s
-        backward_comm_ms += comm_ms
+        backward_comm_ms += recompute_comm_ms
         backward_cp_ms += forward_cp_ms
     elif recompute == Recompute.SELECTIVE:
         backward_compute_s += attention_s

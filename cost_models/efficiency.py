@@ -174,6 +174,7 @@ class SoftwareConfig:
     scatter_gather_p2p: bool = True
     ddp_bucket_params: int = 40_000_000
     tp_comm_overlap: bool = False
+    async_tp: bool = False
     fp8: bool = False
     moe_dispatcher: str = "alltoall"
     moe_a2a_overlap: bool = False

@@ -85,11 +85,23 @@ def test_counting_the_embedding_and_the_loss_as_layers_is_megatron_cores_split(l
 def test_the_runs_split_that_way_are_priced_at_their_chunks_stage_sums():
     flagged = [run for run in load_modern_runs() if run.layers_per_chunk is not None]
     assert {run.source_id for run in flagged} == {"llama3-paper-2024", "megatron-bridge-405b-h100",
-                                                  "megatron-bridge-moe-h100"}
+                                                  "megatron-bridge-moe-h100", "torchtitan-h100-202412"}
     for run in flagged:
         p = run.shape.pp
         assert stage_split(run) == [sum(run.layers_per_chunk[s::p]) for s in range(p)]
         assert sum(run.layers_per_chunk) == run.workload.model.num_layers
+
+
+def test_a_stated_split_must_cut_the_model(tmp_path):
+    """A row's own layers_per_chunk must be pp x v chunks that add up to the model's layers."""
+    rows = json.loads(MODERN_RUNS_PATH.read_text())
+    row = next(run for run in rows["runs"] if "layers_per_chunk" in run)
+    for wrong in (row["layers_per_chunk"][:-1], [row["layers_per_chunk"][0] + 1] + row["layers_per_chunk"][1:]):
+        broken = dict(rows, runs=[dict(row, layers_per_chunk=wrong)])
+        path = tmp_path / "runs.json"
+        path.write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match="layers_per_chunk"):
+            load_modern_runs(path)
 
 
 def test_the_report_prices_every_run_and_says_the_mean_error():

@@ -232,6 +232,26 @@ def test_overlapped_tp_comm_hides_behind_the_gemms_but_one_chunk():
     assert run(1, "none", SoftwareConfig(tp_comm_overlap=True)).forward_tp_comm_ms == 0.0
 
 
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_async_tp_hides_the_forward_collectives_only(recompute):
+    # PyTorch's asynchronous TP overlaps the forward's collectives with their GEMMs, as Megatron's overlap does;
+    # the backward's, and a full recompute's forward (run inside the backward), stay exposed.
+    tp = 8
+    nbytes = S * B * H * 2
+    comm_ms = 2 * 1e3 * (2 * 7 / 8 * nbytes / (NVLINK * 1e9) + 14 * NVLINK_STEP_LATENCY_S)
+    gemm_ms = 1e3 * T * H * H / tp / PEAK * (6 / eff(3 * H / 8) + 2 / eff(H / 8) + 16 / eff(4 * H / 8))
+    hidden = max(comm_ms - gemm_ms, comm_ms / tp)
+    recomputed_ms = comm_ms if recompute == "full" else 0.0
+    asynchronous = run(tp, recompute, SoftwareConfig(flash_attention=True, async_tp=True))
+    assert asynchronous.forward_tp_comm_ms == pytest.approx(hidden, rel=1e-9)
+    assert asynchronous.backward_tp_comm_ms == pytest.approx(comm_ms + recomputed_ms, rel=1e-9)
+    # Megatron's overlap, set as well, hides the backward's too.
+    both = run(tp, recompute, SoftwareConfig(flash_attention=True, async_tp=True, tp_comm_overlap=True))
+    assert both.backward_tp_comm_ms == pytest.approx(hidden + (hidden if recompute == "full" else 0.0), rel=1e-9)
+    plain = run(tp, recompute, SoftwareConfig(flash_attention=True))
+    assert asynchronous.backward_compute_ms == plain.backward_compute_ms
+
+
 def test_head_time_by_hand():
     tp = 2
     shard = V / tp
