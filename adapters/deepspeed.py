@@ -106,8 +106,10 @@ Where DeepSpeed is not what the plan assumed, and refusals:
   the plan prices.
 - Refused: interleaved (v > 1) plans (DeepSpeed's PipelineEngine holds one
   model chunk per stage), zero-bubble (zb-h1, zb-h2) and resiplan's optimized
-  schedules (TrainSchedule has no split backward or custom order), and every
-  non-uniform plan (`stock_layout` names what differs). Ask for a runnable
+  schedules (TrainSchedule has no split backward or custom order), plans
+  whose TP collectives are priced overlapped (`tp_comm_overlap` megatron or
+  async_tp: DeepSpeed overlaps none), and every non-uniform plan
+  (`stock_layout` names what differs). Ask for a runnable
   plan with `"options": {"allow_non_uniform": false, "schedules": ["1f1b"]}`.
 
 The `resiplan` section also carries the model: `model` is the plan's whole
@@ -341,6 +343,9 @@ def _layout(plan: Plan) -> StockLayout:
                         'export to megatron or torchtitan, or plan with "options": {"max_context_parallel": 1})')
     if architecture.num_experts:
         problems += _expert_problems(layout)
+    if layout.tp_comm_overlap != "none":
+        problems.append(f"tp_comm_overlap {layout.tp_comm_overlap} (DeepSpeed overlaps no tensor-parallel "
+                        'collective with its GEMMs; plan with "training": {"tp_comm_overlap": "none"})')
     if layout.precision == "fp8":
         problems.append("precision fp8 (DeepSpeed's config has no FP8 training: FP8 comes from Transformer Engine "
                         "layers in the model code; export to megatron or torchtitan, or plan with precision bf16)")

@@ -25,7 +25,9 @@ What the plan sets, and how:
                              that would spread a node's ranks over non-contiguous global
                              ranks (a replica kept on one node, its stages across
                              pipeline ranks), --use-tp-pp-dp-mapping orders tp, pp, dp
-    tp > 1                   --sequence-parallel
+    tp > 1                   --sequence-parallel; tp_comm_overlap megatron: --tp-comm-overlap
+                             (validate_args asserts sequence parallelism with it, so only
+                             with tp > 1, where it prices)
     experts (mixture)        --num-experts, --moe-router-topk, --moe-ffn-hidden-size,
                              --moe-shared-expert-intermediate-size; ep: --expert-model-parallel-size,
                              etp: --expert-tensor-parallel-size (default rank order only);
@@ -72,9 +74,10 @@ Refused (ExportError): what `stock_layout` refuses (replicas that differ in
 stage count, TP, layer split or microbatches; TP that differs between
 stages), schedules Megatron-LM does not run (zb-h1, zb-h2, optimized; a
 gpipe plan runs as Megatron's 1F1B, the same bubble with less activation
-memory), interleaved microbatch groups Megatron cannot reproduce, and a
+memory), interleaved microbatch groups Megatron cannot reproduce, a
 placement no torchrun launch reaches (some node's ranks non-contiguous in
-both rank orders).
+both rank orders), and TP collectives priced under PyTorch's asynchronous TP
+(tp_comm_overlap async_tp).
 
 Validation: tests/adapters/test_megatron.py feeds these arguments to
 megatron-core 0.16 on CPU: `parallel_state.initialize_model_parallel` under
@@ -137,7 +140,12 @@ FP8_AMAX = ("--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max")
 
 def stock(plan: Plan) -> StockLayout:
     """The plan's one shape, or ExportError saying what Megatron-LM cannot run."""
-    return stock_layout(plan, TARGET, SCHEDULES)
+    layout = stock_layout(plan, TARGET, SCHEDULES)
+    if layout.tp_comm_overlap == "async_tp":
+        raise ExportError(f"{TARGET} cannot run this plan: its TP collectives are priced under PyTorch's asynchronous "
+                          "TP (training.tp_comm_overlap async_tp), which Megatron-LM does not run; plan with "
+                          'tp_comm_overlap "megatron" (--tp-comm-overlap) or "none", or export to torchtitan')
+    return layout
 
 
 def _reorder(layout: StockLayout, order: str) -> tuple[str, ...]:
@@ -247,6 +255,8 @@ def _args(layout: StockLayout, order: str) -> list[str]:
         args.append("--use-tp-pp-dp-mapping")
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
+        if layout.tp_comm_overlap == "megatron":
+            args.append("--tp-comm-overlap")
     if layout.moe_a2a_overlap:  # the plan priced its all-to-alls under the batch-level EP overlap
         args.append("--overlap-moe-expert-parallel-comm")
     args += megatron_lm_model_args(arch, layout.seq_length, TARGET, layout.ep, layout.moe_dispatcher, layout.etp)

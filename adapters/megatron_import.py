@@ -13,6 +13,7 @@ positions, biases on, GELU, tied embeddings, no recompute, no distributed optimi
     --expert-model-parallel-size                      layout.ep
     --expert-tensor-parallel-size                     layout.etp (when not tp)
     --overlap-moe-expert-parallel-comm                training.moe_a2a_overlap
+    --tp-comm-overlap                                 training.tp_comm_overlap megatron
     --attention-backend fused / auto                  training.attention_kernel fused (flash, unfused and local are
                                                       reported: FlashAttention-2 or -3, or scores materialized)
     --num-virtual-stages-per-pipeline-rank v,          layout.virtual_stages, schedule interleaved
@@ -190,7 +191,6 @@ def _chunks_counting_ends(flags: dict, layers: int, pp: int, v: int) -> list[int
 _NOT_MODELLED = {
     "--fp8-param-gather": "FP8 primary weights (all-gathered in FP8, no bf16 copy) are not in the cost model: "
                           "priced with bf16 weights and FP8 copies",
-    "--tp-comm-overlap": "TP communication overlap is not a request field: estimated without it",
     "--delay-wgrad-compute": "delaying weight gradients to widen the EP overlap is not modelled: estimated without it",
     "--cpu-offloading": "CPU offloading is not in the cost model",
     "--apply-layernorm-1p": "a LayerNorm variant: timed as LayerNorm",
@@ -331,6 +331,9 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
                                     "parallelism, without full recompute, on one pipeline stage or an interleaved "
                                     "pipeline (its TransformerConfig refuses this command); estimated with the "
                                     "all-to-alls exposed")
+    if "--tp-comm-overlap" in flags:
+        # validate_args asserts sequence parallelism with it; it prices only where there is TP to overlap
+        training["tp_comm_overlap"] = "megatron"
     if "--grad-reduce-in-bf16" in flags and training["precision"] != "fp16":
         training["grad_precision"] = "bf16"  # arguments.py: it turns accumulate_allreduce_grads_in_fp32 off
     ignored = sorted(name for name in flags if name.startswith(_NO_EFFECT_PREFIXES))
@@ -352,7 +355,7 @@ def import_megatron(text: str, vocab_size: int | None = None) -> Imported:
         "--softmax-type", "--window-size", "--window-attn-skip-freq", "--moe-layer-freq", *_LATENT_FLAGS,
         "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--mtp-num-layers",
         "--expert-tensor-parallel-size", "--overlap-moe-expert-parallel-comm", "--attention-backend",
-        *_NOT_MODELLED,
+        "--tp-comm-overlap", *_NOT_MODELLED,
     }
     for name in sorted(flags):
         if name not in known and name not in ignored:

@@ -51,6 +51,7 @@ class StockLayout:
     grad_precision: str | None = None  # "bf16": gradients accumulate and reduce in bf16; else fp32 (fp16: its own)
     moe_dispatcher: str | None = None  # "flex": DeepEP/HybridEP token dispatch; else the all-to-all
     moe_a2a_overlap: bool = False  # Megatron's batch-level EP overlap hides the all-to-alls
+    tp_comm_overlap: str = "none"  # "megatron" (--tp-comm-overlap) or "async_tp" (PyTorch's asynchronous TP)
     # Layers of each model chunk, chunk c of stage s at c * pp + s, when the plan's chunks are uneven (an
     # estimate's layers_per_chunk); None: each stage's layers cut into virtual_stages equal chunks.
     layers_per_chunk: tuple[int, ...] | None = None
@@ -181,6 +182,7 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
         grad_precision=plan.grad_precision,
         moe_dispatcher=plan.moe_dispatcher,
         moe_a2a_overlap=plan.moe_a2a_overlap,
+        tp_comm_overlap=plan.tp_comm_overlap or "none",
         pp=pp,
         dp=len(replicas),
         virtual_stages=plan.virtual_stages,

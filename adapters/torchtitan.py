@@ -49,6 +49,9 @@ What maps to what (torchtitan 0.3.0, PyTorch 2.13):
                                        converters in Python, not on the command line; see
                                        adapters.torchtitan_model.model_spec(..., float8=True))
     sequence parallel (with tp > 1)    --parallelism.enable_sequence_parallel
+    tp_comm_overlap async_tp (tp > 1)  --compile.enable --compile.enable_async_tensor_parallel (torchtitan's
+                                       CompileConfig refuses async TP without torch.compile of the model,
+                                       whose own speed-up the plan does not price)
     ep (tp 1, zero_stage >= 1)         --parallelism.expert_parallel_degree ep: torchtitan's EP groups are
                                        ep consecutive FSDP ranks, the same stage of ep consecutive replicas
                                        as the plan's; the experts' FSDP group (efsdp) the dp / ep replicas
@@ -212,6 +215,8 @@ def torchtitan_overrides(plan: Plan, schedule_csv_path: str = SCHEDULE_CSV) -> l
         ("--training.mixed_precision_param", "bfloat16"),
         ("--training.mixed_precision_reduce", "float32"),
     ]
+    if layout.tp_comm_overlap == "async_tp" and layout.tp > 1:
+        options += [("--compile.enable",), ("--compile.enable_async_tensor_parallel",)]
     if layout.pp > 1 or layout.ep > 1:
         # torchtitan refuses CUDA graphs with pipeline parallelism, and with expert parallelism over a token
         # dispatcher that synchronizes with the CPU (the all-to-all and DeepEP ones the export picks), unless they
@@ -364,6 +369,10 @@ def _layout(plan: Plan) -> StockLayout:
         problems.append(f"zero_stage {layout.zero_stage} with pp {layout.pp}: torchtitan's pipeline runtime keeps "
                         "gradients whole until the step's last microbatch, more memory than the plan counts (plan "
                         "with pp 1, or zero_stage 1)")
+    if layout.tp_comm_overlap == "megatron":
+        problems.append("TP collectives priced under Megatron's --tp-comm-overlap (training.tp_comm_overlap "
+                        'megatron), which torchtitan does not run: plan with tp_comm_overlap "async_tp" (its '
+                        'asynchronous TP) or "none", or export to Megatron-LM')
     problems += _expert_problems(layout)
     if problems:
         raise ExportError(f"{TARGET} cannot run this plan: {'; '.join(problems)}")

@@ -24,6 +24,8 @@ torchtitan's TOML job file, with every setting that changes time or memory mappe
     activation_checkpoint:<mode>                         layout.recompute
     --training.mixed_precision_param                     training.precision (bfloat16; float32 is refused)
     --training.mixed_precision_reduce float32            fp32 gradients, the default (torchtitan 0.3 takes no other)
+    --compile.enable_async_tensor_parallel (tp > 1)      training.tp_comm_overlap async_tp (also read where older
+                                                         versions kept it: parallelism, experimental)
     --module M --config C                                model: torchtitan's own config functions that are a
                                                          resiplan preset field for field; any other needs `model`
 """
@@ -50,9 +52,6 @@ _NOT_MODELLED = {
                    "as the notes say); MX formats are not in the cost model",
     "--model.converters": "converters are not read: the request's precision decides (fp8 for float8 linears, as the "
                           "notes say)",
-    "--parallelism.enable_async_tensor_parallel": "a request cannot ask for asynchronous TP yet: the estimate leaves "
-                                                  "the TP collectives exposed, where AsyncTP hides the forward's "
-                                                  "(5-16% faster in torchtitan's published pairs)",
     "--parallelism.fsdp_reshard_after_forward": "FSDP resharding after forward under pipeline parallelism (weights "
                                                 "gathered every microbatch, gradients whole until the last) is "
                                                 "estimated as ZeRO-1",
@@ -60,7 +59,10 @@ _NOT_MODELLED = {
     "--activation_checkpoint.selective_ac_option": "torchtitan's selective policy is timed as Megatron-style "
                                                    "selective recompute",
 }
-_MAPPED = {
+# Asynchronous TP: torchtitan 0.3's CompileConfig field, and where older versions kept it.
+_ASYNC_TP = ("--compile.enable_async_tensor_parallel", "--parallelism.enable_async_tensor_parallel",
+             "--experimental.enable_async_tensor_parallel")
+_MAPPED = {*_ASYNC_TP, 
     "--parallelism.tensor_parallel_degree", "--parallelism.pipeline_parallel_degree",
     "--parallelism.data_parallel_replicate_degree", "--parallelism.data_parallel_shard_degree",
     "--parallelism.context_parallel_degree", "--parallelism.expert_parallel_degree",
@@ -192,6 +194,8 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
     if reduce != "float32":  # torchtitan 0.3's own config allows nothing else
         raise CommandLineError(f"--training.mixed_precision_reduce {reduce}: torchtitan 0.3 reduces gradients in "
                                "float32 only")
+    if any(_switch_on(key, options[key]) for key in _ASYNC_TP if key in options) and tp > 1:
+        training["tp_comm_overlap"] = "async_tp"
     notes.append("float8 linears are set in torchtitan's config function, not on its command line: the request "
                  'says bf16; make it "precision": "fp8" if your config converts the linears to float8')
     ignored = sorted(key for key in options if key.startswith(_NO_EFFECT))
@@ -207,6 +211,15 @@ def import_torchtitan(text: str = "", toml: str | None = None, model: str | dict
         notes.append(f"words that are not settings, left out: {' '.join(stray[:8])}")
     return Imported(request={"model": request_model, "training": training, "layout": layout},
                     not_modelled=not_modelled, ignored=ignored, notes=notes)
+
+
+def _switch_on(key: str, values: list[str]) -> bool:
+    """A boolean setting given as a bare switch, or with a value (a TOML job file's true)."""
+    if not values:
+        return True
+    if values[0].lower() in ("true", "1", "false", "0"):
+        return values[0].lower() in ("true", "1")
+    raise CommandLineError(f"{key} {values[0]!r}: not a boolean (true or false)")
 
 
 def _expert_parallel(ep: int, tp: int, not_modelled: list[str]) -> tuple[int, int | None]:

@@ -181,6 +181,14 @@ class SoftwareConfig:
     attention_kernel: str = "fused"
 
 
+def tp_overlap_name(software: SoftwareConfig) -> str:
+    """The wire's training.tp_comm_overlap for `software`: "megatron" (tp_comm_overlap, which prices both passes
+    even with async_tp set), "async_tp" or "none"."""
+    if software.tp_comm_overlap:
+        return "megatron"
+    return "async_tp" if software.async_tp else "none"
+
+
 # Megatron-LM of 2021-2022 (the calibration runs): no flash attention, dropout
 # on, gradient all-reduce after the backward pass, fp16 gradients.
 MEGATRON_2021 = SoftwareConfig(

@@ -9,6 +9,7 @@ the search put them (`planner.uniform.placements`).
 from __future__ import annotations
 
 from cost_models.device import device_id
+from cost_models.efficiency import tp_overlap_name
 from cost_models.expert_parallel import a2a_overlap_applies
 from cost_models.flops import iteration_model_flops
 from cost_models.hardware import GIB
@@ -237,4 +238,5 @@ def finish_plan(
         dp_shard=1 if problem.workload.zero_stage == 0 else dp_shard,
         grad_precision=None if problem.precision == "fp16" else ("bf16" if problem.software.grad_bytes == 2 else "fp32"),
         moe_dispatcher=problem.software.moe_dispatcher if problem.workload.model.is_moe else None,
+        tp_comm_overlap=tp_overlap_name(problem.software),
     )

@@ -91,6 +91,7 @@ class PlanResult:
     moe_dispatcher: str | None = None  # "alltoall" or "flex": the token dispatcher priced; None for dense models
     etp: int | None = None  # expert tensor parallelism: each routed expert split over etp GPUs; None: tp
     moe_a2a_overlap: bool = False  # the all-to-alls priced under Megatron's batch-level EP overlap
+    tp_comm_overlap: str = "none"  # "megatron" or "async_tp": how TP collectives are priced (`tp_overlap_name`)
 
 
 def stage_schedule_fields(timing: StageTime) -> dict[str, float]:

@@ -181,7 +181,9 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
     software = SoftwareConfig(grad_reduce_bytes=2 if training.precision == "fp16" or bf16_grads else 4,
                               grad_bytes=2 if bf16_grads else 4, fp8=training.precision == "fp8",
                               moe_dispatcher=training.moe_dispatcher, moe_a2a_overlap=training.moe_a2a_overlap,
-                              attention_kernel=training.attention_kernel)
+                              attention_kernel=training.attention_kernel,
+                              tp_comm_overlap=training.tp_comm_overlap == "megatron",
+                              async_tp=training.tp_comm_overlap == "async_tp")
     reserve_gib = request.options.memory_reserve_gib
     if reserve_gib is None:
         reserve_gib = DEFAULT_MEMORY_RESERVE_GIB

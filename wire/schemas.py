@@ -164,6 +164,15 @@ class Training(_Strict):
                     "pipeline stage or an interleaved pipeline); other layouts pay their all-to-alls exposed. "
                     "Plans say whether theirs uses it (moe_a2a_overlap).",
     )
+    tp_comm_overlap: Literal["none", "megatron", "async_tp"] = Field(
+        default="none",
+        description="How the trainer overlaps tensor-parallel collectives with the GEMMs that produce or consume "
+                    "them: none; megatron (Megatron-LM's --tp-comm-overlap, Transformer Engine's userbuffers: the "
+                    "forward's and the backward's collectives hide behind their GEMMs but one chunk each); or "
+                    "async_tp (PyTorch's asynchronous TP, torchtitan's --compile.enable_async_tensor_parallel: the "
+                    "forward's only, the backward's stay exposed). Matters with tp > 1; plans say which they priced "
+                    "(tp_comm_overlap) and the exports ask their trainer for it.",
+    )
     attention_kernel: Literal["fused", "fa2"] = Field(
         default="fused",
         description="The attention kernels the trainer runs: fused (Transformer Engine's cuDNN attention, as "
@@ -544,6 +553,10 @@ class Plan(BaseModel):
         default=False, description="Whether the plan's all-to-alls are priced under Megatron's batch-level EP "
         "overlap (training.moe_a2a_overlap, on a layout megatron-core runs it on); the Megatron-LM export then "
         "asks for it.")
+    tp_comm_overlap: Literal["none", "megatron", "async_tp"] | None = Field(
+        default=None, description="How the plan's tensor-parallel collectives are priced (training.tp_comm_overlap): "
+        "none, megatron (Megatron-LM's --tp-comm-overlap) or async_tp (PyTorch's asynchronous TP); the exports ask "
+        "their trainer for it. Null for plans stored before it was recorded (none).")
     dp_shard: int | None = Field(
         default=None, ge=1, description="Replicas of one ZeRO shard group (consecutive replica ids): each GPU holds "
         "1/(dp_shard x cp) of its stage's sharded state, and replicas r and r + dp_shard hold the same shards "

@@ -189,6 +189,10 @@ PLANS = {
     "qwen3-moe": lambda: plan_for(PlanRequest.model_validate(small_request(
         cluster={"num_nodes": 4, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="qwen3-30b-a3b",
         training={"global_batch_size": 128, "seq_length": 4096}, options=STOCK))),
+    # Transformer Engine's TP overlap (--tp-comm-overlap), llama3-8b at tp 4 on 16 H100s
+    "tp-comm-overlap": lambda: estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 4, "pp": 2}, cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
+        training={"global_batch_size": 64, "seq_length": 8192, "tp_comm_overlap": "megatron"}))),
     # llama2-13b interleaved, relabelled so each replica sits on one node
     "replica-major": lambda: _replica_major(plan_for(PlanRequest.model_validate(small_request(
         model="llama2-13b", training={"global_batch_size": 64, "seq_length": 8192},
@@ -231,6 +235,7 @@ def megatron_lm_parser() -> argparse.ArgumentParser:
     add("--use-tp-pp-dp-mapping", action="store_true", default=False)
     add("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm")
     add("--sequence-parallel", action="store_true")
+    add("--tp-comm-overlap", action="store_true")
     add("--num-layers", type=int, default=None)
     add("--hidden-size", type=int, default=None)
     add("--ffn-hidden-size", type=int, default=None)
@@ -364,6 +369,9 @@ def validate_like_megatron_lm(ns: argparse.Namespace) -> None:
     if ns.recompute_granularity == "selective":
         assert ns.recompute_method is None
     assert ns.tensor_model_parallel_size > 1 or not ns.sequence_parallel
+    if ns.tp_comm_overlap:  # validate_args, after turning sequence parallelism off at tp 1
+        assert ns.sequence_parallel, "Tensor parallel communication/GEMM overlap can happen only when sequence " \
+                                     "parallelism is enabled"
     if ns.expert_tensor_parallel_size is None:  # validate_args: expert-TP defaults to TP
         ns.expert_tensor_parallel_size = ns.tensor_model_parallel_size
     if ns.add_bias_linear:  # validate_args keeps the two in sync
@@ -709,6 +717,8 @@ def test_cases_cover_the_flag_variants():
     assert real_plan("moe-experts-over-tp").replicas[0].stages[0].tp > 1
     assert real_plan("moe-expert-parallel").ep > 1
     assert {name for name, f in flags.items() if "--grad-reduce-in-bf16" in f} == {"bf16-grads"}
+    assert {name for name, f in flags.items() if "--tp-comm-overlap" in f} == {"tp-comm-overlap"}
+    assert real_plan("tp-comm-overlap").tp_comm_overlap == "megatron"
 
 
 @pytest.mark.parametrize("tp,ep,shared,head_dim,etp", [(1, 1, 0, None, None), (2, 1, 128, None, None),
@@ -930,3 +940,12 @@ def test_the_ep_overlap_is_priced_exactly_where_megatron_core_accepts_it(ep, pp,
     except (AssertionError, ValueError):
         accepted = False
     assert a2a_overlap_applies(ep, pp, v, recompute) == accepted
+
+
+def test_megatron_refuses_pytorch_async_tp():
+    """PyTorch's asynchronous TP is torchtitan's, not Megatron-LM's: the export refuses a plan priced with it."""
+    plan = estimate_for(EstimateRequest.model_validate(estimate_request(
+        {"tp": 4, "pp": 2}, cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}, model="llama3-8b",
+        training={"global_batch_size": 64, "seq_length": 8192, "tp_comm_overlap": "async_tp"})))
+    with pytest.raises(ExportError, match="asynchronous TP"):
+        megatron.megatron_args(plan)

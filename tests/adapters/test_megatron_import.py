@@ -113,8 +113,10 @@ def test_export_then_import_gives_the_same_layout_and_model(name):
     bf16_grads = {"grad_precision": "bf16"} if plan.grad_precision == "bf16" else {}
     flex = {"moe_dispatcher": "flex"} if plan.moe_dispatcher == "flex" else {}
     overlap = {"moe_a2a_overlap": True} if plan.moe_a2a_overlap else {}
+    tp_overlap = {"tp_comm_overlap": "megatron"} if plan.tp_comm_overlap == "megatron" else {}
     assert training == {"global_batch_size": plan.global_batch_size, "seq_length": plan.seq_length,
-                        "zero_stage": plan.zero_stage, "precision": plan.precision, **bf16_grads, **flex, **overlap}
+                        "zero_stage": plan.zero_stage, "precision": plan.precision, **bf16_grads, **flex, **overlap,
+                        **tp_overlap}
     exported = arch.model_dump(exclude={"name"})
     for key, value in model.items():
         if key == "rope_scaling":

@@ -155,6 +155,11 @@ UNEVEN_CHUNKS = {
          "layers_per_chunk": [3, 4, 4, 5, 5, 4, 4, 3]},
         model="llama3-8b", training={"global_batch_size": 64, "seq_length": 4096}),
 }
+# PyTorch's asynchronous TP (training.tp_comm_overlap async_tp): torch.compile with the micro-pipeline TP pass
+ASYNC_TP = {
+    "async-tp": estimate_request({"tp": 2, "pp": 2}, model="llama3-8b", cluster=H100,
+                                 training={"global_batch_size": 32, "seq_length": 8192, "tp_comm_overlap": "async_tp"}),
+}
 NON_UNIFORM = _request("llama3-8b", 32, 4096, {"schedules": ["1f1b"], "allow_non_uniform": True}, failures=FAILED)
 
 
@@ -170,11 +175,13 @@ def real_plan(name: str) -> Plan:
         return estimate_for(EstimateRequest.model_validate(HYBRID[name]))
     if name in UNEVEN_CHUNKS:
         return estimate_for(EstimateRequest.model_validate(UNEVEN_CHUNKS[name]))
+    if name in ASYNC_TP:
+        return estimate_for(EstimateRequest.model_validate(ASYNC_TP[name]))
     body = NON_UNIFORM if name == "non-uniform" else REQUESTS[name]
     return plan_for(PlanRequest.model_validate(body))
 
 
-CASES = [*sorted(REQUESTS), "zero3-no-pp", *CONTEXT_PARALLEL, *EXPERT_PARALLEL, *HYBRID, *UNEVEN_CHUNKS]
+CASES = [*sorted(REQUESTS), "zero3-no-pp", *CONTEXT_PARALLEL, *EXPERT_PARALLEL, *HYBRID, *UNEVEN_CHUNKS, *ASYNC_TP]
 
 
 @pytest.fixture(params=CASES)
@@ -966,3 +973,22 @@ def test_a_flex_dispatcher_plan_asks_for_torchtitans_deepep_backend():
     dispatchers = {type(layer.moe.routed_experts.token_dispatcher).__qualname__
                    for layer in model_spec(plan.architecture, moe_comm_backend="deepep").model.layers}
     assert dispatchers == {"DeepEPTokenDispatcher.Config"}
+
+
+def test_async_tp_is_asked_of_torchtitan_exactly_where_the_plan_priced_it(case):
+    """torchtitan's CompileConfig, as its ConfigManager builds it from the overrides, runs asynchronous TP (and the
+    torch.compile it needs) for the plan priced with it and for no other."""
+    plan = real_plan(case)
+    compiled = parsed_config(case).compile
+    asked = plan.tp_comm_overlap == "async_tp" and plan.replicas[0].stages[0].tp > 1
+    assert compiled.enable_async_tensor_parallel == asked
+    assert compiled.enable == asked and (not asked or "model" in compiled.components)
+    assert (case in ASYNC_TP) == asked
+
+
+def test_torchtitan_refuses_megatron_tp_overlap():
+    """Megatron's --tp-comm-overlap is not something torchtitan runs: the export says so and names the way out."""
+    body = dict(ASYNC_TP["async-tp"], training={**ASYNC_TP["async-tp"]["training"], "tp_comm_overlap": "megatron"})
+    plan = estimate_for(EstimateRequest.model_validate(body))
+    with pytest.raises(ExportError, match="tp_comm_overlap"):
+        override_argv(plan)
