@@ -167,6 +167,10 @@ def _pinned(name: str) -> bool:
     return low == high
 
 
+# Nelder-Mead's convergence tolerance on the log-parameters: 0.01%.
+FIT_LOG_TOLERANCE = 1e-4
+
+
 def fit(runs: list[CalibrationRun], start: EfficiencyParams, modern: list | None = None,
         held: dict[str, float] | None = None) -> EfficiencyParams:
     """Least squares on relative errors (each source weighted equally: SC'21, Korthikanti and, when given,
@@ -195,8 +199,17 @@ def fit(runs: list[CalibrationRun], start: EfficiencyParams, modern: list | None
         return total
 
     x0 = [math.log(getattr(start, n)) for n in names]
-    result = minimize(loss, x0, method="Nelder-Mead", options={"maxiter": 4000, "xatol": 1e-4, "fatol": 1e-9})
+    result = minimize(loss, x0, method="Nelder-Mead", options={"maxiter": 4000, "xatol": FIT_LOG_TOLERANCE,
+                                                                 "fatol": 1e-9})
     return params_of(result.x)
+
+
+def settled(refit: EfficiencyParams, stored: EfficiencyParams) -> EfficiencyParams:
+    """`stored` where `refit` (a fit started from it) moved no parameter by more than the fit's own tolerance:
+    Nelder-Mead restarted from its answer wanders within that tolerance, and each rerun of `--fit` would otherwise
+    rewrite the fifth digit and every plan priced with it."""
+    moved = max(abs(math.log(getattr(refit, name) / getattr(stored, name))) for name in EfficiencyParams.field_names())
+    return stored if moved <= FIT_LOG_TOLERANCE else refit
 
 
 def table(runs: list[CalibrationRun], efficiency: EfficiencyParams) -> str:
@@ -458,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     fitted_runs, held_runs = modern_split()
     if args.fit:
-        efficiency = fit(runs, efficiency)
+        efficiency = settled(fit(runs, efficiency), efficiency)
         hopper_attention = fit_hopper_attention_fraction(efficiency, fitted_runs)
         FITTED_PATH.write_text(json.dumps({
             "doc": "Fitted by `python -m benchmarks.fidelity --fit` to benchmarks/calibration (SC'21 Table 1, Korthikanti "
