@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
 
+from api.tasks.detection import plan_layout
 from api.tasks.planning import estimate_for
 from benchmarks.telemetry import LengthMix, Slowdown, Stop, TelemetryConfig, generate_telemetry, role_truth
 from cost_models.model_spec import ModelSpec
@@ -224,7 +225,7 @@ def healthy_normalized_times(summaries: Sequence[Sequence[DeviceIteration]], lay
 
 def run(setup: Setup, clean_iterations: int, injected_iterations: int, seeds: Sequence[int]) -> str:
     plan, model = benchmark_plan(setup)
-    layout = layout_from_plan(plan, model)
+    layout = plan_layout(plan, model)
     flops_layout = layout_from_plan(plan, model, efficiency_weighted=False)
     devices = set(layout.devices)
     lines = [
@@ -408,7 +409,7 @@ def seven_device_plan(seq_length: int = 8192) -> object:
                 SimpleNamespace(stages=[stage((0, 12), ["1:0"]), stage((12, 32), ["1:1", "1:2"])],
                                 num_microbatches=6)]
     return SimpleNamespace(replicas=replicas, recompute="selective", seq_length=seq_length, micro_batch_size=1,
-                           predicted=SimpleNamespace(iteration_time_s=2.0))
+                           predicted=SimpleNamespace(iteration_time_s=2.0), gpu="H100-SXM", attention_kernel="fused")
 
 
 TWO_PEER_WINDOWS = 40  # windows per (attention error, window length) in `two_peer_time_models`
@@ -437,7 +438,7 @@ def true_factor(plan: Plan, model: ModelSpec, role: Role, attention_error: float
 def two_peer_time_models() -> list[str]:
     plan = two_peer_plan()
     model = resolve_model(plan.architecture)
-    layout = layout_from_plan(plan, model)
+    layout = plan_layout(plan, model)
     lines = ["### Measured time models in roles of two devices", "",
              "llama3-8b, TP 1 x PP 2 x DP 2 on 4 H100s at 4,096 tokens, 8 microbatches per replica: a role is one "
              "stage of both replicas, two devices that see different packs. Per row, "
@@ -466,7 +467,7 @@ def two_peer_time_models() -> list[str]:
 
 def small_job(iterations: int) -> list[str]:
     plan, model = seven_device_plan(), resolve_model("llama2-7b")
-    layout = layout_from_plan(plan, model)
+    layout = plan_layout(plan, model)
     lines = ["### A 7-device job of mixed TP 1/2 stages", "",
              "Roles of 1 or 2 devices (llama2-7b at 8,192 tokens; replica 0: TP-2 x 2 stages; replica 1: a TP-1 "
              "stage of 12 layers, a TP-2 stage of 20). A device is compared with its own history and with the "

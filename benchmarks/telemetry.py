@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cost_models.compute import embedding_time, head_time, layer_time
-from cost_models.efficiency import SoftwareConfig, fitted_efficiency
+from cost_models.efficiency import SoftwareConfig
+from cost_models.gpu_efficiency import builtin_efficiency
 from cost_models.hardware import gpu_preset
 from cost_models.model_spec import ModelSpec
 from detector import Microbatch, TelemetryItem
@@ -102,7 +103,7 @@ def role_truth(
 ) -> RoleTruth:
     """The cost model's compute time of a stage as a quadratic in the sequence length (exact through 3 points)."""
     gpu = gpu_preset(gpu_name)
-    efficiency = fitted_efficiency()
+    efficiency = builtin_efficiency(gpu)  # as the service prices that GPU (`cost_models.gpu_efficiency`)
     software = SoftwareConfig()
     count = layers[1] - layers[0]
 

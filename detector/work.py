@@ -9,9 +9,10 @@ quadratic in each sequence's own length (packed documents attend only within
 themselves). The ratio quadratic / linear is physics, taken from the cost
 model, never fitted to telemetry: per-layer FLOPs (`cost_models.flops`), each
 GEMM weighted by the efficiency the cost model gives its width
-(`cost_models.compute.gemm_efficiency`; attention runs at head_dim width), the
-causal half a fused kernel skips, FlashAttention's 2.5x backward and the
-plan's recomputation. Only the overall scale (ms per unit of work) is fitted,
+(`cost_models.compute.gemm_efficiency`; attention runs at head_dim width, at
+the GPU's `attention_fraction` and the plan's attention kernel), the causal
+half a fused kernel skips, FlashAttention's 2.5x backward and the plan's
+recomputation. Only the overall scale (ms per unit of work) is fitted,
 per role and iteration, by the detector. The units are FLOPs at peak-relative
 time; only ratios between microbatches of one role matter.
 """
@@ -24,6 +25,7 @@ from typing import Protocol
 
 from cost_models.compute import (
     CAUSAL_EXECUTED_FRACTION,
+    FA2_ATTENTION_TIME_FACTOR,
     FLASH_BACKWARD_TO_FORWARD,
     gemm_efficiency,
 )
@@ -90,6 +92,9 @@ def layer_work_model(
     attention_passes += 1 if recompute in ("selective", "full") else 0
     if efficiency is not None:
         attention /= gemm_efficiency(model.head_width, efficiency)
+        if software.flash_attention:  # the fused kernel's speed as the cost model prices it (`compute.py`)
+            kernel = FA2_ATTENTION_TIME_FACTOR if software.attention_kernel == "fa2" else 1.0
+            attention *= kernel / efficiency.attention_fraction
     return WorkModel(linear=linear, quadratic=attention_passes * attention)
 
 
@@ -149,6 +154,8 @@ def layout_from_stages(
     stages: Iterable[tuple[tuple[int, int], int, Iterable[str]]],
     recompute: str = "selective",
     *,
+    efficiency: EfficiencyParams | None = None,
+    software: SoftwareConfig | None = None,
     efficiency_weighted: bool = True,
 ) -> DetectionLayout:
     """Group (layers, tp, devices) stages into roles keyed by (layers, tp), first-seen order."""
@@ -166,7 +173,8 @@ def layout_from_stages(
             layers=layers,
             tp=tp,
             devices=tuple(devices),
-            work=role_work_model(model, layers, tp, recompute, efficiency_weighted=efficiency_weighted),
+            work=role_work_model(model, layers, tp, recompute, efficiency=efficiency, software=software,
+                                 efficiency_weighted=efficiency_weighted),
         )
         for (layers, tp), devices in members.items()
     )
@@ -192,8 +200,11 @@ class PlanStages(Protocol):
     recompute: str
 
 
-def layout_from_plan(plan: PlanStages, model: ModelSpec, *, efficiency_weighted: bool = True) -> DetectionLayout:
-    """The roles of a plan's devices (see `layout_from_stages`)."""
+def layout_from_plan(plan: PlanStages, model: ModelSpec, *, efficiency: EfficiencyParams | None = None,
+                     software: SoftwareConfig | None = None, efficiency_weighted: bool = True) -> DetectionLayout:
+    """The roles of a plan's devices (see `layout_from_stages`), their work priced with `efficiency` (default: the
+    A100 fit) and `software` (default: fused attention), as the plan was."""
     stages = [(stage.layers, stage.tp, stage.devices) for replica in plan.replicas for stage in replica.stages]
     recompute = getattr(plan, "recompute", None) or "selective"
-    return layout_from_stages(model, stages, recompute, efficiency_weighted=efficiency_weighted)
+    return layout_from_stages(model, stages, recompute, efficiency=efficiency, software=software,
+                              efficiency_weighted=efficiency_weighted)

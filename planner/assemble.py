@@ -231,6 +231,8 @@ def finish_plan(
         seq_length=problem.workload.seq_length,
         precision=problem.precision,
         gpu_memory_gib=problem.hardware.gpu.memory_gib,
+        gpu=problem.hardware.gpu.name,
+        attention_kernel=problem.software.attention_kernel,
         memory_reserve_gib=problem.memory_reserve_gib,
         ep=ep,
         etp=etp,

@@ -84,6 +84,8 @@ class PlanResult:
     seq_length: int | None = None
     precision: str | None = None
     gpu_memory_gib: float | None = None  # one GPU's capacity
+    gpu: str | None = None  # the GPU's name (a preset's, or a custom GPU's own)
+    attention_kernel: str | None = None  # "fused" or "fa2": the attention kernels priced
     memory_reserve_gib: float | None = None  # left free per GPU: every stage's memory_gib fits capacity less this
     ep: int = 1  # expert parallelism: each stage's routed experts split over ep GPUs (`ParallelShape.expert_span`)
     dp_shard: int | None = None  # replicas of a ZeRO shard group, consecutive; None: not one size (non-uniform)

@@ -534,6 +534,11 @@ class Plan(BaseModel):
         default=None, description="Only on a layout `/v1/compare` compared: the best plan's id and figures and what "
         "each difference buys; the plan page shows them.")
     gpu_memory_gib: float | None = Field(default=None, description="HBM capacity of one GPU, GiB.")
+    gpu: str | None = Field(default=None, description="The GPU the plan is priced for: a preset's name (GET /v1/gpus) "
+                            "or a custom GPU's own; null for plans stored before it was recorded.")
+    attention_kernel: Literal["fused", "fa2"] | None = Field(
+        default=None, description="The attention kernels the plan is priced with (training.attention_kernel); null "
+        "for plans stored before it was recorded (fused).")
     memory_reserve_gib: float | None = Field(
         default=None, description="GiB per GPU the plan leaves free for the CUDA context, NCCL buffers and the "
         "allocator (options.memory_reserve_gib or its default): every stage's memory_gib fits gpu_memory_gib less this.")

@@ -6,7 +6,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from api.tasks.telemetry_body import parse_detect_body
-from detector import ItemTotals, TelemetryError, detect, layout_from_plan
+from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+from cost_models.gpu_efficiency import builtin_efficiency
+from cost_models.hardware import gpu_preset, gpu_preset_names
+from cost_models.model_spec import ModelSpec
+from detector import DetectionLayout, ItemTotals, TelemetryError, detect, layout_from_plan
 from planner.errors import PlanningError
 from wire.convert import resolve_model
 from wire.detection import DetectResponse, FailSlowDevice, RoleTimeModel
@@ -45,7 +49,7 @@ def detect_for(plan: Plan, telemetry: Iterable[ItemTotals]) -> DetectResponse:
         model = resolve_model(plan.model)
     else:
         raise PlanningError(f"plan {plan.plan_id} records no model architecture to normalize compute times with")
-    layout = layout_from_plan(plan, model)
+    layout = plan_layout(plan, model)
     try:
         result = detect(telemetry, layout)
     except TelemetryError as error:
@@ -61,6 +65,22 @@ def detect_for(plan: Plan, telemetry: Iterable[ItemTotals]) -> DetectResponse:
             for role, fit in zip(layout.roles, result.time_models, strict=True)
         ],
     )
+
+
+def plan_pricing(plan: Plan) -> tuple[EfficiencyParams | None, SoftwareConfig]:
+    """The efficiency parameters and attention kernel the detector's work prior prices `plan` with, as far as the
+    plan records them: a preset GPU's built-in parameters (GET /v1/gpus; Hopper's fitted attention fraction on GPUs
+    with FP8 tensor cores), else (a custom GPU, or a plan stored before it recorded its GPU) the A100 fit; its
+    attention kernel (fused for older plans). A calibration the plan was priced with is not read: the prior only
+    seeds what the detector fits from the telemetry."""
+    efficiency = builtin_efficiency(gpu_preset(plan.gpu)) if plan.gpu in gpu_preset_names() else None
+    return efficiency, SoftwareConfig(attention_kernel=plan.attention_kernel or "fused")
+
+
+def plan_layout(plan: Plan, model: ModelSpec) -> DetectionLayout:
+    """The detector's roles of `plan`, their work prior priced as the plan was (`plan_pricing`)."""
+    efficiency, software = plan_pricing(plan)
+    return layout_from_plan(plan, model, efficiency=efficiency, software=software)
 
 
 def _significant(value: float | None) -> float | None:

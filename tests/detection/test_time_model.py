@@ -12,6 +12,7 @@ import math
 import random
 import pytest
 
+from api.tasks.detection import plan_layout
 from benchmarks.detection import (
     QUICK,
     benchmark_plan,
@@ -23,7 +24,7 @@ from benchmarks.detection import (
     two_peer_plan,
 )
 from benchmarks.telemetry import LengthMix, Slowdown, TelemetryConfig, generate_telemetry, pack_sample
-from detector import WorkModel, detect, fit_roles, layout_from_plan
+from detector import WorkModel, detect, fit_roles
 from detector.fit import Sample
 from wire.convert import resolve_model
 
@@ -165,7 +166,7 @@ def test_a_window_that_cannot_pin_the_factor_does_not_claim_one():
 @pytest.fixture(scope="module")
 def plan64():
     plan, model = benchmark_plan(QUICK)
-    return plan, model, layout_from_plan(plan, model)
+    return plan, model, plan_layout(plan, model)
 
 
 # Two of the 8 data-parallel replicas read a shard of long documents (books) for the whole run: their devices
@@ -218,7 +219,7 @@ def test_attention_3x_costlier_still_catches_a_slowdown(plan64):
 def _two_peer_fits(attention_error: float, iterations: int, window: int) -> tuple[list, list]:
     plan = two_peer_plan()
     model = resolve_model(plan.architecture)
-    layout = layout_from_plan(plan, model)
+    layout = plan_layout(plan, model)
     truths = [true_factor(plan, model, role, attention_error) for role in layout.roles]
     windows = generate_telemetry(plan, model, TelemetryConfig(iterations=iterations, seed=31,
                                                               attention_error=attention_error))
@@ -255,7 +256,7 @@ def _seven_device_plan():
 @pytest.mark.parametrize("slow", ["1:1", "1:0", "0:2"])
 def test_a_slowdown_from_the_first_iteration_is_caught_in_a_small_job(slow):
     plan, model = _seven_device_plan()
-    layout = layout_from_plan(plan, model)
+    layout = plan_layout(plan, model)
     assert max(len(role.devices) for role in layout.roles) == 2  # no role has 3 peers
     windows = generate_telemetry(plan, model, TelemetryConfig(iterations=8, slowdowns=(Slowdown(slow, 0.33, 0),)))
     result = detect([item for window in windows for item in window], layout)
@@ -265,7 +266,7 @@ def test_a_slowdown_from_the_first_iteration_is_caught_in_a_small_job(slow):
 
 def test_a_small_healthy_job_raises_no_alarm():
     plan, model = _seven_device_plan()
-    layout = layout_from_plan(plan, model)
+    layout = plan_layout(plan, model)
     for attention_error in (1.0, 3.0):
         windows = generate_telemetry(plan, model, TelemetryConfig(iterations=60, attention_error=attention_error))
         flags = slow_flags(sliding_detections(summaries_per_iteration(windows, layout), layout))
