@@ -83,7 +83,11 @@ def load_modern_runs(path: Path = MODERN_RUNS_PATH) -> list[ModernRun]:
     for row in json.loads(path.read_text())["runs"]:
         gpu = gpu_preset(row["gpu"])
         per_node = GPUS_PER_NODE.get(row["source_id"], 8)
-        hardware = Hardware(gpu, per_node, gpu.intra_node_bandwidth_gb_s, gpu.inter_node_bandwidth_gb_s)
+        topology = row.get("nvlink_topology", "switch")
+        if topology not in ("switch", "mesh"):
+            raise ValueError(f"{row['model']}: nvlink_topology {topology!r} is neither 'switch' nor 'mesh'")
+        hardware = Hardware(gpu, per_node, gpu.intra_node_bandwidth_gb_s, gpu.inter_node_bandwidth_gb_s,
+                            nvlink_mesh=topology == "mesh")
         virtual = row["virtual_stages"]
         shape = ParallelShape(tp=row["tp"], pp=row["pp"], dp=row["dp"], micro_batch_size=row["micro_batch"],
                               recompute=row["recompute"], schedule="interleaved" if virtual > 1 else "1f1b",

@@ -10,12 +10,31 @@ from cost_models.model_spec import ModelSpec
 
 @dataclass(frozen=True)
 class Hardware:
-    """A homogeneous cluster's GPU and links (bandwidths unidirectional GB/s per GPU)."""
+    """A homogeneous cluster's GPU and links (bandwidths unidirectional GB/s per GPU).
+
+    nvlink_mesh: a node's GPUs are linked to each other directly, with no NVSwitch (4-GPU HGX H100/H200
+    boards, NVL cards with 4-way NVLink bridges): each GPU's links are split evenly among its peers, so a
+    GPU reaches one peer at 1 / (gpus_per_node - 1) of `intra_node_bandwidth_gb_s` (`nvlink_group_gb_s`).
+    """
 
     gpu: GpuSpec
     gpus_per_node: int
     intra_node_bandwidth_gb_s: float
     inter_node_bandwidth_gb_s: float
+    nvlink_mesh: bool = False
+
+
+def nvlink_group_gb_s(hardware: Hardware, group_gpus: int) -> float:
+    """Unidirectional NVLink GB/s per GPU for traffic among `group_gpus` GPUs of one node (2: a point-to-point
+    send). Through NVSwitch every GPU drives all its links whoever it talks to. In a direct mesh a GPU drives
+    only the links to its group peers, 1 / (n - 1) of them per peer: NCCL's topology search builds its rings
+    and trees from the NVLink paths it finds between the group's GPUs (nccl src/graph/search.cc), so a
+    collective over g of a node's n GPUs gets (g - 1) / (n - 1) of the GPU's bandwidth: TP 2 on a 4-GPU board
+    a third, TP 4 all of it."""
+    peers = hardware.gpus_per_node - 1
+    if not hardware.nvlink_mesh or peers <= 1 or not 1 < group_gpus <= peers:  # 1: nothing crosses NVLink
+        return hardware.intra_node_bandwidth_gb_s
+    return hardware.intra_node_bandwidth_gb_s * (group_gpus - 1) / peers
 
 
 @dataclass(frozen=True)

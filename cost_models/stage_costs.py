@@ -34,7 +34,7 @@ from cost_models.expert_parallel import (
 )
 from cost_models.fp8 import WEIGHT_CACHE_BYTES_PER_PARAM as FP8_WEIGHT_CACHE_BYTES_PER_PARAM
 from cost_models.hardware import GpuSpec
-from cost_models.layout import Hardware, ParallelShape, Workload
+from cost_models.layout import Hardware, ParallelShape, Workload, nvlink_group_gb_s
 from cost_models.model_spec import ModelSpec
 from cost_models.sharded_dp import gathered_bytes_per_param, shards_every_microbatch, with_sharded_comm
 from cost_models.memory import (
@@ -177,18 +177,22 @@ def part_costs(
     seq, mbs, tp, cp = workload.seq_length, shape.micro_batch_size, shape.tp, shape.cp
     local_seq = seq / cp  # what every token-linear term of one GPU sees (`cost_models.context_parallel`)
     gpu = hardware.gpu
-    intra = hardware.intra_node_bandwidth_gb_s
-    ring = ring_link(tp, cp, hardware.gpus_per_node, intra * efficiency.nvlink_fraction,
+    # What each group's collectives get of a GPU's NVLink (all of it through NVSwitch; `nvlink_group_gb_s`):
+    # the TP group's, and the CP ring's sends to one neighbour.
+    intra = nvlink_group_gb_s(hardware, tp)
+    ring = ring_link(tp, cp, hardware.gpus_per_node, nvlink_group_gb_s(hardware, 2) * efficiency.nvlink_fraction,
                      hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction)
     time = layer_time(model, seq, mbs, tp, shape.recompute, gpu, intra, efficiency, software, cp, ring,
                       expert_tp=shape.expert_tp)
     if shape.ep > 1:
         # An EP group's GPUs are expert-TP ranks apart over consecutive ranks of the stage, which fill nodes
         # (`cost_models.expert_parallel`).
+        ep_ranks_per_node = max(1, hardware.gpus_per_node // shape.expert_tp)
         all_to_all_ms = layer_all_to_all_ms(
-            model, local_seq * mbs, tp, shape.ep, max(1, hardware.gpus_per_node // shape.expert_tp),
-            intra * efficiency.nvlink_fraction, hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction,
-            software.moe_dispatcher, shape.expert_tp)
+            model, local_seq * mbs, tp, shape.ep, ep_ranks_per_node,
+            nvlink_group_gb_s(hardware, min(shape.ep, ep_ranks_per_node)) * efficiency.nvlink_fraction,
+            hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction, software.moe_dispatcher,
+            shape.expert_tp)
         recomputed = all_to_all_ms if shape.recompute == Recompute.FULL else 0.0  # full recompute redoes the forward's
         forward_ms, backward_ms = all_to_all_ms, all_to_all_ms + recomputed
         if software.moe_a2a_overlap and a2a_overlap_applies(shape.ep, shape.pp, shape.virtual_stages, shape.recompute):
@@ -285,7 +289,6 @@ def stage_cost_terms(
     """Cost coefficients of `shape`; pass `parts` (from `part_costs`) to reuse layer costs across shapes."""
     model = workload.model
     gpu = hardware.gpu
-    intra = hardware.intra_node_bandwidth_gb_s
     microbatches = shape.num_microbatches(workload.global_batch_size)
     parts = parts or part_costs(workload, hardware, shape, efficiency, software)
     layer, embedding, head = parts.layer, parts.embedding, parts.head
@@ -297,7 +300,7 @@ def stage_cost_terms(
     # Megatron's rank order is tp, dp, pp (fastest first): data-parallel
     # peers share a node while they fit.
     groups_per_node = max(1, hardware.gpus_per_node // shape.tp)
-    dp_intra_gb_s = intra * efficiency.nvlink_fraction
+    dp_intra_gb_s = nvlink_group_gb_s(hardware, min(shape.grad_sync_ranks, groups_per_node)) * efficiency.nvlink_fraction
     dp_inter_gb_s = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction
     # Optimizer state (and ZeRO-2/3's shards) over the ranks holding the same weights: with expert
     # parallelism the experts' fewer (`cost_models.expert_parallel`). Hybrid sharding shards over its
@@ -391,7 +394,7 @@ def pipeline_p2p_ms(
     if in_node is None:
         in_node = shape.devices <= hardware.gpus_per_node
     if in_node:
-        bandwidth, latency = hardware.intra_node_bandwidth_gb_s * efficiency.nvlink_fraction, NVLINK_STEP_LATENCY_S
+        bandwidth, latency = nvlink_group_gb_s(hardware, 2) * efficiency.nvlink_fraction, NVLINK_STEP_LATENCY_S
     else:
         bandwidth, latency = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction, NETWORK_STEP_LATENCY_S
     # Every model chunk sends its output on and its input gradient back,

@@ -73,6 +73,7 @@ def resolve_hardware(cluster: Cluster) -> Hardware:
         gpus_per_node=cluster.gpus_per_node,
         intra_node_bandwidth_gb_s=cluster.intra_node_bandwidth_gb_s or gpu.intra_node_bandwidth_gb_s,
         inter_node_bandwidth_gb_s=cluster.inter_node_bandwidth_gb_s or gpu.inter_node_bandwidth_gb_s,
+        nvlink_mesh=cluster.nvlink_topology == "mesh",
     )
 
 

@@ -77,6 +77,9 @@ class Cluster(_Strict):
         default=None, ge=MIN_BANDWIDTH_GB_S, le=100_000,
         description="Unidirectional network GB/s per GPU; default from the GPU preset.",
     )
+    nvlink_topology: Literal["switch", "mesh"] = Field(
+        default="switch", description='"switch": NVSwitch, any peer at the whole intra_node_bandwidth_gb_s; "mesh": '
+        'GPUs linked directly (4-GPU HGX boards, NVLink bridges), a group of g of a node\'s n GPUs at (g-1)/(n-1) of it.')
 
     @model_validator(mode="after")
     def _size(self) -> Cluster:

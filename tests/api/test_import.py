@@ -13,7 +13,7 @@ def test_the_llama3_example_imports_and_estimates(client):
     response = client.post("/v1/import", json={"megatron_args": LLAMA3_8B_EXAMPLE, "cluster": CLUSTER})
     assert response.status_code == 200, response.text
     answer = response.json()
-    assert answer["request"]["layout"]["dp"] == 8 and answer["request"]["cluster"] == CLUSTER
+    assert answer["request"]["layout"]["dp"] == 8 and answer["request"]["cluster"] == {**CLUSTER, "nvlink_topology": "switch"}
     assert answer["request"]["training"]["precision"] == "fp8"  # --fp8-format hybrid, priced
     assert any(entry.startswith("--fp8-param-gather") for entry in answer["not_modelled"])
     estimate = client.post("/v1/estimate", json=answer["request"])

@@ -5,6 +5,7 @@ FLOP count (checked against closed forms worked out here, not the module's code)
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +15,7 @@ from benchmarks.modern_runs import (
     MODERN_RUNS_PATH,
     balanced_split,
     load_modern_runs,
+    predict_iteration_s,
     slot_chunks,
     stage_split,
     published_iteration_s,
@@ -102,6 +104,34 @@ def test_a_stated_split_must_cut_the_model(tmp_path):
         path.write_text(json.dumps(broken))
         with pytest.raises(ValueError, match="layers_per_chunk"):
             load_modern_runs(path)
+
+
+def test_a_row_says_how_its_nodes_are_linked(tmp_path):
+    """KempnerForge's 4-GPU H200 nodes are a direct NVLink mesh: its runs with groups of 2 inside a node (TP 2, or 2
+    FSDP ranks to a node) pay a third of the bandwidth for them, TP 2 enough to show in the step; runs whose groups
+    span the whole node or none of it pay nothing more; a row that says nothing is NVSwitch; any other word is
+    refused."""
+    rows = json.loads(MODERN_RUNS_PATH.read_text())
+    by_label = {run.label: run for run in load_modern_runs()}
+    kempner = [run for run in by_label.values() if run.source_id == "kempnerforge-2026"]
+    assert kempner and all(run.hardware.nvlink_mesh and run.hardware.gpus_per_node == 4 for run in kempner)
+    assert not any(run.hardware.nvlink_mesh for run in by_label.values() if run.source_id != "kempnerforge-2026")
+    efficiency = builtin_efficiency(kempner[0].hardware.gpu)
+    for run in kempner:
+        on_switch = replace(run, hardware=replace(run.hardware, nvlink_mesh=False))
+        slower = predict_iteration_s(run, efficiency) / predict_iteration_s(on_switch, efficiency)
+        in_node_groups = {run.shape.tp, min(run.shape.dp, 4 // run.shape.tp)}
+        if run.shape.tp == 2:
+            assert slower > 1.05, run.label
+        elif 2 in in_node_groups:
+            assert slower > 1.0, run.label
+        else:
+            assert slower == 1.0, run.label
+    row = next(run for run in rows["runs"] if run["source_id"] == "kempnerforge-2026")
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(dict(rows, runs=[dict(row, nvlink_topology="nvswitch")])))
+    with pytest.raises(ValueError, match="nvlink_topology"):
+        load_modern_runs(path)
 
 
 def test_the_report_prices_every_run_and_says_the_mean_error():

@@ -1,0 +1,84 @@
+"""A node whose GPUs are linked directly (no NVSwitch): each GPU's NVLink split among its peers.
+
+On a 4-GPU mesh a GPU reaches each peer over a third of its links, so TP 2 moves its collectives at a third of
+the bandwidth an NVSwitch board gives it, and TP 4, which drives every link, at all of it
+(`cost_models.layout.nvlink_group_gb_s`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cost_models.efficiency import SoftwareConfig
+from cost_models.gpu_efficiency import builtin_efficiency
+from cost_models.hardware import gpu_preset
+from cost_models.layout import Hardware, ParallelShape, Workload, nvlink_group_gb_s
+from cost_models.model_spec import model_preset
+from cost_models.stage_costs import part_costs, pipeline_p2p_ms, stage_cost_terms
+
+H200 = gpu_preset("H200")
+
+
+def _hardware(gpus_per_node: int, mesh: bool) -> Hardware:
+    return Hardware(H200, gpus_per_node, H200.intra_node_bandwidth_gb_s, H200.inter_node_bandwidth_gb_s,
+                    nvlink_mesh=mesh)
+
+
+def test_a_group_of_g_gets_g_minus_one_of_the_n_minus_one_peer_links():
+    full = H200.intra_node_bandwidth_gb_s
+    mesh4 = _hardware(4, True)
+    assert nvlink_group_gb_s(mesh4, 2) == pytest.approx(full / 3)
+    assert nvlink_group_gb_s(mesh4, 3) == pytest.approx(full * 2 / 3)
+    assert nvlink_group_gb_s(mesh4, 4) == full
+    assert nvlink_group_gb_s(mesh4, 8) == full  # a group wider than the node crosses it through every link
+    assert nvlink_group_gb_s(_hardware(8, True), 2) == pytest.approx(full / 7)
+    for group in (2, 3, 4, 8):
+        assert nvlink_group_gb_s(_hardware(4, False), group) == full
+    assert nvlink_group_gb_s(_hardware(2, True), 2) == full  # two GPUs: every link joins the pair
+
+
+def _layer_time(tp: int, mesh: bool, gpus_per_node: int = 4):
+    workload = Workload(model_preset("llama3-8b"), 8192, 64, zero_stage=1)
+    shape = ParallelShape(tp=tp, pp=1, dp=gpus_per_node // tp, micro_batch_size=4, recompute="none")
+    return part_costs(workload, _hardware(gpus_per_node, mesh), shape, builtin_efficiency(H200),
+                      SoftwareConfig()).layer.time
+
+
+def test_tp2_on_a_4_gpu_mesh_moves_its_collectives_at_a_third_of_the_bandwidth():
+    switch, mesh = _layer_time(2, False), _layer_time(2, True)
+    ratio = mesh.forward_tp_comm_ms / switch.forward_tp_comm_ms
+    assert 2.9 < ratio <= 3.0  # 3x on bandwidth, the per-step latency unchanged
+    assert 2.9 < mesh.backward_tp_comm_ms / switch.backward_tp_comm_ms <= 3.0
+    assert mesh.forward_compute_ms == switch.forward_compute_ms
+
+
+def test_tp_over_the_whole_mesh_costs_what_it_costs_through_a_switch():
+    assert _layer_time(4, True) == _layer_time(4, False)
+
+
+def test_tp2_on_an_8_gpu_mesh_gets_a_seventh():
+    ratio = _layer_time(2, True, 8).forward_tp_comm_ms / _layer_time(2, False, 8).forward_tp_comm_ms
+    assert 6.8 < ratio <= 7.0
+
+
+def test_pipeline_sends_and_data_parallel_sync_inside_a_mesh_node_use_the_peer_links():
+    workload = Workload(model_preset("llama3-8b"), 8192, 64, zero_stage=1)
+    efficiency, software = builtin_efficiency(H200), SoftwareConfig(overlap_grad_reduce=False, overlap_param_gather=False)
+    pipelined = ParallelShape(tp=1, pp=2, dp=2, micro_batch_size=1, recompute="full")
+    switch_p2p = pipeline_p2p_ms(workload, _hardware(4, False), pipelined, efficiency, software)
+    mesh_p2p = pipeline_p2p_ms(workload, _hardware(4, True), pipelined, efficiency, software)
+    assert 2.5 < mesh_p2p / switch_p2p <= 3.0
+    # Two replicas of TP 2 in a node sync over one peer's links; four of TP 1 over all three.
+    pairs = ParallelShape(tp=2, pp=1, dp=2, micro_batch_size=1, recompute="full")
+    quads = ParallelShape(tp=1, pp=1, dp=4, micro_batch_size=1, recompute="full")
+    terms = {(shape, mesh): stage_cost_terms(workload, _hardware(4, mesh), shape, efficiency, software)
+             for shape in (pairs, quads) for mesh in (False, True)}
+    assert terms[pairs, True].dp_bandwidth_intra_gb_s == pytest.approx(terms[pairs, False].dp_bandwidth_intra_gb_s / 3)
+    assert terms[quads, True].dp_bandwidth_intra_gb_s == terms[quads, False].dp_bandwidth_intra_gb_s
+
+
+def test_switch_is_the_default():
+    assert Hardware(H200, 4, 1.0, 1.0) == replace(_hardware(4, False), intra_node_bandwidth_gb_s=1.0,
+                                                   inter_node_bandwidth_gb_s=1.0)
