@@ -151,6 +151,11 @@ def stock_layout(plan: Plan, target: str, schedules: Collection[str] | None = No
     schedules: the plan schedules `target` runs (None: any).
     """
     unrunnable = _device_id_problems(plan) + _position_problems(plan)
+    if plan.optimizer_precision == "bf16":
+        # Megatron-LM and DeepSpeed keep master weights beside the bf16 model, torchtitan shards fp32 parameters
+        # under FSDP2's mixed precision: a plan that counted 4 bytes of optimizer state would run out of memory.
+        unrunnable.append("its memory counts no fp32 master weights (training.optimizer_precision bf16), which "
+                          f"{target} keeps; plan with optimizer_precision fp32")
     if unrunnable:
         raise ExportError(f"{target} cannot run this plan: {'; '.join(unrunnable)}")
     problems = _differences(plan) + _chunk_problems(plan)

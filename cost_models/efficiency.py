@@ -162,6 +162,10 @@ class SoftwareConfig:
         cuDNN attention or FlashAttention-3 on Hopper and newer, FlashAttention-2 on Ampere (their own best);
         or "fa2", FlashAttention-2 kernels (flash-attn 2, PyTorch SDPA's flash backend) on Hopper or newer,
         which use neither its warpgroup MMA nor TMA (`cost_models.compute.FA2_ATTENTION_TIME_FACTOR`).
+    master_weights: the optimizer keeps fp32 master weights and Adam moments beside the bf16/fp16 weights
+        (mixed-precision training: Megatron-LM, DeepSpeed, FSDP's mixed precision); False: the model itself is
+        bf16 and so are its gradients and Adam moments, as under torch's AdamW on a model cast with
+        .to(torch.bfloat16) (`cost_models.memory.optimizer_bytes_per_param`).
     """
 
     flash_attention: bool = True
@@ -179,6 +183,7 @@ class SoftwareConfig:
     moe_dispatcher: str = "alltoall"
     moe_a2a_overlap: bool = False
     attention_kernel: str = "fused"
+    master_weights: bool = True
 
 
 def tp_overlap_name(software: SoftwareConfig) -> str:

@@ -19,6 +19,8 @@ from cost_models.pipeline import interleaved_group_sizes
 WEIGHT_BYTES_PER_PARAM = 2.0
 GRAD_BYTES_PER_PARAM = 4.0
 OPTIMIZER_BYTES_PER_PARAM = 12.0
+# Without master weights (the model trains in bf16): Adam's m and v in bf16.
+BF16_OPTIMIZER_BYTES_PER_PARAM = 4.0
 
 # Memory per GPU a plan leaves free for what this model does not count, unless the request says
 # otherwise (`options.memory_reserve_gib`). Measured pieces: the CUDA context PyTorch creates takes
@@ -35,15 +37,23 @@ DEFAULT_MEMORY_RESERVE_GIB = 3.0
 ACTIVATION_FRAGMENTATION = 0.10
 
 
-def state_bytes_per_param(zero_stage: int, data_parallel: int, grad_bytes: float = GRAD_BYTES_PER_PARAM) -> float:
+def optimizer_bytes_per_param(master_weights: bool) -> float:
+    """The optimizer's state per parameter: fp32 master weights and Adam moments (12), or, where the model
+    trains in bf16 without a master copy (`SoftwareConfig.master_weights` False), bf16 moments (4)."""
+    return OPTIMIZER_BYTES_PER_PARAM if master_weights else BF16_OPTIMIZER_BYTES_PER_PARAM
+
+
+def state_bytes_per_param(zero_stage: int, data_parallel: int, grad_bytes: float = GRAD_BYTES_PER_PARAM,
+                          optimizer_bytes: float = OPTIMIZER_BYTES_PER_PARAM) -> float:
     """Weights, gradients and optimizer state per parameter on one GPU: 18 bytes, with ZeRO stage 1, 2, 3
     the optimizer state, then the gradients, then the weights sharded over d replicas (the table in
     `cost_models.sharded_dp`). `grad_bytes`: the gradient buffer's element size, 4 (fp32, Megatron-LM's
-    default) or 2 (bf16 gradients: `--grad-reduce-in-bf16`, 16 bytes in all)."""
+    default) or 2 (bf16 gradients: `--grad-reduce-in-bf16`, 16 bytes in all). `optimizer_bytes`:
+    `optimizer_bytes_per_param` (8 bytes in all for a model trained in bf16 without master weights)."""
     d = max(1, data_parallel)
     weights = WEIGHT_BYTES_PER_PARAM / d if zero_stage >= 3 else WEIGHT_BYTES_PER_PARAM
     grads = grad_bytes / d if zero_stage >= 2 else grad_bytes
-    optimizer = OPTIMIZER_BYTES_PER_PARAM / d if zero_stage >= 1 else OPTIMIZER_BYTES_PER_PARAM
+    optimizer = optimizer_bytes / d if zero_stage >= 1 else optimizer_bytes
     return weights + grads + optimizer
 
 

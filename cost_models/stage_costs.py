@@ -44,12 +44,15 @@ from cost_models.memory import (
     in_flight_microbatches,
     in_flight_row,
     layer_activation_bytes,
+    optimizer_bytes_per_param,
     state_bytes_per_param,
 )
 
 # Adam step traffic per parameter: read fp32 master, grad, m, v (16); write
 # master, m, v (12), the bf16 weight (2) and zero the gradient (4).
 ADAM_STEP_BYTES_PER_PARAM = 34.0
+# Without master weights, all in bf16: read the weight, grad, m, v (8); write weight, m, v (6); zero the grad (2).
+BF16_ADAM_STEP_BYTES_PER_PARAM = 16.0
 
 
 @dataclass(frozen=True)
@@ -308,8 +311,9 @@ def stage_cost_terms(
     # shard group: `ParallelShape.shard_group_holds_ep_groups`).
     dense_ranks = shape.shard_replicas * shape.cp if shape.hybrid_sharded else shape.grad_sync_ranks
     state_ranks = expert_data_parallel(dense_ranks, shape.expert_span)
-    dense_state_bytes = state_bytes_per_param(workload.zero_stage, dense_ranks, software.grad_bytes)
-    expert_state_bytes = state_bytes_per_param(workload.zero_stage, state_ranks, software.grad_bytes)
+    optimizer_bytes = optimizer_bytes_per_param(software.master_weights)
+    dense_state_bytes = state_bytes_per_param(workload.zero_stage, dense_ranks, software.grad_bytes, optimizer_bytes)
+    expert_state_bytes = state_bytes_per_param(workload.zero_stage, state_ranks, software.grad_bytes, optimizer_bytes)
     if expert_state_bytes == dense_state_bytes or not layer.params:  # every kind over the same ranks
         layer_state_bytes_per_param = dense_state_bytes
     else:
@@ -332,7 +336,8 @@ def stage_cost_terms(
     optimizer_params_share = ((1 - expert_fraction) / dense_ranks + expert_fraction / state_ranks
                               if workload.zero_stage >= 1 else 1.0)
     optimizer_ms_per_param = (
-        1e3 * ADAM_STEP_BYTES_PER_PARAM * optimizer_params_share / (gpu.hbm_bandwidth_gb_s * 1e9 * efficiency.hbm_fraction)
+        1e3 * (ADAM_STEP_BYTES_PER_PARAM if software.master_weights else BF16_ADAM_STEP_BYTES_PER_PARAM)
+        * optimizer_params_share / (gpu.hbm_bandwidth_gb_s * 1e9 * efficiency.hbm_fraction)
     )
     return StageCostTerms(
         shape=shape,

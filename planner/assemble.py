@@ -238,7 +238,8 @@ def finish_plan(
         etp=etp,
         moe_a2a_overlap=moe_a2a_overlap,
         dp_shard=1 if problem.workload.zero_stage == 0 else dp_shard,
-        grad_precision=None if problem.precision == "fp16" else ("bf16" if problem.software.grad_bytes == 2 else "fp32"),
+        grad_precision=None if problem.precision == "fp16" else ("bf16" if problem.software.grad_reduce_bytes == 2 else "fp32"),
+        optimizer_precision="fp32" if problem.software.master_weights else "bf16",
         moe_dispatcher=problem.software.moe_dispatcher if problem.workload.model.is_moe else None,
         tp_comm_overlap=tp_overlap_name(problem.software),
     )

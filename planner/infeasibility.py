@@ -8,10 +8,7 @@ from cost_models.choices import Recompute, ScheduleName
 from cost_models.hardware import GIB
 from cost_models.expert_parallel import expert_layouts
 from cost_models.layout import ParallelShape
-from cost_models.memory import (
-    OPTIMIZER_BYTES_PER_PARAM,
-    WEIGHT_BYTES_PER_PARAM,
-)
+from cost_models.memory import WEIGHT_BYTES_PER_PARAM, optimizer_bytes_per_param
 from cost_models.stage_costs import stage_cost_terms, stage_memory_bytes
 from planner.devices import slot_inventory
 from planner.problem import PlanningProblem
@@ -70,7 +67,8 @@ def obvious_infeasibility(problem: PlanningProblem) -> str | None:
             f"no tensor-parallel size fits: sizes dividing {model.num_attention_heads} attention heads and "
             f"{model.num_kv_heads} KV heads are {tps}, but no node has that many healthy GPUs"
         )
-    state_bytes = WEIGHT_BYTES_PER_PARAM + problem.software.grad_bytes + OPTIMIZER_BYTES_PER_PARAM
+    state_bytes = (WEIGHT_BYTES_PER_PARAM + problem.software.grad_bytes
+                   + optimizer_bytes_per_param(problem.software.master_weights))
     state = model.total_params * state_bytes
     capacity = surviving * problem.usable_memory_bytes
     if state > capacity:

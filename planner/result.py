@@ -90,6 +90,7 @@ class PlanResult:
     ep: int = 1  # expert parallelism: each stage's routed experts split over ep GPUs (`ParallelShape.expert_span`)
     dp_shard: int | None = None  # replicas of a ZeRO shard group, consecutive; None: not one size (non-uniform)
     grad_precision: str | None = None  # "fp32" or "bf16": what gradients accumulate and reduce in; None with fp16
+    optimizer_precision: str = "fp32"  # "bf16": no fp32 master weights (`SoftwareConfig.master_weights`)
     moe_dispatcher: str | None = None  # "alltoall" or "flex": the token dispatcher priced; None for dense models
     etp: int | None = None  # expert tensor parallelism: each routed expert split over etp GPUs; None: tp
     moe_a2a_overlap: bool = False  # the all-to-alls priced under Megatron's batch-level EP overlap

@@ -178,9 +178,16 @@ def to_problem(request: PlanRequest, calibration: AppliedCalibration | None = No
                             f"(presets with FP8: {with_fp8}; a custom GPU object gives peak_fp8_tflops)")
     # fp16 training reduces fp16 gradients accumulated in fp32; bf16 and fp8 (whose gradients leave the GEMMs in
     # bf16) accumulate and reduce them in fp32, Megatron's default, or in bf16 when asked.
+    # A model trained in bf16 without master weights keeps its gradients in bf16 too (torch's own dtype rule); they
+    # are still reduced in fp32 unless grad_precision says bf16 (FSDP2's reduce_dtype).
     bf16_grads = training.grad_precision == "bf16"
+    master_weights = training.optimizer_precision == "fp32"
+    if not master_weights and training.precision == "fp16":
+        raise PlanningError("training.optimizer_precision bf16 with precision fp16: fp16 training needs fp32 master "
+                            "weights for its loss scaling; use precision bf16")
     software = SoftwareConfig(grad_reduce_bytes=2 if training.precision == "fp16" or bf16_grads else 4,
-                              grad_bytes=2 if bf16_grads else 4, fp8=training.precision == "fp8",
+                              grad_bytes=2 if bf16_grads or not master_weights else 4, fp8=training.precision == "fp8",
+                              master_weights=master_weights,
                               moe_dispatcher=training.moe_dispatcher, moe_a2a_overlap=training.moe_a2a_overlap,
                               attention_kernel=training.attention_kernel,
                               tp_comm_overlap=training.tp_comm_overlap == "megatron",

@@ -77,9 +77,8 @@ class Cluster(_Strict):
         default=None, ge=MIN_BANDWIDTH_GB_S, le=100_000,
         description="Unidirectional network GB/s per GPU; default from the GPU preset.",
     )
-    nvlink_topology: Literal["switch", "mesh"] = Field(
-        default="switch", description='"switch": NVSwitch, any peer at the whole intra_node_bandwidth_gb_s; "mesh": '
-        'GPUs linked directly (4-GPU HGX boards, NVLink bridges), a group of g of a node\'s n GPUs at (g-1)/(n-1) of it.')
+    nvlink_topology: Literal["switch", "mesh"] = Field(default="switch", description='"switch": NVSwitch; "mesh": GPUs '
+        'linked directly (4-GPU HGX boards, NVLink bridges), a group of g of n GPUs at (g-1)/(n-1) of the bandwidth.')
 
     @model_validator(mode="after")
     def _size(self) -> Cluster:
@@ -152,6 +151,8 @@ class Training(_Strict):
                     "NVIDIA's performance recipes: 2 bytes, half the data-parallel traffic). fp16 training keeps "
                     "its own (fp32 accumulation, fp16 reduction).",
     )
+    optimizer_precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32: fp32 master weights and "
+        "Adam moments (12 bytes a parameter); bf16: the model itself trains in bf16, moments too (4 bytes).")
     moe_dispatcher: Literal["alltoall", "flex"] = Field(
         default="alltoall",
         description="How a mixture of experts' tokens reach their experts across expert-parallel ranks: alltoall "
@@ -554,6 +555,8 @@ class Plan(BaseModel):
     grad_precision: Literal["fp32", "bf16"] | None = Field(
         default=None, description="The dtype gradients accumulate and are reduced in (training.grad_precision); "
         "null for fp16 training (fp32 accumulation, fp16 reduction) and plans stored before it was recorded (fp32).")
+    optimizer_precision: Literal["fp32", "bf16"] | None = Field(default=None, description="The optimizer state priced "
+        "(training.optimizer_precision); null for plans stored before it was recorded (fp32).")
     moe_dispatcher: Literal["alltoall", "flex"] | None = Field(
         default=None, description="The token dispatcher a mixture of experts' plan is priced with "
         "(training.moe_dispatcher); null for dense models and plans stored before it was recorded (alltoall).")
