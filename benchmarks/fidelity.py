@@ -371,7 +371,7 @@ def _published_s(published: PublishedRun, efficiency: EfficiencyParams) -> float
 def run_span(run) -> CalibrationSpan:
     """A 2023+ run's span, as a calibration on it would cover (`planner.calibration_span`)."""
     shape, workload = run.shape, run.workload
-    return CalibrationSpan.of(run.hardware.gpu.name, run.precision, (shape.tp,), (shape.cp,), shape.ep,
+    return CalibrationSpan.of(run.hardware, run.precision, (shape.tp,), (shape.cp,), shape.ep,
                               workload.model.total_params, shape.micro_batch_size * workload.seq_length)
 
 
@@ -427,8 +427,9 @@ def stack_calibration_report(start_for: Callable[[GpuSpec], EfficiencyParams]) -
     fit_mape = f"{100 * sum(fitted_errors) / len(fitted_errors):.1f}%" if fitted_errors else "-"
     lines += ["", f"Calibrated per stack: fit MAPE {fit_mape} ({len(fitted_errors)} run fits), held-out MAPE "
               f"{100 * sum(held_errors) / len(held_errors):.1f}% ({len(held_errors)} predictions: each run once).",
-              "Held-out runs inside their fold's calibrated span (GPU, precision, TP, CP and EP degrees, model size, "
-              f"tokens per microbatch: `planner.calibration_span`): {_mean_text(inside)}; outside it, which a plan "
+              "Held-out runs inside their fold's calibrated span (GPU, NVLink topology, precision, TP, CP and EP "
+              f"degrees, model size, tokens per microbatch: `planner.calibration_span`): {_mean_text(inside)}; "
+              "outside it, which a plan "
               f"reports as `predicted.calibration_extrapolates`: {_mean_text(outside)}; of those, with a CP or EP "
               f"degree outside the calibrated runs': {_mean_text(parallel_outside)}"
               + (f", {100 * min(parallel_outside):.0f}-{100 * max(parallel_outside):.0f}%." if parallel_outside else ".")]

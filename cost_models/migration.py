@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models.memory import OPTIMIZER_BYTES_PER_PARAM
+from cost_models.memory import OPTIMIZER_BYTES_PER_PARAM, optimizer_bytes_per_param
 from cost_models.model_spec import ModelSpec
 
 # bf16/fp16 weights; the fp32 master copy is part of the optimizer state.
@@ -43,12 +43,14 @@ Holding = tuple[ShardBlock, ...]
 
 @dataclass(frozen=True)
 class UnitParams:
-    """Parameters per unit: the embedding, num_layers equal layers, the head."""
+    """Parameters per unit: the embedding, num_layers equal layers, the head; and the optimizer state's
+    bytes a parameter (12 with fp32 master weights, 4 without: `memory.optimizer_bytes_per_param`)."""
 
     num_layers: int
     embedding: float
     per_layer: float
     head: float
+    optimizer_bytes_per_param: float = OPTIMIZER_BYTES_PER_PARAM
 
     @property
     def head_unit(self) -> int:
@@ -67,9 +69,9 @@ class UnitParams:
         return total
 
 
-def unit_params(model: ModelSpec) -> UnitParams:
+def unit_params(model: ModelSpec, master_weights: bool = True) -> UnitParams:
     return UnitParams(model.num_layers, float(model.embedding_params), float(model.params_per_layer),
-                      float(model.head_params))
+                      float(model.head_params), optimizer_bytes_per_param(master_weights))
 
 
 def _overlap(lo_a: float, hi_a: float, lo_b: float, hi_b: float) -> float:
@@ -79,7 +81,7 @@ def _overlap(lo_a: float, hi_a: float, lo_b: float, hi_b: float) -> float:
 def block_bytes(block: ShardBlock, units: UnitParams) -> float:
     params = units.params(block.first_unit, block.end_unit)
     return params * (WEIGHT_BYTES_PER_PARAM * (block.weight_hi - block.weight_lo)
-                     + OPTIMIZER_BYTES_PER_PARAM * (block.optimizer_hi - block.optimizer_lo))
+                     + units.optimizer_bytes_per_param * (block.optimizer_hi - block.optimizer_lo))
 
 
 def holding_bytes(holding: Holding, units: UnitParams) -> float:
@@ -95,7 +97,7 @@ def common_bytes(a: Holding, b: Holding, units: UnitParams) -> float:
             if params:
                 total += params * (
                     WEIGHT_BYTES_PER_PARAM * _overlap(x.weight_lo, x.weight_hi, y.weight_lo, y.weight_hi)
-                    + OPTIMIZER_BYTES_PER_PARAM
+                    + units.optimizer_bytes_per_param
                     * _overlap(x.optimizer_lo, x.optimizer_hi, y.optimizer_lo, y.optimizer_hi)
                 )
     return total

@@ -20,7 +20,8 @@ replicas, so every boundary is a fraction with a denominator dividing t x d.
 Time: every device sends and receives at once, NVLink and network links run side by side, and
 a link's transfers share its bandwidth; the move takes as long as the busiest link (per device:
 bytes sent and received over NVLink by the in-node bandwidth, over the network by the network
-share). This is the time of a perfectly overlapped exchange, a lower bound on what a real
+share; on a node whose GPUs link directly to each other without a switch, also the bytes between
+two GPUs by their one peer link, `layout.nvlink_group_gb_s(hardware, 2)`). This is the time of a perfectly overlapped exchange, a lower bound on what a real
 transfer engine achieves.
 """
 
@@ -34,15 +35,17 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from cost_models.device import device_order
-from cost_models.memory import OPTIMIZER_BYTES_PER_PARAM
 from cost_models.migration import WEIGHT_BYTES_PER_PARAM, Holding, ShardBlock, UnitParams
 
 WEIGHTS, OPTIMIZER = "weights", "optimizer"
-_BYTES_PER_PARAM = {WEIGHTS: WEIGHT_BYTES_PER_PARAM, OPTIMIZER: OPTIMIZER_BYTES_PER_PARAM}
 # Interval ends are r/t plus multiples of (1/t)/d: no denominator exceeds t x d <= 2^24 here.
 _MAX_DENOMINATOR = 1 << 24
 _MAX_GRID_DENOMINATOR = 2**62
 _FALLBACK_GRID_DENOMINATOR = 2**24 * math.lcm(*range(1, 33))
+
+
+def _bytes_per_param(kind: str, units: UnitParams) -> float:
+    return WEIGHT_BYTES_PER_PARAM if kind == WEIGHTS else units.optimizer_bytes_per_param
 
 
 @dataclass(frozen=True)
@@ -161,11 +164,14 @@ def plan_transfers(
     units: UnitParams,
     intra_node_bandwidth_gb_s: float,
     inter_node_bandwidth_gb_s: float,
+    peer_link_gb_s: float | None = None,
 ) -> TransferPlan:
     """Every piece the devices of `new` receive, from whom, and how long the exchange takes.
 
     old: what each device held in the running layout (failed ones included: their state is gone).
     new: what each device of the new layout must hold.
+    peer_link_gb_s: the NVLink bandwidth between two GPUs of a node (None: the whole in-node bandwidth,
+    as through NVSwitch).
     """
     held = {device: holding for device, holding in old.items() if device in alive}
     grid = _Grid([*held.values(), *new.values()])
@@ -185,7 +191,7 @@ def plan_transfers(
             for kind in (WEIGHTS, OPTIMIZER):
                 lo, hi = grid.interval(block, kind)
                 for unit in range(block.first_unit, block.end_unit):
-                    unit_bytes = units.params(unit, unit + 1) * _BYTES_PER_PARAM[kind]
+                    unit_bytes = units.params(unit, unit + 1) * _bytes_per_param(kind, units)
                     for cell in sources[kind].overlapping(unit, lo, hi):
                         a, b = max(cell.lo, lo), min(cell.hi, hi)
                         if receiver in cell.holders:
@@ -206,7 +212,7 @@ def plan_transfers(
         transfers=transfers,
         bytes_moved=sum(t.bytes for t in transfers),
         bytes_from_checkpoint=from_checkpoint,
-        estimated_s=exchange_seconds(transfers, intra_node_bandwidth_gb_s, inter_node_bandwidth_gb_s),
+        estimated_s=exchange_seconds(transfers, intra_node_bandwidth_gb_s, inter_node_bandwidth_gb_s, peer_link_gb_s),
     )
 
 
@@ -246,7 +252,7 @@ def _merged(
     transfers = []
     for (receiver, sender, first, end, lo, hi), kinds in states.items():
         ordered = tuple(kind for kind in (WEIGHTS, OPTIMIZER) if kind in kinds)
-        size = units.params(first, end) * (hi - lo) / denominator * sum(_BYTES_PER_PARAM[kind] for kind in ordered)
+        size = units.params(first, end) * (hi - lo) / denominator * sum(_bytes_per_param(kind, units) for kind in ordered)
         transfers.append(Transfer(sender, receiver, first, end, Fraction(lo, denominator), Fraction(hi, denominator),
                                   ordered, size,
                                   node_of[sender] == node_of[receiver], shard_of[receiver]))
@@ -255,17 +261,25 @@ def _merged(
 
 
 def exchange_seconds(transfers: tuple[Transfer, ...], intra_node_bandwidth_gb_s: float,
-                     inter_node_bandwidth_gb_s: float) -> float:
-    """The busiest link's time: each device's sends and receives over NVLink and over the network."""
+                     inter_node_bandwidth_gb_s: float, peer_link_gb_s: float | None = None) -> float:
+    """The busiest link's time: each device's sends and receives over NVLink and over the network, and
+    each pair's in-node bytes over their peer link (`peer_link_gb_s`; None: through a switch, where a pair
+    can use the whole in-node bandwidth and the device's own total binds first)."""
     link_bytes: dict[tuple[str, str, bool], float] = defaultdict(float)
+    pair_bytes: dict[tuple[str, str], float] = defaultdict(float)
     for t in transfers:
         link_bytes[(t.sender, "send", t.intra_node)] += t.bytes
         link_bytes[(t.receiver, "receive", t.intra_node)] += t.bytes
-    return max(
+        if t.intra_node:
+            pair_bytes[(t.sender, t.receiver)] += t.bytes
+    device_s = max(
         (size / ((intra_node_bandwidth_gb_s if intra else inter_node_bandwidth_gb_s) * 1e9)
          for (_, _, intra), size in link_bytes.items()),
         default=0.0,
     )
+    if peer_link_gb_s is None:
+        return device_s
+    return max(device_s, max(pair_bytes.values(), default=0.0) / (peer_link_gb_s * 1e9))
 
 
 @dataclass(frozen=True)
@@ -285,9 +299,11 @@ def migration_cost(
     units: UnitParams,
     intra_node_bandwidth_gb_s: float,
     inter_node_bandwidth_gb_s: float,
+    peer_link_gb_s: float | None = None,
 ) -> MigrationCost:
     """`plan_transfers` with the alive devices whose state changes (they receive, shed or leave)."""
-    planned = plan_transfers(old, new, alive, node_of, units, intra_node_bandwidth_gb_s, inter_node_bandwidth_gb_s)
+    planned = plan_transfers(old, new, alive, node_of, units, intra_node_bandwidth_gb_s, inter_node_bandwidth_gb_s,
+                             peer_link_gb_s)
     changed = [device for device in set(old) | set(new) if device in alive and old.get(device, ()) != new.get(device, ())]
     return MigrationCost(
         bytes_moved=round(planned.bytes_moved),

@@ -8,9 +8,11 @@ on half its runs: a held-out run inside its calibration's span was predicted to 
 calibration names every way it leaves the span (`predicted.calibration_extrapolates`), so that a user knows which
 of their numbers to trust less.
 
-The span's dimensions are what the parameters stand in for: the GPU (its kernels' efficiencies), the precision
-(FP8 GEMMs), the TP, CP and EP degrees (the links the parameters price), the model's size (GEMM widths, per-layer
-overheads) and the tokens one microbatch holds (kernel efficiency, overhead per microbatch).
+The span's dimensions are what the parameters stand in for: the GPU (its kernels' efficiencies), how its node's
+GPUs are linked (`cluster.nvlink_topology`: a fitted NVLink fraction measured through a switch says little about
+peer links, and the other way round), the precision (FP8 GEMMs), the TP, CP and EP degrees (the links the
+parameters price), the model's size (GEMM widths, per-layer overheads) and the tokens one microbatch holds
+(kernel efficiency, overhead per microbatch).
 """
 
 from __future__ import annotations
@@ -18,13 +20,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from cost_models.layout import Hardware
 from planner.calibration import MeasuredCompute, MeasuredRun
 from planner.estimate_replicas import ReplicaLayout
+
+
+def nvlink_topology(hardware: Hardware) -> str:
+    """`cluster.nvlink_topology`'s word for how `hardware`'s node links its GPUs."""
+    return "mesh" if hardware.nvlink_mesh else "switch"
 
 
 @dataclass(frozen=True)
 class CalibrationSpan:
     gpus: frozenset[str]
+    nvlink_topologies: frozenset[str]
     precisions: frozenset[str]
     tp: tuple[int, int]  # (least, most)
     cp: tuple[int, int]
@@ -33,18 +42,20 @@ class CalibrationSpan:
     microbatch_tokens: tuple[int, int]
 
     @classmethod
-    def of(cls, gpu: str, precision: str, tps: Iterable[int], cps: Iterable[int], ep: int, parameters: int,
+    def of(cls, hardware: Hardware, precision: str, tps: Iterable[int], cps: Iterable[int], ep: int, parameters: int,
            microbatch_tokens: int) -> CalibrationSpan:
         """One run's (or one plan's) span: its stages' TP and CP degrees, the rest single values."""
         tps, cps = tuple(tps), tuple(cps)
-        return cls(frozenset({gpu}), frozenset({precision}), (min(tps), max(tps)), (min(cps), max(cps)), (ep, ep),
-                   (parameters, parameters), (microbatch_tokens, microbatch_tokens))
+        return cls(frozenset({hardware.gpu.name}), frozenset({nvlink_topology(hardware)}), frozenset({precision}),
+                   (min(tps), max(tps)), (min(cps), max(cps)), (ep, ep), (parameters, parameters),
+                   (microbatch_tokens, microbatch_tokens))
 
     def joined(self, other: CalibrationSpan) -> CalibrationSpan:
         def both(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
             return min(a[0], b[0]), max(a[1], b[1])
 
-        return CalibrationSpan(self.gpus | other.gpus, self.precisions | other.precisions, both(self.tp, other.tp),
+        return CalibrationSpan(self.gpus | other.gpus, self.nvlink_topologies | other.nvlink_topologies,
+                               self.precisions | other.precisions, both(self.tp, other.tp),
                                both(self.cp, other.cp), both(self.ep, other.ep),
                                both(self.parameters, other.parameters),
                                both(self.microbatch_tokens, other.microbatch_tokens))
@@ -65,7 +76,9 @@ def _range(values: tuple[int, int], scale: float = 1.0, unit: str = "") -> str:
 def extrapolations(covered: CalibrationSpan, plan: CalibrationSpan) -> list[str]:
     """Each way `plan` goes beyond what the calibration's runs `covered`, in words; empty when it stays inside."""
     out = []
-    for name, seen, wanted in (("GPU", covered.gpus, plan.gpus), ("precision", covered.precisions, plan.precisions)):
+    for name, seen, wanted in (("GPU", covered.gpus, plan.gpus),
+                               ("NVLink topology", covered.nvlink_topologies, plan.nvlink_topologies),
+                               ("precision", covered.precisions, plan.precisions)):
         if not wanted <= seen:
             out.append(f"{name} {', '.join(sorted(wanted - seen))}: the calibration's runs used {', '.join(sorted(seen))}")
     for name, seen, wanted, scale, unit in (
@@ -90,5 +103,5 @@ def measured_span(run: MeasuredRun | MeasuredCompute) -> CalibrationSpan:
     else:
         tps, cps, ep, micro_batch = (run.layout.tp,), (run.layout.cp,), run.layout.ep, run.layout.micro_batch_size
     workload = problem.workload
-    return CalibrationSpan.of(problem.hardware.gpu.name, problem.precision, tps, cps, ep, workload.model.total_params,
+    return CalibrationSpan.of(problem.hardware, problem.precision, tps, cps, ep, workload.model.total_params,
                               micro_batch * workload.seq_length)

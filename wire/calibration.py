@@ -91,6 +91,9 @@ class CalibrationCoverage(BaseModel):
     names how in `predicted.calibration_extrapolates`."""
 
     gpus: list[str]
+    nvlink_topologies: list[str] | None = Field(
+        default=None, description="How the runs' nodes linked their GPUs (cluster.nvlink_topology). Null in a "
+        "coverage stored before this field: the service fills it in the next time it reads the calibration.")
     precisions: list[str]
     tp: tuple[int, int] = Field(description="Least and most TP degree of the runs' stages.")
     cp: tuple[int, int]
@@ -100,11 +103,14 @@ class CalibrationCoverage(BaseModel):
 
     @classmethod
     def of(cls, span: CalibrationSpan) -> CalibrationCoverage:
-        return cls(gpus=sorted(span.gpus), precisions=sorted(span.precisions), tp=span.tp, cp=span.cp, ep=span.ep,
+        return cls(gpus=sorted(span.gpus), nvlink_topologies=sorted(span.nvlink_topologies),
+                   precisions=sorted(span.precisions), tp=span.tp, cp=span.cp, ep=span.ep,
                    model_parameters=span.parameters, microbatch_tokens=span.microbatch_tokens)
 
     def span(self) -> CalibrationSpan:
-        return CalibrationSpan(frozenset(self.gpus), frozenset(self.precisions), self.tp, self.cp, self.ep,
+        # Null only until the service next reads the stored calibration and fills it in: the default meanwhile.
+        return CalibrationSpan(frozenset(self.gpus), frozenset(self.nvlink_topologies or ["switch"]),
+                               frozenset(self.precisions), self.tp, self.cp, self.ep,
                                self.model_parameters, self.microbatch_tokens)
 
 
@@ -165,7 +171,7 @@ def with_calibration_scope(plan: Plan, problem: PlanningProblem, calibration: Ap
     if not stages:
         return plan
     workload = problem.workload
-    span = CalibrationSpan.of(problem.hardware.gpu.name, problem.precision, (s.tp for s in stages),
+    span = CalibrationSpan.of(problem.hardware, problem.precision, (s.tp for s in stages),
                               (s.cp for s in stages), plan.ep, workload.model.total_params,
                               plan.micro_batch_size * workload.seq_length)
     predicted = plan.predicted.model_copy(update={"calibration_extrapolates": extrapolations(calibration.covers, span)})

@@ -385,9 +385,8 @@ class Stage(BaseModel):
         default=0.0, description="Part of backward_ms computing weight gradients (W in zero-bubble schedules)."
     )
     activation_gib: float = Field(default=0.0, description="Activations one in-flight microbatch keeps on the stage.")
-    static_memory_gib: float = Field(
-        default=0.0, description="Weights, gradients, optimizer state and reserved memory: memory_gib minus activations."
-    )
+    static_memory_gib: float = Field(default=0.0, description="memory_gib minus activations: weights, gradients, "
+        "optimizer state, FP8 weight caches, ZeRO-3's gathered layers, the head's logits; not memory_reserve_gib.")
     cp: int = Field(default=1, description="Context-parallel ranks splitting each sequence: devices holds tp x cp "
                     "GPUs, tp consecutive ones per CP rank (Megatron's rank order).")
     chunk_layers: list[int] | None = Field(
@@ -424,8 +423,8 @@ class Predicted(BaseModel):
                                        "this plan; null: the built-in ones.")
     calibration_extrapolates: list[str] = Field(
         default_factory=list, description="Each way this plan goes beyond what the calibration's runs span "
-        "(calibration.covers: GPU, precision, TP, CP and EP degrees, model size, tokens per microbatch), where its "
-        "fitted parameters extrapolate; empty inside the span or without a calibration.")
+        "(calibration.covers: GPU, NVLink topology, precision, TP, CP and EP degrees, model size, tokens per "
+        "microbatch), where its fitted parameters extrapolate; empty inside the span or without a calibration.")
 
 
 class SolverReport(BaseModel):

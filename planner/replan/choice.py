@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from cost_models.device import device_id, device_order
-from cost_models.migration import Holding, unit_params
+from cost_models.layout import nvlink_group_gb_s
+from cost_models.migration import Holding, UnitParams, unit_params
 from cost_models.transfers import MigrationCost, migration_cost
 from planner.budget import Budget
 from planner.plan import plan
@@ -138,8 +139,14 @@ def migration_between(problem: PlanningProblem, held: Mapping[str, Holding],
     devices = [(n, g) for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)]
     alive = frozenset(device_id(n, g) for n, g in devices if (n, g) not in cluster.failed)
     node_of = {device_id(n, g): n for n, g in devices}
-    return migration_cost(held, needed, alive, node_of, unit_params(problem.workload.model),
-                          problem.hardware.intra_node_bandwidth_gb_s, problem.hardware.inter_node_bandwidth_gb_s)
+    hardware = problem.hardware
+    return migration_cost(held, needed, alive, node_of, problem_units(problem), hardware.intra_node_bandwidth_gb_s,
+                          hardware.inter_node_bandwidth_gb_s, peer_link_gb_s=nvlink_group_gb_s(hardware, 2))
+
+
+def problem_units(problem: PlanningProblem) -> UnitParams:
+    """The model's parameters per unit, and its optimizer state's bytes a parameter as this job keeps it."""
+    return unit_params(problem.workload.model, problem.software.master_weights)
 
 
 def plan_migration(problem: PlanningProblem, old: PlanShape, new: PlanShape) -> MigrationCost:
@@ -153,7 +160,7 @@ def replan(problem: PlanningProblem, running: RunningPlan,
     planner gets all but the placement's share of it."""
     budget = budget or Budget.starting_now(problem.time_limit_s)
     cluster = problem.cluster
-    units = unit_params(problem.workload.model)
+    units = problem_units(problem)
     held = device_holdings(running.layout)
 
     def cost_of(result: PlanResult) -> MigrationCost:

@@ -23,6 +23,7 @@ def test_the_calibration_covers_what_its_runs_span(client):
     # The runs (tests.api.test_calibrations.LAYOUTS): llama2-7b and 13b on A100-80GB in bf16, tp 1, 2 and 4,
     # micro-batches of 1 and 2 sequences of 2,048 tokens.
     assert covers["gpus"] == ["A100-80GB"] and covers["precisions"] == ["bf16"]
+    assert covers["nvlink_topologies"] == ["switch"]
     assert covers["tp"] == [1, 4] and covers["cp"] == [1, 1] and covers["ep"] == [1, 1]
     assert covers["microbatch_tokens"] == [2048, 4096]
     low, high = covers["model_parameters"]
@@ -48,6 +49,13 @@ def test_inside_the_span_nothing_is_named_and_outside_each_way_is(client):
     assert client.post("/v1/estimate", json=shorter).json()["predicted"]["calibration_extrapolates"] == [
         "tokens per microbatch 1,024: the calibration's runs span 2,048-4,096"]
 
+    # The same layout on nodes whose GPUs link directly to each other: the fitted NVLink fraction was a switch's.
+    mesh = estimate_request({"tp": 2, "pp": 2, "micro_batch_size": 1}, training={"global_batch_size": 32,
+                                                                                "seq_length": 2048}, options=options,
+                            cluster={"num_nodes": 4, "gpus_per_node": 8, "gpu": "A100-80GB", "nvlink_topology": "mesh"})
+    assert client.post("/v1/estimate", json=mesh).json()["predicted"]["calibration_extrapolates"] == [
+        "NVLink topology mesh: the calibration's runs used switch"]
+
     # Without a calibration a plan names nothing; with one, the plan is checked like an estimate.
     assert client.post("/v1/plan", json=small_request()).json()["predicted"]["calibration_extrapolates"] == []
     h100 = small_request(cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"},
@@ -65,3 +73,12 @@ def test_a_calibration_stored_without_its_span_gets_it_when_read(client, db_url)
     read = client.get(f"/v1/calibrations/{calibration['calibration_id']}").json()
     assert read["covers"] == calibration["covers"]
     assert read["parameters"] == calibration["parameters"] and read["refit"] is None
+
+
+def test_a_span_stored_without_its_topology_gets_it_when_read(client, db_url):
+    calibration = _calibration(client)
+    covers = {key: value for key, value in calibration["covers"].items() if key != "nvlink_topologies"}
+    _rewrite_stored(db_url, "update calibrations set calibration_json = :json where calibration_id = :id",
+                    json=json.dumps({**calibration, "covers": covers}), id=calibration["calibration_id"])
+    read = client.get(f"/v1/calibrations/{calibration['calibration_id']}").json()
+    assert read["covers"]["nvlink_topologies"] == ["switch"] and read["covers"] == calibration["covers"]

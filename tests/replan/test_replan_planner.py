@@ -128,3 +128,43 @@ def test_choice_is_the_least_iteration_plus_amortized_migration_and_never_scratc
     # Costing 5 s, it does.
     found = replace(found, candidates=(_candidate("replan", 1.9, 5.0), _candidate("keep", 2.0, 0.0)))
     assert found.chosen.name == "replan"
+
+
+def _h100_problem(**training_and_cluster):
+    return to_problem(PlanRequest.model_validate({
+        "cluster": {"num_nodes": 2, "gpus_per_node": 4, "gpu": "H100-SXM", **training_and_cluster.pop("cluster", {})},
+        "model": "llama2-7b",
+        "training": {"global_batch_size": 32, "seq_length": 2048, "zero_stage": 0, **training_and_cluster},
+        "options": {"time_limit_s": 2},
+    }))
+
+
+@pytest.fixture(scope="module")
+def shifted_in_node():
+    """A plan and the same layout with every node's GPUs shifted by one: state moves, only inside nodes."""
+    result = plan(_h100_problem())
+    shuffle = {device_id(n, g): device_id(n, (g + 1) % 4) for n in range(2) for g in range(4)}
+    return result, relabel(result, shuffle)
+
+
+def test_a_migration_moves_the_optimizer_state_the_job_keeps(shifted_in_node):
+    old, new = shifted_in_node
+    fp32 = plan_migration(_h100_problem(), old, new)
+    bf16 = plan_migration(_h100_problem(optimizer_precision="bf16"), old, new)
+    assert fp32.bytes_moved > 0
+    # Without ZeRO weights and optimizer state move together: 2 + 4 bytes a parameter against 2 + 12.
+    assert bf16.bytes_moved == pytest.approx(fp32.bytes_moved * 6 / 14, rel=1e-9)
+
+
+def test_on_a_mesh_a_migration_is_priced_on_the_peer_links(shifted_in_node):
+    old, new = shifted_in_node
+    switch = plan_migration(_h100_problem(), old, new)
+    problem = _h100_problem(cluster={"nvlink_topology": "mesh"})
+    mesh = plan_migration(problem, old, new)
+    assert mesh.bytes_moved == switch.bytes_moved and all(t.intra_node for t in mesh.transfers)
+    pairs: dict[tuple[str, str], float] = {}
+    for t in mesh.transfers:
+        pairs[(t.sender, t.receiver)] = pairs.get((t.sender, t.receiver), 0.0) + t.bytes
+    peer_link_bytes_s = problem.hardware.intra_node_bandwidth_gb_s * 1e9 / 3  # one of a GPU's three peers
+    assert mesh.estimated_s == pytest.approx(max(pairs.values()) / peer_link_bytes_s)
+    assert mesh.estimated_s > switch.estimated_s

@@ -217,3 +217,43 @@ def test_shards_cut_at_a_float_share_move_exactly_what_each_receiver_lacks():
     expected = lacking * units.per_layer * (WEIGHT_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM)
     assert math.isfinite(cost.estimated_s) and cost.bytes_from_checkpoint == 0
     assert cost.bytes_moved == pytest.approx(expected, rel=1e-9)
+
+
+def _two_new_replicas(units: UnitParams, peer_link_gb_s: float | None = None):
+    """test_receivers_prefer_their_node_and_share_the_senders's move: 0:2 and 0:3 each take the whole model from
+    a different device of node 0."""
+    def whole(devices: list[str]) -> PlacedLayout:
+        return PlacedLayout(tuple((PlacedStage((d,), (0, 2)),) for d in devices), 1, 0, 2)
+
+    held, needed = device_holdings(whole(["0:0", "0:1", "1:0"])), device_holdings(whole(["0:0", "0:1", "1:0", "0:2", "0:3"]))
+    return migration_cost(held, needed, frozenset(needed), {d: _node(d) for d in needed}, units, 100.0, 10.0,
+                          peer_link_gb_s=peer_link_gb_s)
+
+
+def test_without_master_weights_the_optimizer_state_is_4_bytes_a_parameter():
+    cost = _two_new_replicas(UnitParams(2, 1000.0, 100.0, 700.0, optimizer_bytes_per_param=4.0))
+    per_receiver = (1000 + 200 + 700) * (2 + 4)  # bf16 weights, bf16 Adam moments
+    assert cost.bytes_moved == 2 * per_receiver
+    assert cost.estimated_s == pytest.approx(per_receiver / 100e9)
+
+
+def test_on_a_mesh_a_pair_of_gpus_moves_over_its_one_peer_link():
+    units = UnitParams(2, 1000.0, 100.0, 700.0)
+    per_receiver = (1000 + 200 + 700) * 14
+    # Each receiver's whole share crosses one link of a third of the GPU's NVLink (4 GPUs, three peers each).
+    assert _two_new_replicas(units, 100.0 / 3).estimated_s == pytest.approx(per_receiver / (100e9 / 3))
+    # Through a switch a pair can use all of it: the device's own total binds, as without the argument.
+    assert _two_new_replicas(units, 100.0).estimated_s == pytest.approx(per_receiver / 100e9)
+
+
+def test_on_a_mesh_one_sender_feeding_two_peers_drives_two_links():
+    # 0:0 alone holds the model; 0:1 and 0:2 each need all of it.
+    held = {"0:0": device_holdings(PlacedLayout(((PlacedStage(("0:0",), (0, 2)),),), 1, 0, 2))["0:0"]}
+    needed = device_holdings(PlacedLayout(tuple((PlacedStage((d,), (0, 2)),) for d in ("0:0", "0:1", "0:2")), 1, 0, 2))
+    units = UnitParams(2, 1000.0, 100.0, 700.0)
+    model_bytes = (1000 + 200 + 700) * 14
+    node_of = {d: 0 for d in needed}
+    switch = migration_cost(held, needed, frozenset(needed), node_of, units, 100.0, 10.0)
+    mesh = migration_cost(held, needed, frozenset(needed), node_of, units, 100.0, 10.0, peer_link_gb_s=100.0 / 3)
+    assert switch.estimated_s == pytest.approx(2 * model_bytes / 100e9)  # the sender's NVLink carries both copies
+    assert mesh.estimated_s == pytest.approx(model_bytes / (100e9 / 3))  # each copy on its own third of it
