@@ -17,7 +17,9 @@ worker is replaced.
   replaced (`TaskTimedOut`). Tasks that can trade quality for time (the planner) take their deadline as
   an argument and answer by it; the backstop is for those that do not.
 - Warm workers: they fork from a forkserver that imported `warm_modules` (the planner, OR-Tools) once,
-  so starting or replacing one costs a fork rather than a second of imports.
+  so starting or replacing one costs a fork rather than a second of imports. A worker joins the pool only
+  once it says it has imported them: `start` returns (and the service accepts requests) with every worker
+  ready, so no request's deadline pays for the imports.
 - Recycling: a worker whose resident memory is over `max_worker_rss_mib` after a task (Python's allocator
   keeps much of what a big parse or solve freed) delivers the answer, exits, and is replaced: an expected
   path, reported to the observer as `worker_recycled`, not a crash.
@@ -60,6 +62,8 @@ OK, ERROR, CRASHED, TIMED_OUT, REJECTED, EXPIRED, CANCELLED = (
 _RETRY_AFTER_CRASH_S = 1
 _MAX_RETRY_AFTER_S = 60
 _JOIN_TIMEOUT_S = 5.0
+# A worker's first message: it has imported its modules and takes tasks.
+_READY = b"ready"
 _MIB = 1024 * 1024
 
 
@@ -95,6 +99,10 @@ class PoolClosed(PoolError):
     """The pool is shutting down."""
 
 
+class WorkerStartFailed(RuntimeError):
+    """A worker died or stayed silent while importing its modules: the pool cannot start (or replace) it."""
+
+
 class TaskError(Exception):
     """A task raised something that cannot travel back between processes; the message and traceback can."""
 
@@ -105,7 +113,8 @@ class PoolConfig:
     worker beyond those running. grace_s: seconds past a task's deadline before its worker is killed.
     start_method: `forkserver` (warm forks) or `spawn`. niceness: added to the workers' nice value.
     max_worker_rss_mib: a worker resident in more memory than this after a task is replaced (None: never).
-    max_retry_after_s: the most Retry-After ever says."""
+    max_retry_after_s: the most Retry-After ever says. start_timeout_s: how long a starting worker may take to
+    import its modules (the first, through the forkserver, imports them for all) before start fails."""
 
     workers: int
     queue_size: int
@@ -117,9 +126,11 @@ class PoolConfig:
     niceness: int = 5
     max_worker_rss_mib: float | None = None
     max_retry_after_s: int = _MAX_RETRY_AFTER_S
+    start_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.workers < 1 or self.queue_size < 0 or self.grace_s < 0 or self.max_retry_after_s < 1:
+        if (self.workers < 1 or self.queue_size < 0 or self.grace_s < 0 or self.max_retry_after_s < 1
+                or self.start_timeout_s <= 0):
             raise ValueError(f"invalid pool config {self}")
         if self.max_worker_rss_mib is not None and self.max_worker_rss_mib <= 0:
             raise ValueError(f"invalid pool config {self}")
@@ -155,6 +166,19 @@ class _Worker:
     @property
     def pid(self) -> int | None:
         return self.process.pid
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the worker has imported its modules (its first message); raise WorkerStartFailed,
+        having stopped it, if it dies or stays silent for `timeout_s`."""
+        try:
+            if self.conn.poll(timeout_s) and self.conn.recv_bytes() == _READY:
+                return
+            problem = f"sent nothing within {timeout_s:g} s"
+        except (EOFError, OSError):
+            self.process.join(_JOIN_TIMEOUT_S)
+            problem = f"exited while starting ({_exit_text(self.process.exitcode)})"
+        self.reap()
+        raise WorkerStartFailed(f"a solver worker {problem}")
 
     def call(self, payload: bytes) -> tuple[str, Any, float | None]:
         """Send one task and wait for its reply (blocking: runs in a thread): (kind, value, the worker's
@@ -225,7 +249,7 @@ class SolverPool:
             # Process-wide, and ignored if this process's forkserver already runs: then workers import
             # on their own (slower to start, same behaviour).
             self._context.set_forkserver_preload(list(self.config.warm_modules))
-        workers = await asyncio.to_thread(lambda: [self._spawn() for _ in range(self.config.workers)])
+        workers = await asyncio.to_thread(self._spawn_ready, self.config.workers)
         for worker in workers:
             self._workers.add(worker)
             self._idle.put_nowait(worker)
@@ -384,8 +408,19 @@ class SolverPool:
         self._observe(name, OK, queued_s, ran_s, value)
         return value
 
+    def _spawn_ready(self, count: int) -> list[_Worker]:
+        """Start `count` workers side by side and wait until each is ready (blocking: call in a thread)."""
+        workers = [self._spawn() for _ in range(count)]
+        try:
+            for worker in workers:
+                worker.wait_ready(self.config.start_timeout_s)
+        except WorkerStartFailed:
+            _reap_all(workers)
+            raise
+        return workers
+
     def _spawn(self) -> _Worker:
-        """Start one worker process (blocking: call in a thread)."""
+        """Start one worker process, not waiting for it to be ready (blocking: call in a thread)."""
         parent_end, child_end = self._context.Pipe(duplex=True)
         max_rss_bytes = None if self.config.max_worker_rss_mib is None else int(self.config.max_worker_rss_mib * _MIB)
         process = self._context.Process(
@@ -425,7 +460,7 @@ class SolverPool:
         delay_s = 0.1
         while not self._closed:
             try:
-                fresh = await asyncio.to_thread(self._spawn)
+                fresh, = await asyncio.to_thread(self._spawn_ready, 1)
             except Exception:  # noqa: BLE001 - keep trying; the pool runs with one worker fewer meanwhile
                 log.exception("could not start a replacement solver worker; retrying in %.1f s", delay_s)
                 await asyncio.sleep(delay_s)
@@ -474,6 +509,7 @@ def _worker_main(conn: Connection, warm_modules: tuple[str, ...], niceness: int,
         os.nice(niceness)
     for name in warm_modules:
         importlib.import_module(name)
+    conn.send_bytes(_READY)
     while True:
         served = _serve_one(conn, max_rss_bytes)
         if served is None:

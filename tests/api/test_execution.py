@@ -26,6 +26,7 @@ from api.core.execution import (
     TaskError,
     TaskTimedOut,
     WorkerCrashed,
+    WorkerStartFailed,
 )
 from planner.errors import PlanningError
 from tests.api import pool_tasks
@@ -295,3 +296,26 @@ def test_retry_after_counts_each_task_at_its_own_kinds_run_time():
         assert await held == "held" and [await task for task in quick] == [0, 1, 2]
 
     run_with_pool(PoolConfig(workers=1, queue_size=3), scenario)
+
+
+def test_start_returns_once_every_worker_has_imported_its_modules(tmp_path, monkeypatch):
+    # Each spawned worker imports the marker module itself; the import takes a second, then leaves a file.
+    monkeypatch.setenv("RESIPLAN_TEST_MARKER_DIR", str(tmp_path))
+    monkeypatch.setenv("RESIPLAN_TEST_IMPORT_DELAY_S", "1")
+    config = PoolConfig(workers=2, queue_size=0, start_method="spawn",
+                        warm_modules=("tests.api.slow_import_marker", "tests.api.pool_tasks"))
+
+    async def scenario(pool):
+        # No request can reach a worker still importing: every one has finished before start returned.
+        assert sorted(int(marker.name) for marker in tmp_path.iterdir()) == pool.worker_pids()
+        assert await pool.run(pool_tasks.echo, "ready", deadline_s=10) == "ready"
+
+    run_with_pool(config, scenario)
+
+
+def test_a_worker_that_cannot_import_its_modules_fails_start_saying_so():
+    pool = SolverPool(PoolConfig(workers=2, queue_size=0, start_method="spawn",
+                                 warm_modules=("tests.api.broken_import",)))
+    with pytest.raises(WorkerStartFailed, match="exited while starting"):
+        asyncio.run(pool.start())
+    assert pool.stats().alive == 0
