@@ -25,11 +25,18 @@ both at once: the slower of the two shares sets the time.
 With the deduplicating dispatchers (`moe_dispatcher: "flex"`: Megatron's flex dispatcher over DeepEP's or
 HybridEP's kernels; deepseek-ai/DeepEP README, "normal kernels ... asymmetric-domain bandwidth forwarding,
 NVLink to RDMA"; DeepSeek-V3 report section 3.2.2), a token crosses the network once per remote node holding
-at least one of its k experts, to the GPU of its own index there, which forwards it over NVLink to the experts'
-GPUs: the network carries E[remote nodes hit] copies of each token where the all-to-all carries one per
-remote expert, and NVLink every copy whose expert is not on the GPU it lands on. The k experts are distinct
-and, load balanced, uniformly chosen: a node holding e of the E experts is missed with probability
+at least one of its k experts, to the GPU of its own index there, which forwards it over NVLink to the other
+GPUs of that node holding any of its experts: the network carries E[remote nodes hit] copies of each token
+where the all-to-all carries one per remote expert, and NVLink one per GPU hit besides the one it lands on
+(token-based dispatch: a GPU holding several of a token's experts gets it once; NVIDIA, "Scalable Training of
+Mixture-of-Experts Models with Megatron Core", arXiv 2603.07685, section 4.2.2). The k experts are distinct
+and, load balanced, uniformly chosen: a set of GPUs holding e of the E experts is missed with probability
 C(E - e, k) / C(E, k).
+
+Measured against that report's Table 7 (H100, hidden 7168, 4,096 tokens, 256 experts: dispatch and combine
+latencies of Megatron's all-to-all and of HybridEP at EP 8-64; `benchmarks/calibration/megatron_core_moe_table7.json`,
+`python -m benchmarks.ep_dispatch`), these prices come out 0.7-1.4x the published times: bandwidth alone,
+no per-message latency or kernel overheads.
 
 State: Megatron's DDP keeps two gradient buffers, the experts' reduced (and, with the distributed optimizer,
 sharded) over the expert data-parallel ranks, dp x cp / (ep x etp / tp) TP groups (`expert_data_parallel`),
@@ -155,15 +162,26 @@ def expert_data_parallel(grad_sync_ranks: int, span: int) -> int:
     return max(1, grad_sync_ranks // span)
 
 
+def _missed(num_experts: int, experts_per_token: int, held: int) -> float:
+    """Probability that none of a token's k distinct, uniformly chosen experts is among `held` of them."""
+    return comb(num_experts - held, experts_per_token) / comb(num_experts, experts_per_token)
+
+
 def remote_nodes_hit(num_experts: int, experts_per_token: int, ep: int, in_node: int) -> float:
     """Expected nodes other than the sender's that hold at least one of a token's k distinct, uniformly chosen
     experts: the EP group's ep ranks over ceil(ep / in_node) nodes, each rank num_experts / ep experts."""
     per_rank = num_experts // ep
     nodes, last = divmod(ep, in_node)
     sizes = [in_node] * nodes + ([last] if last else [])
-    total, k = comb(num_experts, experts_per_token), experts_per_token
     # The sender's node is a full one; any other node is hit unless all k experts lie elsewhere.
-    return sum(1 - comb(num_experts - size * per_rank, k) / total for size in sizes[1:])
+    return sum(1 - _missed(num_experts, experts_per_token, size * per_rank) for size in sizes[1:])
+
+
+def forwarded_gpus_hit(num_experts: int, experts_per_token: int, ep: int, in_node: int) -> float:
+    """Expected GPUs of the EP group a token reaches over NVLink under token-based dispatch: every GPU holding
+    one of its experts but the one it lands on in each node (the sender itself in its own node)."""
+    nodes = -(-ep // in_node)
+    return (ep - nodes) * (1 - _missed(num_experts, experts_per_token, num_experts // ep))
 
 
 def all_to_all_ms(model: ModelSpec, tokens: float, tp: int, ep: int, ranks_per_node: int,
@@ -179,7 +197,8 @@ def all_to_all_ms(model: ModelSpec, tokens: float, tp: int, ep: int, ranks_per_n
     routed_bytes = token_bytes * model.experts_per_token
     in_node = min(ep, max(1, ranks_per_node))
     if dispatcher == FLEX:
-        intra_bytes = routed_bytes * (tp if expert_tp is None else expert_tp) * (in_node - 1) / in_node
+        gpus = forwarded_gpus_hit(model.num_experts, model.experts_per_token, ep, in_node)
+        intra_bytes = token_bytes * (tp if expert_tp is None else expert_tp) * gpus
         inter_bytes = token_bytes * remote_nodes_hit(model.num_experts, model.experts_per_token, ep, in_node)
     else:
         intra_bytes = routed_bytes * (in_node - 1) / ep

@@ -123,6 +123,31 @@ def _remote_nodes_sampled(num_experts: int, k: int, ep: int, in_node: int, draws
     return hits / draws
 
 
+def _forwarded_gpus_sampled(num_experts: int, k: int, ep: int, in_node: int, draws: int = 20_000) -> float:
+    """Monte Carlo, written apart from the planner: the GPUs holding a token's k experts, less the one it lands on
+    in each node they lie in (GPU 0 of the sender's node 0, the same index elsewhere)."""
+    import random
+
+    rng = random.Random(11)
+    per_rank = num_experts // ep
+    reached = 0
+    for _ in range(draws):
+        ranks = {expert // per_rank for expert in rng.sample(range(num_experts), k)}
+        reached += len({rank for rank in ranks if rank % in_node != 0})
+    return reached / draws
+
+
+@pytest.mark.parametrize(("experts", "k", "ep", "in_node"), [(128, 8, 16, 8), (256, 8, 64, 8), (96, 6, 24, 8),
+                                                             (60, 4, 12, 8), (8, 2, 8, 8), (256, 8, 8, 8)])
+def test_token_based_dispatch_reaches_each_gpu_holding_its_experts_once(experts, k, ep, in_node):
+    from cost_models.expert_parallel import forwarded_gpus_hit
+
+    expected = forwarded_gpus_hit(experts, k, ep, in_node)
+    assert expected == pytest.approx(_forwarded_gpus_sampled(experts, k, ep, in_node), abs=0.03)
+    # never more NVLink copies than one per routed expert off the GPU it lands on
+    assert expected <= k * (in_node - 1) / in_node + 1e-12
+
+
 @pytest.mark.parametrize(("experts", "k", "ep", "in_node"), [(128, 8, 16, 8), (256, 8, 64, 8), (96, 6, 24, 8),
                                                              (60, 4, 12, 8), (8, 2, 8, 8)])
 def test_the_flex_dispatcher_sends_a_token_once_per_remote_node_hit(experts, k, ep, in_node):
@@ -137,8 +162,11 @@ def test_the_flex_dispatcher_sends_a_token_once_per_remote_node_hit(experts, k, 
 def test_the_flex_dispatcher_prices_network_copies_per_node_and_nvlink_forwarding():
     """16 experts, top-2, over ep 16 in nodes of 8: the all-to-all sends 2 x 8/16 = 1 copy of a token over the
     network, the flex dispatcher 1 - C(8, 2) / C(16, 2) = 0.767 (the other node holds 8 of the 16 experts);
-    NVLink carries 7/8 of the routed copies (forwarded to their experts' GPUs) where the all-to-all carries 7/16.
-    Whole experts (expert-TP 1); split over expert-TP 2, Megatron's flex dispatcher sends each copy to both shards."""
+    NVLink carries a copy to each GPU hit but the one it lands on in each node, 14 of them each hit with
+    probability 1 - C(15, 2) / C(16, 2) = 1/8 (one expert a GPU): 1.75 copies, where the all-to-all carries
+    2 x 7/16. In one node of 8 GPUs holding 2 experts each, a token whose two experts share a GPU reaches it
+    once: 7 x (1 - C(14, 2) / C(16, 2)) = 7 x 29/120 copies, not 2 x 7/8. Whole experts (expert-TP 1); split
+    over expert-TP 2, Megatron's flex dispatcher sends each copy to both shards."""
     from dataclasses import replace
 
     from cost_models.expert_parallel import FLEX
@@ -147,10 +175,10 @@ def test_the_flex_dispatcher_prices_network_copies_per_node_and_nvlink_forwardin
     tokens, token_bytes = 4096, 4096 * 4096 * BYTES_PER_ELEMENT / 2  # tp 2: half the tokens per GPU
     remote = 1 - 28 / 120
     flex = all_to_all_ms(model, tokens, 2, 16, 8, 400.0, 50.0, FLEX, expert_tp=1)
-    assert flex == pytest.approx(1e3 * max(2 * token_bytes * 7 / 8 / 400e9, token_bytes * remote / 50e9))
+    assert flex == pytest.approx(1e3 * max(token_bytes * 1.75 / 400e9, token_bytes * remote / 50e9))
     assert all_to_all_ms(model, tokens, 2, 16, 8, 400.0, 50.0) == pytest.approx(1e3 * token_bytes * 1 / 50e9)
     # inside one node the network carries nothing and NVLink the forwarded copies
-    in_node = 1e3 * 2 * token_bytes * 7 / 8 / 400e9
+    in_node = 1e3 * token_bytes * 7 * 29 / 120 / 400e9
     assert all_to_all_ms(model, tokens, 2, 8, 8, 400.0, 50.0, FLEX, expert_tp=1) == pytest.approx(in_node)
     assert all_to_all_ms(model, tokens, 2, 8, 8, 400.0, 50.0, FLEX, expert_tp=2) == pytest.approx(2 * in_node)
 
