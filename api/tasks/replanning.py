@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import ValidationError
 
 from api.tasks.planning import (
+    AnswerDeadline,
     PlanAnswer,
     answer_deadline,
     new_plan_id,
@@ -38,9 +40,17 @@ def replan_request(parent_request: dict[str, Any], body: ReplanRequest) -> PlanR
                                  f"{problems.detail}", problems.errors) from None
 
 
-def _kept(parent: Plan, problem: PlanningProblem, plan_id: str, iteration_s: float) -> Plan:
+# Said in a kept plan's solver.notes: its other solver fields describe this answer.
+KEPT_NOTE = ("the running plan kept (migration.chosen keep): its layout and schedules are its parent's, and so are "
+             "status, gap and bound_ms, from the parent's search under the parent's failure state; objective_ms is "
+             "the bound on its iteration time now")
+
+
+def _kept(parent: Plan, problem: PlanningProblem, plan_id: str, iteration_s: float, deadline: AnswerDeadline,
+          wall_time_s: float) -> Plan:
     """The running plan under the failure state now: same layout and stage times, devices' roles
-    updated, predicted figures scaled to the bound on its iteration time now."""
+    updated, predicted figures scaled to the bound on its iteration time now; its solver report says this
+    answer's limit, wall time and objective (`KEPT_NOTE`)."""
     cluster = problem.cluster
     scale = parent.predicted.iteration_time_s / iteration_s
     predicted = parent.predicted.model_copy(update={
@@ -50,9 +60,13 @@ def _kept(parent: Plan, problem: PlanningProblem, plan_id: str, iteration_s: flo
     })
     used = {d for replica in parent.replicas for stage in replica.stages for d in stage.devices}
     every = [(n, g) for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)]
+    solver = parent.solver.model_copy(update={
+        "time_limit_s": deadline.limit_s, "wall_time_s": round(wall_time_s, 3),
+        "objective_ms": round(1e3 * iteration_s, 3), "notes": [*deadline.notes, KEPT_NOTE]})
     return parent.model_copy(update={
         "plan_id": plan_id,
         "predicted": predicted,
+        "solver": solver,
         "excluded_devices": [device_id(n, g) for n, g in every if (n, g) in cluster.failed],
         "unused_devices": [device_id(n, g) for n, g in every
                            if (n, g) not in cluster.failed and device_id(n, g) not in used],
@@ -82,13 +96,14 @@ def replan_for(request: PlanRequest, parent_plan: dict[str, Any] | Plan, plan_id
                max_time_limit_s: float | None = None, read_by: Budget | None = None,
                calibration: AppliedCalibration | None = None) -> Plan:
     """The new plan for `request` (see `replan_request`), moving from the stored `parent_plan`."""
+    started_s = time.monotonic()
     problem = to_problem(request, calibration)
     deadline = answer_deadline(problem, max_time_limit_s, read_by)
     parent = parent_plan if isinstance(parent_plan, Plan) else Plan.model_validate(parent_plan)
     running = running_plan(parent, {s.device: s.speed for s in parent.slow_devices})
     found = replan(problem, running, request.options.amortize_iterations, deadline.budget)
     if found.result is None:
-        plan = _kept(parent, problem, plan_id, found.chosen.iteration_s)
+        plan = _kept(parent, problem, plan_id, found.chosen.iteration_s, deadline, time.monotonic() - started_s)
     else:
         plan = to_wire(with_deadline_report(found.result, deadline), plan_id)
     plan = with_calibration_scope(plan, problem, calibration)

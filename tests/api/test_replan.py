@@ -63,6 +63,25 @@ def test_keeping_the_plan_updates_device_roles_to_the_failure_state_now(client):
     assert unused[0] not in child["unused_devices"]
 
 
+def test_a_kept_plans_solver_report_is_this_answers():
+    """Asked for 0.01 s, the replan says the limit it kept (raised, with the note why), its own wall time and an
+    objective that is its predicted iteration; the status, gap and bound it keeps are named as the parent's."""
+    from api.tasks.planning import plan_for
+    from api.tasks.replanning import KEPT_NOTE, replan_for
+
+    body = small_request(options=FINISHING)
+    parent = plan_for(PlanRequest.model_validate(body))
+    request = PlanRequest.model_validate({**body, "options": {**FINISHING, "time_limit_s": 0.01}})
+    child = replan_for(request, parent, "kept-child")
+    assert child.migration.chosen == "keep"
+    assert child.solver.time_limit_s > 0.01 and child.solver.time_limit_s != parent.solver.time_limit_s
+    assert any(note.startswith("time_limit_s 0.01 is below") for note in child.solver.notes)
+    assert child.solver.notes[-1] == KEPT_NOTE
+    assert child.solver.objective_ms == pytest.approx(1e3 * child.predicted.iteration_time_s, abs=1e-3)
+    assert (child.solver.status, child.solver.gap, child.solver.bound_ms) == (
+        parent.solver.status, parent.solver.gap, parent.solver.bound_ms)
+
+
 def test_options_not_given_are_the_parents():
     from api.tasks.replanning import replan_request
     from wire.schemas import ReplanRequest
