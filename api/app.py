@@ -43,7 +43,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        max_worker_rss_mib=settings.solver_worker_max_rss_mib),
             observer=app.state.metrics,
         )
-        await pool.start()
+        try:
+            await pool.start()
+        except BaseException:
+            app.state.store.close()  # the service does not start: nothing else will close it
+            raise
         app.state.pool = pool
         try:
             yield

@@ -7,6 +7,7 @@ evaluator (`iteration.py`) can use the very same numbers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 from cost_models.comm import (
@@ -80,7 +81,8 @@ class StageCostTerms:
     sync_bytes_per_param: float  # the sync under the last backward (`sync_bytes_per_param`)
     gather_bytes_per_param: float  # ZeRO-1's weight all-gather after the step (`gather_bytes_per_param`)
     gathered_bytes_per_param: float  # ZeRO-3's working set per parameter of a stage's largest part
-    dp_bandwidth_intra_gb_s: float
+    hardware: Hardware  # its NVLink topology prices each data-parallel group's in-node links (`dp_intra_gb_s`)
+    nvlink_fraction: float
     dp_bandwidth_inter_gb_s: float
     groups_per_node: int  # TP groups of this size per node
     optimizer_ms_per_param: float
@@ -105,6 +107,11 @@ class StageCostTerms:
         shape = self.shape
         return in_flight_row(shape.schedule, shape.pp, self.num_microbatches, shape.virtual_stages)
 
+    def dp_intra_gb_s(self, per_node: int) -> float:
+        """NVLink GB/s per GPU of a data-parallel collective with `per_node` of its ranks in each node: all of it
+        through NVSwitch, on a direct mesh the links to those peers (`layout.nvlink_group_gb_s`)."""
+        return nvlink_group_gb_s(self.hardware, per_node) * self.nvlink_fraction
+
     def dp_sync_ms(self, params: float, ranks: int | None = None) -> float:
         """The data-parallel sync of `params` gradients per GPU that overlaps the backward: their all-reduce,
         or with ZeRO-1 their reduce-scatter (`sync_bytes_per_param`), over `ranks` replicas (default: the
@@ -119,7 +126,7 @@ class StageCostTerms:
             across_per_node = max(1, self.groups_per_node // (self.shape.shard_replicas * self.shape.cp))
             return self._shard_group_gather_ms(gradient_bytes) + 1e3 * sum(
                 hierarchical_all_reduce_s(gradient_bytes * share / group_ranks, self.replicate_ranks, across_per_node,
-                                          self.dp_bandwidth_intra_gb_s, self.dp_bandwidth_inter_gb_s)
+                                          self.dp_intra_gb_s(across_per_node), self.dp_bandwidth_inter_gb_s)
                 for share, group_ranks, _ in self._shard_groups() if share)
         return self._all_reduce_equivalent_ms(params * self.sync_bytes_per_param, ranks)
 
@@ -142,7 +149,7 @@ class StageCostTerms:
 
     def _shard_group_gather_ms(self, bytes_total: float) -> float:
         return 1e3 * sum(
-            hierarchical_all_gather_s(bytes_total * share, ranks, per_node, self.dp_bandwidth_intra_gb_s,
+            hierarchical_all_gather_s(bytes_total * share, ranks, per_node, self.dp_intra_gb_s(per_node),
                                       self.dp_bandwidth_inter_gb_s)
             for share, ranks, per_node in self._shard_groups() if share)
 
@@ -150,14 +157,14 @@ class StageCostTerms:
         """Over `ranks` TP groups (default dp x cp); with experts, their share over the expert data-parallel
         ranks among them, after the rest."""
         ranks = self.shape.grad_sync_ranks if ranks is None else ranks
-        intra_gb_s, inter_gb_s, share = self.dp_bandwidth_intra_gb_s, self.dp_bandwidth_inter_gb_s, self.expert_param_share
-        dense_s = hierarchical_all_reduce_s(bytes_total * (1 - share), ranks, min(ranks, self.groups_per_node),
-                                            intra_gb_s, inter_gb_s)
+        inter_gb_s, share, per_node = self.dp_bandwidth_inter_gb_s, self.expert_param_share, min(ranks, self.groups_per_node)
+        dense_s = hierarchical_all_reduce_s(bytes_total * (1 - share), ranks, per_node, self.dp_intra_gb_s(per_node),
+                                            inter_gb_s)
         if not share:  # the search prices this tens of thousands of times: no groups to build for dense models
             return 1e3 * dense_s
         expert_ranks, expert_per_node = expert_sync_group(ranks, self.shape.expert_span, self.groups_per_node)
         return 1e3 * (dense_s + hierarchical_all_reduce_s(bytes_total * share, expert_ranks, expert_per_node,
-                                                          intra_gb_s, inter_gb_s))
+                                                          self.dp_intra_gb_s(expert_per_node), inter_gb_s))
 
 
 @dataclass(frozen=True)
@@ -303,7 +310,6 @@ def stage_cost_terms(
     # Megatron's rank order is tp, dp, pp (fastest first): data-parallel
     # peers share a node while they fit.
     groups_per_node = max(1, hardware.gpus_per_node // shape.tp)
-    dp_intra_gb_s = nvlink_group_gb_s(hardware, min(shape.grad_sync_ranks, groups_per_node)) * efficiency.nvlink_fraction
     dp_inter_gb_s = hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction
     # Optimizer state (and ZeRO-2/3's shards) over the ranks holding the same weights: with expert
     # parallelism the experts' fewer (`cost_models.expert_parallel`). Hybrid sharding shards over its
@@ -324,7 +330,7 @@ def stage_cost_terms(
     if shards_every_microbatch(workload.zero_stage):
         dense_group = (1.0 - expert_share, dense_ranks, min(dense_ranks, groups_per_node))
         expert_group = (expert_share, *expert_sync_group(dense_ranks, shape.expert_span, groups_per_node))
-        links = (dp_intra_gb_s, dp_inter_gb_s)
+        links = (lambda per_node: nvlink_group_gb_s(hardware, per_node) * efficiency.nvlink_fraction, dp_inter_gb_s)
         layer = _sharded_part(layer, workload.zero_stage, software.grad_reduce_bytes, (dense_group, expert_group), *links)
         embedding, head = (_sharded_part(part, workload.zero_stage, software.grad_reduce_bytes,
                                          ((1.0, *dense_group[1:]),), *links) for part in (embedding, head))
@@ -351,7 +357,8 @@ def stage_cost_terms(
         sync_bytes_per_param=sync_bytes_per_param(workload.zero_stage, software.grad_reduce_bytes),
         gather_bytes_per_param=gather_bytes_per_param(workload.zero_stage),
         gathered_bytes_per_param=gathered_bytes_per_param(workload.zero_stage),
-        dp_bandwidth_intra_gb_s=dp_intra_gb_s,
+        hardware=hardware,
+        nvlink_fraction=efficiency.nvlink_fraction,
         dp_bandwidth_inter_gb_s=dp_inter_gb_s,
         groups_per_node=groups_per_node,
         optimizer_ms_per_param=optimizer_ms_per_param,
@@ -364,13 +371,15 @@ def stage_cost_terms(
 
 
 def _sharded_part(part: PartCosts, zero_stage: int, grad_reduce_bytes: int,
-                  groups: tuple[tuple[float, int, int], ...], intra_gb_s: float, inter_gb_s: float) -> PartCosts:
+                  groups: tuple[tuple[float, int, int], ...], intra_gb_s: Callable[[int], float],
+                  inter_gb_s: float) -> PartCosts:
     """`part` with ZeRO-2/3's per-microbatch collectives of its weights, the part compute does not hide
     (`cost_models.sharded_dp.with_sharded_comm`): each (share of the weights, ranks, ranks per node) of
-    `groups` over its own ranks, one after the other."""
+    `groups` over its own ranks, one after the other, in a node at `intra_gb_s(ranks per node)`."""
     def collective_ms(bytes_per_param: float) -> float:
         return 1e3 * sum(
-            hierarchical_all_gather_s(part.params * share * bytes_per_param, ranks, per_node, intra_gb_s, inter_gb_s)
+            hierarchical_all_gather_s(part.params * share * bytes_per_param, ranks, per_node, intra_gb_s(per_node),
+                                      inter_gb_s)
             for share, ranks, per_node in groups if share)
 
     time = with_sharded_comm(part.time, zero_stage, collective_ms(PARAM_GATHER_BYTES), collective_ms(grad_reduce_bytes))

@@ -41,7 +41,8 @@ class MigrationTransfer(BaseModel):
                             "tensor-parallel dimension (of the whole tensor, not of the shard); optimizer state is "
                             "sharded along the same dimension.")
     state: list[Literal["weights", "optimizer"]] = Field(
-        description="`weights`: bf16/fp16 parameters; `optimizer`: fp32 master weights and Adam moments.")
+        description="`weights`: bf16/fp16 parameters; `optimizer`: fp32 master weights and Adam moments (bf16 Adam "
+                    "moments with training.optimizer_precision bf16).")
     bytes: int
     intra_node: bool = Field(description="Sender and receiver share a node (NVLink); else the network.")
 

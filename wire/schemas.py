@@ -552,8 +552,9 @@ class Plan(BaseModel):
     etp: int | None = Field(default=None, ge=1, description="Expert tensor parallelism: each routed expert split over "
                             "etp GPUs of a stage's TP group; null: tp (Megatron's default, and every dense model).")
     grad_precision: Literal["fp32", "bf16"] | None = Field(
-        default=None, description="The dtype gradients accumulate and are reduced in (training.grad_precision); "
-        "null for fp16 training (fp32 accumulation, fp16 reduction) and plans stored before it was recorded (fp32).")
+        default=None, description="The dtype gradients are reduced in (training.grad_precision) and, but with "
+        "optimizer_precision bf16 (bf16), accumulate in; null for fp16 training (fp32 accumulation, fp16 reduction) "
+        "and plans stored before it was recorded (fp32).")
     optimizer_precision: Literal["fp32", "bf16"] | None = Field(default=None, description="The optimizer state priced "
         "(training.optimizer_precision); null for plans stored before it was recorded (fp32).")
     moe_dispatcher: Literal["alltoall", "flex"] | None = Field(

@@ -196,8 +196,11 @@ class _Worker:
             self.process.kill()
 
     def terminate(self) -> None:
-        if not self.reaped and self.process.is_alive():
-            self.process.terminate()
+        try:
+            if not self.reaped and self.process.is_alive():
+                self.process.terminate()
+        except ValueError:  # reaped by another thread meanwhile: its process object is closed
+            pass
 
     def reap(self, exit_wait_s: float = 0.0) -> None:
         """Stop the process (if it still runs after `exit_wait_s`) and release its resources; blocking,
@@ -236,6 +239,8 @@ class SolverPool:
         self._backlog: Counter[str] = Counter()  # admitted tasks (running or queued) by kind
         # Recent run times per task kind, for Retry-After; operators and tests may record known times.
         self.run_times = RunTimes()
+        # Workers started but not yet ready: not in `_workers` (no task goes to them), yet close() stops them.
+        self._starting: set[_Worker] = set()
         self._started = False
         self._closed = False
 
@@ -244,12 +249,13 @@ class SolverPool:
     async def start(self) -> None:
         if self._started:
             return
-        self._started = True
         if self.config.start_method == "forkserver":
             # Process-wide, and ignored if this process's forkserver already runs: then workers import
             # on their own (slower to start, same behaviour).
             self._context.set_forkserver_preload(list(self.config.warm_modules))
+        # Started only once every worker is: a start that failed may be tried again.
         workers = await asyncio.to_thread(self._spawn_ready, self.config.workers)
+        self._started = True
         for worker in workers:
             self._workers.add(worker)
             self._idle.put_nowait(worker)
@@ -258,7 +264,7 @@ class SolverPool:
         """Stop every worker; tasks still running fail with PoolClosed."""
         self._closed = True
         workers = list(self._workers)
-        for worker in workers:
+        for worker in [*workers, *self._starting]:  # a starting one's wait for its first message ends at once
             worker.terminate()
         if self._calls:
             await asyncio.wait(list(self._calls))  # the pipe threads see EOF; then no thread reads a pipe
@@ -409,14 +415,22 @@ class SolverPool:
         return value
 
     def _spawn_ready(self, count: int) -> list[_Worker]:
-        """Start `count` workers side by side and wait until each is ready (blocking: call in a thread)."""
-        workers = [self._spawn() for _ in range(count)]
+        """Start `count` workers side by side and wait until each is ready (blocking: call in a thread). On any
+        failure, or when the pool closes meanwhile, every worker it started is stopped before it raises."""
+        workers: list[_Worker] = []
         try:
+            for _ in range(count):
+                workers.append(self._spawn())
+                self._starting.add(workers[-1])
             for worker in workers:
                 worker.wait_ready(self.config.start_timeout_s)
-        except WorkerStartFailed:
+                if self._closed:
+                    raise WorkerStartFailed("the solver pool closed while its workers started")
+        except BaseException:
             _reap_all(workers)
             raise
+        finally:
+            self._starting.difference_update(workers)
         return workers
 
     def _spawn(self) -> _Worker:
@@ -462,6 +476,8 @@ class SolverPool:
             try:
                 fresh, = await asyncio.to_thread(self._spawn_ready, 1)
             except Exception:  # noqa: BLE001 - keep trying; the pool runs with one worker fewer meanwhile
+                if self._closed:
+                    return  # close() stopped it while it started
                 log.exception("could not start a replacement solver worker; retrying in %.1f s", delay_s)
                 await asyncio.sleep(delay_s)
                 delay_s = min(2 * delay_s, 5.0)

@@ -20,6 +20,7 @@ from api.core.execution import (
     REJECTED,
     TIMED_OUT,
     DeadlineExpired,
+    PoolClosed,
     PoolConfig,
     PoolSaturated,
     SolverPool,
@@ -316,6 +317,63 @@ def test_start_returns_once_every_worker_has_imported_its_modules(tmp_path, monk
 def test_a_worker_that_cannot_import_its_modules_fails_start_saying_so():
     pool = SolverPool(PoolConfig(workers=2, queue_size=0, start_method="spawn",
                                  warm_modules=("tests.api.broken_import",)))
-    with pytest.raises(WorkerStartFailed, match="exited while starting"):
+
+    async def scenario():
+        with pytest.raises(WorkerStartFailed, match="exited while starting"):
+            await pool.start()
+        # Not started: a second try fails the same way, and a task is refused at once, not left to wait.
+        with pytest.raises(WorkerStartFailed):
+            await pool.start()
+        with pytest.raises(PoolClosed):
+            await pool.run(pool_tasks.echo, "x", deadline_s=10)
+
+    asyncio.run(scenario())
+    assert pool.stats().alive == 0 and not _solver_children()
+
+
+def _solver_children() -> list:
+    import multiprocessing
+
+    return [child for child in multiprocessing.active_children() if child.name == "resiplan-solver"]
+
+
+def test_workers_started_before_a_failing_start_are_stopped(monkeypatch):
+    pool = SolverPool(PoolConfig(workers=3, queue_size=0, start_method="spawn", warm_modules=("tests.api.pool_tasks",)))
+    spawn, started, pids = pool._spawn, [], []
+
+    def spawn_twice():
+        if len(started) == 2:
+            raise OSError(11, "Resource temporarily unavailable")  # fork's EAGAIN on the third
+        started.append(spawn())
+        pids.append(started[-1].pid)
+        return started[-1]
+
+    monkeypatch.setattr(pool, "_spawn", spawn_twice)
+    with pytest.raises(OSError):
         asyncio.run(pool.start())
-    assert pool.stats().alive == 0
+    assert len(started) == 2 and all(worker.reaped for worker in started)
+    assert not any(_alive(pid) for pid in pids) and not _solver_children()
+
+
+def test_close_stops_a_replacement_still_importing(tmp_path, monkeypatch):
+    monkeypatch.setenv("RESIPLAN_TEST_MARKER_DIR", str(tmp_path))
+    monkeypatch.setenv("RESIPLAN_TEST_IMPORT_DELAY_S", "0")
+    config = PoolConfig(workers=1, queue_size=0, start_method="spawn",
+                        warm_modules=("tests.api.slow_import_marker", "tests.api.pool_tasks"))
+
+    async def scenario():
+        pool = SolverPool(config)
+        await pool.start()
+        first = pool.worker_pids()
+        # The replacement of the worker that dies next imports for a minute.
+        monkeypatch.setenv("RESIPLAN_TEST_IMPORT_DELAY_S", "60")
+        with pytest.raises(WorkerCrashed):
+            await pool.run(pool_tasks.exit_abruptly, deadline_s=10)
+        await _wait_until(lambda: any(child.pid not in first for child in _solver_children()))
+        await pool.close()
+        return first
+
+    first = asyncio.run(scenario())
+    # close() stopped the replacement mid-import (it never left its marker) and left no process behind.
+    assert sorted(int(marker.name) for marker in tmp_path.iterdir()) == first
+    assert not _solver_children()

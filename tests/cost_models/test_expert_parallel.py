@@ -310,7 +310,7 @@ def test_expert_gradients_sync_among_the_replicas_holding_them(zero_stage):
                                 EfficiencyParams(), SoftwareConfig())
 
     terms = terms_for(8, zero_stage)
-    nvlink_s, network_s = (1.0 / (terms.dp_bandwidth_intra_gb_s * 1e9), 1.0 / (terms.dp_bandwidth_inter_gb_s * 1e9))
+    nvlink_s, network_s = (1.0 / (terms.dp_intra_gb_s(8) * 1e9), 1.0 / (terms.dp_bandwidth_inter_gb_s * 1e9))
     replicated, expert = ATTENTION + 4096 * 8 + 2 * 4096, ONE_EXPERT  # per GPU of a layer
     dense_ring_s = 7 / 8 * nvlink_s + 7 / 8 * network_s / 8  # per byte: reduce-scatter in the node, then across 8
     expert_ring_s = 7 / 8 * network_s  # per byte: across 8 nodes, one rank in each
@@ -359,7 +359,7 @@ def test_hybrid_sharding_shards_the_experts_over_the_shard_groups_expert_ranks()
     assert stage_memory(terms, 0, 0).static_bytes - gathered_bytes(terms, 0) == pytest.approx(
         32000 * 4096 * bytes_per_param(8), rel=1e-9)
 
-    nvlink_s, network_s = 1.0 / (terms.dp_bandwidth_intra_gb_s * 1e9), 1.0 / (terms.dp_bandwidth_inter_gb_s * 1e9)
+    nvlink_s, network_s = 1.0 / (terms.dp_intra_gb_s(8) * 1e9), 1.0 / (terms.dp_bandwidth_inter_gb_s * 1e9)
     share = experts / (replicated + experts)
     per_byte_s = ((1 - share) * (7 / 8 * nvlink_s + 2 * (1 / 2) * network_s / 8)  # 8 ranks in the node, then 1/8 x 2 groups
                   + share * (1 / 2 * nvlink_s + 2 * (1 / 2) * network_s / 2))  # 2 ranks in the node, then 1/2 x 2 groups

@@ -75,8 +75,36 @@ def test_pipeline_sends_and_data_parallel_sync_inside_a_mesh_node_use_the_peer_l
     quads = ParallelShape(tp=1, pp=1, dp=4, micro_batch_size=1, recompute="full")
     terms = {(shape, mesh): stage_cost_terms(workload, _hardware(4, mesh), shape, efficiency, software)
              for shape in (pairs, quads) for mesh in (False, True)}
-    assert terms[pairs, True].dp_bandwidth_intra_gb_s == pytest.approx(terms[pairs, False].dp_bandwidth_intra_gb_s / 3)
-    assert terms[quads, True].dp_bandwidth_intra_gb_s == terms[quads, False].dp_bandwidth_intra_gb_s
+    assert 2.5 < terms[pairs, True].dp_sync_ms(1e9) / terms[pairs, False].dp_sync_ms(1e9) <= 3.0
+    assert terms[quads, True].dp_sync_ms(1e9) == terms[quads, False].dp_sync_ms(1e9)
+
+
+def _sync_ms(model: str, shape: ParallelShape, mesh: bool, zero_stage: int = 1, ranks: int | None = None) -> float:
+    terms = stage_cost_terms(Workload(model_preset(model), 4096, 256, zero_stage=zero_stage), _hardware(4, mesh), shape,
+                             builtin_efficiency(H200), SoftwareConfig())
+    return terms.dp_sync_ms(1e9, ranks)
+
+
+def test_a_collective_over_two_peers_costs_the_same_whatever_shape_priced_it():
+    # The planner prices syncs over other replica counts than the shape's (non-uniform replicas): the links are
+    # those of the group synced, two GPUs of a node here, a third of each GPU's NVLink.
+    costs = [_sync_ms("llama3-8b", ParallelShape(tp=1, pp=1, dp=dp, micro_batch_size=1, recompute="full"), True,
+                      ranks=2) for dp in (1, 2, 4)]
+    assert costs[0] == costs[1] == costs[2]
+    switch = _sync_ms("llama3-8b", ParallelShape(tp=1, pp=1, dp=4, micro_batch_size=1, recompute="full"), False, ranks=2)
+    assert 2.5 < costs[0] / switch <= 3.0
+
+
+def test_experts_and_hybrid_shard_groups_sync_over_their_own_peer_links():
+    # qwen3-30b-a3b, ep 2 over 4 replicas of a node: the experts (most of a layer's weights) sync between the two
+    # replicas holding the same ones, over one peer's links; the rest over all four, over every link.
+    experts = ParallelShape(tp=1, pp=1, dp=4, micro_batch_size=1, recompute="full", ep=2)
+    assert _sync_ms("qwen3-30b-a3b", experts, True) / _sync_ms("qwen3-30b-a3b", experts, False) > 2.5
+    dense = replace(experts, ep=1)
+    assert _sync_ms("qwen3-30b-a3b", dense, True) == _sync_ms("qwen3-30b-a3b", dense, False)
+    # Hybrid sharding, shard groups of 2 replicas in a node: their reduce-scatter runs over one peer's links.
+    hybrid = ParallelShape(tp=1, pp=1, dp=8, micro_batch_size=1, recompute="full", dp_shard=2)
+    assert _sync_ms("llama3-8b", hybrid, True, zero_stage=3) > 1.5 * _sync_ms("llama3-8b", hybrid, False, zero_stage=3)
 
 
 def test_switch_is_the_default():
