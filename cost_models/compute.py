@@ -186,7 +186,7 @@ def tp_all_reduce_ms(
 
 def mlp_tp_comm_ms(
     model: ModelSpec, tokens: float, tp: int, intra_bandwidth_gb_s: float, efficiency: EfficiencyParams,
-    expert_tp: int | None = None, dispatcher: str = "alltoall",
+    expert_tp: int | None = None, dispatcher: str = "alltoall", expert_intra_gb_s: float | None = None,
 ) -> tuple[float, float]:
     """(collectives Megatron can overlap with GEMMs, collectives it cannot) of one layer's MLP in one pass.
 
@@ -207,7 +207,9 @@ def mlp_tp_comm_ms(
     routed_ms = 0.0
     if dispatcher != FLEX and etp > 1:
         copies = etp * tokens * model.experts_per_token / tp
-        routed_ms = tp_all_reduce_ms(model, copies, etp, intra_bandwidth_gb_s, efficiency)
+        # Over the expert-TP group's own links (`expert_intra_gb_s`; default the TP group's: the same through
+        # NVSwitch, fewer peer links on a direct mesh when etp < tp).
+        routed_ms = tp_all_reduce_ms(model, copies, etp, expert_intra_gb_s or intra_bandwidth_gb_s, efficiency)
     return (1 - share) * dense_ms + share * shared_ms, share * routed_ms
 
 
@@ -239,6 +241,7 @@ def layer_time(
     cp: int = 1,
     cp_link: tuple[float, float] = (0.0, 0.0),
     expert_tp: int | None = None,
+    expert_intra_gb_s: float | None = None,
 ) -> LayerTime:
     """Forward and backward time of one layer for one microbatch (Megatron-style TP).
 
@@ -248,7 +251,8 @@ def layer_time(
     With context parallelism (`cp` > 1, its ring's `cp_link` (GB/s, step latency s) from
     `cost_models.context_parallel.ring_link`) one GPU sees seq_length / cp tokens and 1 / cp of the
     attention, and exchanges keys and values under it. A mixture of experts' routed experts are split over
-    `expert_tp` ranks (default tp; `mlp_tp_comm_ms`).
+    `expert_tp` ranks (default tp; `mlp_tp_comm_ms`), whose collectives run at `expert_intra_gb_s` (default
+    `intra_bandwidth_gb_s`, the TP group's).
     """
     tokens = seq_length * micro_batch / cp
     gemm_s = _projection_gemms_s(model, tokens, tp, gpu, efficiency, software.fp8, expert_tp)
@@ -268,7 +272,7 @@ def layer_time(
         + cast_backward_s
     )
     mlp_ms, dispatched_ms = mlp_tp_comm_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency, expert_tp,
-                                           software.moe_dispatcher)
+                                           software.moe_dispatcher, expert_intra_gb_s)
     comm_ms = backward_comm_ms = tp_all_reduce_ms(model, tokens, tp, intra_bandwidth_gb_s, efficiency) + mlp_ms
     if software.tp_comm_overlap or software.async_tp:
         # The forward's collectives overlap its GEMMs; the dispatcher's do not.

@@ -20,7 +20,7 @@ from cost_models.comm import (
 from cost_models.context_parallel import ring_link
 from cost_models.choices import Recompute
 from cost_models.compute import LayerTime, embedding_time, gemm_time_s, head_time, layer_time
-from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+from cost_models.efficiency import FLEX, EfficiencyParams, SoftwareConfig
 from cost_models.flops import BACKWARD_TO_FORWARD
 from cost_models.expert_parallel import (
     a2a_overlap_applies,
@@ -193,14 +193,17 @@ def part_costs(
     ring = ring_link(tp, cp, hardware.gpus_per_node, nvlink_group_gb_s(hardware, 2) * efficiency.nvlink_fraction,
                      hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction)
     time = layer_time(model, seq, mbs, tp, shape.recompute, gpu, intra, efficiency, software, cp, ring,
-                      expert_tp=shape.expert_tp)
+                      expert_tp=shape.expert_tp, expert_intra_gb_s=nvlink_group_gb_s(hardware, shape.expert_tp))
     if shape.ep > 1:
         # An EP group's GPUs are expert-TP ranks apart over consecutive ranks of the stage, which fill nodes
         # (`cost_models.expert_parallel`).
         ep_ranks_per_node = max(1, hardware.gpus_per_node // shape.expert_tp)
+        # The GPUs of a node a GPU's tokens go to: its EP group's there, and with the flex dispatcher every
+        # expert-TP shard of theirs (on a direct NVLink mesh, the peer links it drives).
+        in_node_gpus = min(shape.ep, ep_ranks_per_node) * (shape.expert_tp if software.moe_dispatcher == FLEX else 1)
         all_to_all_ms = layer_all_to_all_ms(
             model, local_seq * mbs, tp, shape.ep, ep_ranks_per_node,
-            nvlink_group_gb_s(hardware, min(shape.ep, ep_ranks_per_node)) * efficiency.nvlink_fraction,
+            nvlink_group_gb_s(hardware, in_node_gpus) * efficiency.nvlink_fraction,
             hardware.inter_node_bandwidth_gb_s * efficiency.network_fraction, software.moe_dispatcher,
             shape.expert_tp)
         recomputed = all_to_all_ms if shape.recompute == Recompute.FULL else 0.0  # full recompute redoes the forward's

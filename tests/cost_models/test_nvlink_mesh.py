@@ -110,3 +110,28 @@ def test_experts_and_hybrid_shard_groups_sync_over_their_own_peer_links():
 def test_switch_is_the_default():
     assert Hardware(H200, 4, 1.0, 1.0) == replace(_hardware(4, False), intra_node_bandwidth_gb_s=1.0,
                                                    inter_node_bandwidth_gb_s=1.0)
+
+
+def _moe_layer(mesh: bool, shape: ParallelShape, dispatcher: str = "alltoall"):
+    workload = Workload(model_preset("mixtral-8x7b"), 4096, 64, zero_stage=1)
+    return part_costs(workload, _hardware(4, mesh), shape, builtin_efficiency(H200),
+                      SoftwareConfig(moe_dispatcher=dispatcher)).layer.time
+
+
+def test_expert_tp_pairs_gather_their_tokens_over_one_peers_links():
+    # TP 4 drives every link of a 4-GPU mesh, but experts split over expert-TP 2 gather and reduce-scatter their
+    # routed tokens between two GPUs: over a third of the links, where a switch gives them all.
+    split = ParallelShape(tp=4, pp=1, dp=2, micro_batch_size=1, recompute="full", ep=2, etp=2)
+    assert _moe_layer(True, split).forward_tp_comm_ms > _moe_layer(False, split).forward_tp_comm_ms
+    whole = replace(split, ep=1, etp=None)  # expert-TP = TP 4: every collective over every link
+    assert _moe_layer(True, whole).forward_tp_comm_ms == _moe_layer(False, whole).forward_tp_comm_ms
+
+
+def test_the_flex_dispatcher_reaches_every_expert_tp_shard_of_its_ep_peers():
+    # tp 2, ep 2 in a node of 4: a GPU's tokens go to both shards of each expert, its EP peer's TP pair and its own
+    # partner: all three peers, all of its links, as through a switch.
+    shape = ParallelShape(tp=2, pp=1, dp=2, micro_batch_size=1, recompute="full", ep=2)
+    mesh, switch = _moe_layer(True, shape, "flex"), _moe_layer(False, shape, "flex")
+    assert switch.forward_ep_comm_ms > 0 and mesh.forward_ep_comm_ms == switch.forward_ep_comm_ms
+    # Megatron's all-to-all reaches only the EP peer of the same TP rank: one peer's links.
+    assert _moe_layer(True, shape).forward_ep_comm_ms > 2.5 * _moe_layer(False, shape).forward_ep_comm_ms
