@@ -46,7 +46,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             await pool.start()
         except BaseException:
-            app.state.store.close()  # the service does not start: nothing else will close it
+            # The service does not start: nothing else closes them (close stops workers still starting).
+            await pool.close()
+            app.state.store.close()
             raise
         app.state.pool = pool
         try:

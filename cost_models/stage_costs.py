@@ -123,7 +123,8 @@ class StageCostTerms:
             gradient_bytes = params * 2 * self.sync_bytes_per_param
             # Shard groups are consecutive replicas: the groups holding the same shard lie in other nodes
             # while a group fits one (`cost_models.sharded_dp.node_shard_replicas`).
-            across_per_node = max(1, self.groups_per_node // (self.shape.shard_replicas * self.shape.cp))
+            across_per_node = min(self.replicate_ranks,
+                                  max(1, self.groups_per_node // (self.shape.shard_replicas * self.shape.cp)))
             return self._shard_group_gather_ms(gradient_bytes) + 1e3 * sum(
                 hierarchical_all_reduce_s(gradient_bytes * share / group_ranks, self.replicate_ranks, across_per_node,
                                           self.dp_intra_gb_s(across_per_node), self.dp_bandwidth_inter_gb_s)

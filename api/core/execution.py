@@ -243,22 +243,27 @@ class SolverPool:
         self._starting: set[_Worker] = set()
         self._started = False
         self._closed = False
+        self._start_lock = asyncio.Lock()  # one start at a time: a second waits, then finds the pool started
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._started:
-            return
-        if self.config.start_method == "forkserver":
-            # Process-wide, and ignored if this process's forkserver already runs: then workers import
-            # on their own (slower to start, same behaviour).
-            self._context.set_forkserver_preload(list(self.config.warm_modules))
-        # Started only once every worker is: a start that failed may be tried again.
-        workers = await asyncio.to_thread(self._spawn_ready, self.config.workers)
-        self._started = True
-        for worker in workers:
-            self._workers.add(worker)
-            self._idle.put_nowait(worker)
+        async with self._start_lock:
+            if self._started:
+                return
+            if self.config.start_method == "forkserver":
+                # Process-wide, and ignored if this process's forkserver already runs: then workers import
+                # on their own (slower to start, same behaviour).
+                self._context.set_forkserver_preload(list(self.config.warm_modules))
+            # Started only once every worker is: a start that failed may be tried again.
+            workers = await asyncio.to_thread(self._spawn_ready, self.config.workers)
+            if self._closed:  # closed while they started: close() never saw them
+                await asyncio.to_thread(_reap_all, workers)
+                raise PoolClosed("the solver pool closed while it started", retry_after_s=_RETRY_AFTER_CRASH_S)
+            self._started = True
+            for worker in workers:
+                self._workers.add(worker)
+                self._idle.put_nowait(worker)
 
     async def close(self) -> None:
         """Stop every worker; tasks still running fail with PoolClosed."""
@@ -422,6 +427,9 @@ class SolverPool:
             for _ in range(count):
                 workers.append(self._spawn())
                 self._starting.add(workers[-1])
+                # close() sets _closed before it stops what _starting holds: one of the two sees the other.
+                if self._closed:
+                    raise WorkerStartFailed("the solver pool closed while its workers started")
             for worker in workers:
                 worker.wait_ready(self.config.start_timeout_s)
                 if self._closed:

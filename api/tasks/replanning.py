@@ -62,7 +62,8 @@ def _kept(parent: Plan, problem: PlanningProblem, plan_id: str, iteration_s: flo
     every = [(n, g) for n in range(cluster.num_nodes) for g in range(cluster.gpus_per_node)]
     solver = parent.solver.model_copy(update={
         "time_limit_s": deadline.limit_s, "wall_time_s": round(wall_time_s, 3),
-        "objective_ms": round(1e3 * iteration_s, 3), "notes": [*deadline.notes, KEPT_NOTE]})
+        "objective_ms": round(1e3 * iteration_s, 3),
+        "notes": [*deadline.notes, KEPT_NOTE, *(f"the parent's: {note}" for note in parent.solver.notes)]})
     return parent.model_copy(update={
         "plan_id": plan_id,
         "predicted": predicted,

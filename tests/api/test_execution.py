@@ -355,25 +355,72 @@ def test_workers_started_before_a_failing_start_are_stopped(monkeypatch):
     assert not any(_alive(pid) for pid in pids) and not _solver_children()
 
 
-def test_close_stops_a_replacement_still_importing(tmp_path, monkeypatch):
+def _marking_pool(tmp_path, monkeypatch) -> SolverPool:
+    """One spawned worker that leaves its marker in tmp_path once it has imported: at once (`_crash`: slowly)."""
     monkeypatch.setenv("RESIPLAN_TEST_MARKER_DIR", str(tmp_path))
     monkeypatch.setenv("RESIPLAN_TEST_IMPORT_DELAY_S", "0")
-    config = PoolConfig(workers=1, queue_size=0, start_method="spawn",
-                        warm_modules=("tests.api.slow_import_marker", "tests.api.pool_tasks"))
+    return SolverPool(PoolConfig(workers=1, queue_size=0, start_method="spawn",
+                                 warm_modules=("tests.api.slow_import_marker", "tests.api.pool_tasks")))
 
+
+async def _crash(pool: SolverPool, monkeypatch) -> None:
+    """Kill the worker; its replacement imports for a minute."""
+    monkeypatch.setenv("RESIPLAN_TEST_IMPORT_DELAY_S", "60")
+    with pytest.raises(WorkerCrashed):
+        await pool.run(pool_tasks.exit_abruptly, deadline_s=10)
+
+
+def test_close_stops_a_replacement_still_importing(tmp_path, monkeypatch):
     async def scenario():
-        pool = SolverPool(config)
+        pool = _marking_pool(tmp_path, monkeypatch)
         await pool.start()
         first = pool.worker_pids()
-        # The replacement of the worker that dies next imports for a minute.
-        monkeypatch.setenv("RESIPLAN_TEST_IMPORT_DELAY_S", "60")
-        with pytest.raises(WorkerCrashed):
-            await pool.run(pool_tasks.exit_abruptly, deadline_s=10)
+        await _crash(pool, monkeypatch)
         await _wait_until(lambda: any(child.pid not in first for child in _solver_children()))
         await pool.close()
         return first
 
     first = asyncio.run(scenario())
     # close() stopped the replacement mid-import (it never left its marker) and left no process behind.
+    assert sorted(int(marker.name) for marker in tmp_path.iterdir()) == first
+    assert not _solver_children()
+
+
+def test_two_starts_at_once_start_the_workers_once():
+    async def scenario():
+        pool = SolverPool(PoolConfig(workers=2, queue_size=0, start_method="spawn", warm_modules=("tests.api.pool_tasks",)))
+        await asyncio.gather(pool.start(), pool.start())
+        try:
+            return pool.stats().alive, len(_solver_children())
+        finally:
+            await pool.close()
+
+    assert asyncio.run(scenario()) == (2, 2)
+
+
+def test_close_stops_a_replacement_caught_while_its_process_is_created(tmp_path, monkeypatch):
+    import threading
+
+    async def scenario():
+        pool = _marking_pool(tmp_path, monkeypatch)
+        await pool.start()
+        first = pool.worker_pids()
+        entered, release, spawn = threading.Event(), threading.Event(), pool._spawn
+
+        def held_spawn():  # the replacement's process is created only once close() has begun
+            entered.set()
+            release.wait(30)
+            return spawn()
+
+        monkeypatch.setattr(pool, "_spawn", held_spawn)
+        await _crash(pool, monkeypatch)
+        await _wait_until(entered.is_set)
+        closing = asyncio.ensure_future(pool.close())
+        await _wait_until(lambda: pool._closed)
+        release.set()
+        await closing
+        return first
+
+    first = asyncio.run(scenario())
     assert sorted(int(marker.name) for marker in tmp_path.iterdir()) == first
     assert not _solver_children()

@@ -76,7 +76,9 @@ def test_a_kept_plans_solver_report_is_this_answers():
     assert child.migration.chosen == "keep"
     assert child.solver.time_limit_s > 0.01 and child.solver.time_limit_s != parent.solver.time_limit_s
     assert any(note.startswith("time_limit_s 0.01 is below") for note in child.solver.notes)
-    assert child.solver.notes[-1] == KEPT_NOTE
+    assert KEPT_NOTE in child.solver.notes
+    assert [note for note in child.solver.notes if note.startswith("the parent's: ")] == [
+        f"the parent's: {note}" for note in parent.solver.notes]
     assert child.solver.objective_ms == pytest.approx(1e3 * child.predicted.iteration_time_s, abs=1e-3)
     assert (child.solver.status, child.solver.gap, child.solver.bound_ms) == (
         parent.solver.status, parent.solver.gap, parent.solver.bound_ms)

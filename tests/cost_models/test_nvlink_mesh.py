@@ -135,3 +135,10 @@ def test_the_flex_dispatcher_reaches_every_expert_tp_shard_of_its_ep_peers():
     assert switch.forward_ep_comm_ms > 0 and mesh.forward_ep_comm_ms == switch.forward_ep_comm_ms
     # Megatron's all-to-all reaches only the EP peer of the same TP rank: one peer's links.
     assert _moe_layer(True, shape).forward_ep_comm_ms > 2.5 * _moe_layer(False, shape).forward_ep_comm_ms
+
+
+def test_a_replicate_only_hybrid_sync_runs_over_its_own_pair():
+    # Hybrid sharding with shard groups of one replica: the two replicas all-reduce over one peer's links.
+    replicated = ParallelShape(tp=1, pp=2, dp=2, micro_batch_size=1, recompute="full", dp_shard=1)
+    assert _sync_ms("llama3-8b", replicated, True, zero_stage=3) > 2.5 * _sync_ms("llama3-8b", replicated, False,
+                                                                                 zero_stage=3)
