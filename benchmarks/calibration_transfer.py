@@ -11,7 +11,8 @@ predicted (simulated, as `/v1/estimate` answers) with the fitted parameters.
 
 The same is done per software stack of the published 2023+ H100/H200 runs (`calibration/modern_runs.json`)
 that has at least two runs the model can price, starting from its GPU's built-in parameters: the A100 fit, with
-Hopper's attention fraction, which `benchmarks.fidelity --fit` fits to half of these runs (so the start has seen some).
+Hopper's attention and FSDP overlap fractions, which `benchmarks.fidelity --fit` fits to half of these runs (so the
+start has seen some).
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
              ""] + TABLE_HEAD
     lines += transfer_rows(sc21, start, [r.label for r in published if r.source == "sc21"])
     lines += ["", "Published 2023+ H100/H200 runs, per software stack with at least 2 priceable runs, starting from "
-              "their GPU's built-in parameters (the A100 fit, with Hopper's attention fraction, fitted to half of these "
+              "their GPU's built-in parameters (the A100 fit, with Hopper's attention and FSDP overlap, fitted to half of these "
               "runs by `benchmarks.fidelity --fit`):"] + modern_stack_report()
     text = "\n".join(lines)
     print(text)

@@ -31,8 +31,9 @@ from cost_models.efficiency import (
     MEGATRON_2021,
     EfficiencyParams,
     SoftwareConfig,
+    HOPPER_FITTED,
     fitted_efficiency,
-    fitted_hopper_attention_fraction,
+    fitted_hopper_params,
 )
 from cost_models.gpu_efficiency import efficiency_for_gpu, is_hopper_class
 from cost_models.hardware import GIB, GpuSpec, gpu_preset
@@ -162,7 +163,7 @@ def korthikanti_memory_rows(directory: Path = CALIBRATION_DIR) -> list[tuple[str
 
 
 def _pinned(name: str) -> bool:
-    """A parameter whose built-in range is one point (attention_fraction): never fitted, it keeps its value."""
+    """A parameter whose built-in range is one point (attention_fraction, shard_overlap_fraction): never fitted, it keeps its value."""
     low, high = EFFICIENCY_BOUNDS[name]
     return low == high
 
@@ -227,7 +228,7 @@ def table(runs: list[CalibrationRun], efficiency: EfficiencyParams) -> str:
 
 def modern_table(efficiency_for: Callable[[GpuSpec], EfficiencyParams], fitted: frozenset[str] = frozenset()) -> list[str]:
     """Each 2023+ run's published and predicted seconds per iteration (and tokens/s per GPU), priced with its GPU's
-    parameters (`efficiency_for`), and whether Hopper's attention fraction was fitted on it (`fitted`: labels); then
+    parameters (`efficiency_for`), and whether Hopper's parameters were fitted on it (`fitted`: labels); then
     the mean |error| of the fitted and the held-out runs, per source, over all, and per feature (`run_feature`:
     FP8, ZeRO-2, ZeRO-3 / FSDP reported apart)."""
     from benchmarks.modern_runs import load_modern_runs, predict_iteration_s
@@ -250,7 +251,7 @@ def modern_table(efficiency_for: Callable[[GpuSpec], EfficiencyParams], fitted: 
                      f"| {run.published_iteration_s:.3f} ({run.tokens_per_s_per_gpu:,.0f}) | {predicted:.3f} "
                      f"| {100 * error:+.1f}% | {role} |")
     every = [e for source in errors.values() for e in source]
-    lines += ["", "Mean |error| of the runs Hopper's attention fraction is fitted on and of the others: " + "; ".join(
+    lines += ["", "Mean |error| of the runs Hopper's parameters are fitted on and of the others: " + "; ".join(
         f"{role} {_mean_text(by_role.get(role, []))}" for role in ("fitted", "held out", "held out, dense")) + "."]
     lines += ["Mean |error| per source: " + "; ".join(
         f"{source} {100 * sum(e) / len(e):.1f}% ({len(e)} runs)" for source, e in errors.items())
@@ -292,43 +293,54 @@ def modern_split() -> tuple[list, list]:
     return train, held
 
 
-def fit_hopper_attention_fraction(base: EfficiencyParams, runs: list) -> float:
-    """Hopper's `attention_fraction`, the other parameters `base`'s: least squares on relative errors over its log,
-    each source weighted equally, as `fit` weighs its sources, within a user calibration's range."""
+def fit_hopper_params(base: EfficiencyParams, runs: list) -> dict[str, float]:
+    """Hopper's `HOPPER_FITTED` (attention and FSDP overlap), the other parameters `base`'s: least squares on
+    relative errors over their logs, each source weighted equally, as `fit` weighs its sources, within a user
+    calibration's ranges. Nelder-Mead from the middle of the ranges: the overlap's price has a kink where a layer's
+    collectives stop hiding, which a gradient method would stall on."""
     from benchmarks.modern_runs import predict_iteration_s
 
-    from scipy.optimize import minimize_scalar
+    from scipy.optimize import minimize
 
     by_source: dict[str, list] = {}
     for run in runs:
         by_source.setdefault(run.source_id, []).append(run)
+    bounds = [tuple(math.log(edge) for edge in CALIBRATION_BOUNDS[name]) for name in HOPPER_FITTED]
 
-    def loss(log_fraction: float) -> float:
-        params = replace(base, attention_fraction=math.exp(log_fraction))
+    def params_of(logs) -> EfficiencyParams:
+        return replace(base, **{name: math.exp(x) for name, x in zip(HOPPER_FITTED, logs)})
+
+    def loss(logs) -> float:
+        params = params_of(logs)
         return sum(sum((predict_iteration_s(r, params) / r.published_iteration_s - 1) ** 2 for r in rs) / len(rs)
                    for rs in by_source.values())
 
-    low, high = CALIBRATION_BOUNDS["attention_fraction"]
-    result = minimize_scalar(loss, bounds=(math.log(low), math.log(high)), method="bounded", options={"xatol": 1e-5})
-    return math.exp(result.x)
+    middle = [(low + high) / 2 for low, high in bounds]
+    result = minimize(loss, middle, method="Nelder-Mead", bounds=bounds,
+                      options={"xatol": FIT_LOG_TOLERANCE, "fatol": 1e-10, "maxiter": 400})
+    return {name: math.exp(x) for name, x in zip(HOPPER_FITTED, result.x)}
+
+
+def _hopper_text(hopper: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.4g}" for name, value in hopper.items())
 
 
 def swapped_halves_report(base: EfficiencyParams, fitted_runs: list, held_runs: list) -> list[str]:
-    """How much the held-out error owes to which half was held out: Hopper's attention fraction fitted to each half
+    """How much the held-out error owes to which half was held out: Hopper's parameters fitted to each half
     in turn (the stored fit is the first), the other half predicted; together every dense run predicted once by a
     fit that never saw it."""
     from benchmarks.modern_runs import predict_iteration_s
 
-    def errors(fraction: float, runs: list) -> list[float]:
-        params = replace(base, attention_fraction=fraction)
+    def errors(hopper: dict[str, float], runs: list) -> list[float]:
+        params = replace(base, **hopper)
         return [abs(predict_iteration_s(r, params) / r.published_iteration_s - 1) for r in runs]
 
-    first, second = fit_hopper_attention_fraction(base, fitted_runs), fit_hopper_attention_fraction(base, held_runs)
+    first, second = fit_hopper_params(base, fitted_runs), fit_hopper_params(base, held_runs)
     on_held, on_fitted = errors(first, held_runs), errors(second, fitted_runs)
-    return [f"Both ways: fitted to the `fitted` half, Hopper's attention fraction is {first:.4g} and the held-out dense "
-            f"runs are off by {_mean_text(on_held)}; fitted to the held-out half instead, {second:.4g}, and the "
-            f"`fitted` half is off by {_mean_text(on_fitted)}; every dense run predicted by a fit that never saw it: "
-            f"{_mean_text(on_held + on_fitted)}."]
+    return [f"Both ways: fitted to the `fitted` half, Hopper's parameters are {_hopper_text(first)} and the held-out "
+            f"dense runs are off by {_mean_text(on_held)}; fitted to the held-out half instead, {_hopper_text(second)}, "
+            f"and the `fitted` half is off by {_mean_text(on_fitted)}; every dense run predicted by a fit that never "
+            f"saw it: {_mean_text(on_held + on_fitted)}."]
 
 
 def joint_fit_report(runs: list[CalibrationRun], start: EfficiencyParams) -> list[str]:
@@ -466,29 +478,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs = load_runs()
     efficiency = fitted_efficiency()
-    hopper_attention = fitted_hopper_attention_fraction()
+    hopper = fitted_hopper_params() or None
     if args.profile:
         print("\n".join(profile_report(runs, efficiency, args.profile)))
         return 0
     fitted_runs, held_runs = modern_split()
     if args.fit:
         efficiency = settled(fit(runs, efficiency), efficiency)
-        hopper_attention = fit_hopper_attention_fraction(efficiency, fitted_runs)
+        hopper = {name: round(value, 4) for name, value in fit_hopper_params(efficiency, fitted_runs).items()}
         FITTED_PATH.write_text(json.dumps({
             "doc": "Fitted by `python -m benchmarks.fidelity --fit` to benchmarks/calibration (SC'21 Table 1, Korthikanti "
                    "et al.), but for " + " and ".join(MEASURED_EFFICIENCY) + ": NCCL's published measurements "
-                   "(cost_models.efficiency.MEASURED_EFFICIENCY), and attention_fraction, held at 1: those runs price no "
-                   "fused attention.",
+                   "(cost_models.efficiency.MEASURED_EFFICIENCY), and attention_fraction and shard_overlap_fraction, "
+                   "held at 1: those runs price no fused attention and shard nothing per layer.",
             "params": {k: round(v, 5) for k, v in efficiency.to_dict().items()},
             "hopper": {
-                "doc": "attention_fraction of GPUs with FP8 tensor cores (cost_models.gpu_efficiency), the other "
+                "doc": "attention_fraction and shard_overlap_fraction of GPUs with FP8 tensor cores "
+                       "(cost_models.gpu_efficiency), the other "
                        "parameters the A100 fit's: fitted by the same command to the dense published 2023+ H100/H200 "
                        "runs (benchmarks/calibration/modern_runs.json) that benchmarks.fidelity.modern_split fits on, "
                        "every other run of each source by GPU count; the rest are held out.",
-                "attention_fraction": round(hopper_attention, 4),
+                **hopper,
             },
         }, indent=2) + "\n")
-    efficiency_for = partial(efficiency_for_gpu, base=efficiency, hopper_attention_fraction=hopper_attention)
+    efficiency_for = partial(efficiency_for_gpu, base=efficiency, hopper=hopper)
     sc21, kor = mape(runs, efficiency, "sc21"), mape(runs, efficiency, "korthikanti")
     report = [table(runs, efficiency), "",
               f"MAPE SC'21 TFLOP/s per GPU: {100 * sc21:.2f}% (target <= {100 * SC21_TARGET_MAPE:.0f}%)",
@@ -497,23 +510,24 @@ def main(argv: list[str] | None = None) -> int:
                                                 if k not in MEASURED_EFFICIENCY and not _pinned(k))
               + "; measured (NCCL's published figures, not fitted): "
               + ", ".join(f"{k} = {v:.4g}" for k, v in MEASURED_EFFICIENCY.items())
-              + "; held (the A100 runs price no fused attention): "
+              + "; held (the A100 runs price no fused attention and shard nothing per layer): "
               + ", ".join(f"{k} = {v:.4g}" for k, v in efficiency.to_dict().items() if _pinned(k))
-              + (f" (on GPUs with FP8 tensor cores: {hopper_attention:.4g}, fitted below)" if hopper_attention else ""), "",
+              + (f" (on GPUs with FP8 tensor cores: {_hopper_text(hopper)}, fitted below)" if hopper else ""), "",
               "| model | state GiB published | predicted | activations (SP + selective) GiB published | predicted |",
               "|---|---:|---:|---:|---:|"]
     for name, sp, sq, ap, aq in korthikanti_memory_rows():
         report.append(f"| {name} | {sp:.2f} | {sq:.2f} ({100 * (sq / sp - 1):+.1f}%) | {ap:.2f} | {aq:.2f} ({100 * (aq / ap - 1):+.1f}%) |")
     report += ["", "Published 2023+ BF16 and FP8 runs on H100/H200 (`calibration/modern_runs.json`), priced with their "
                "GPU's built-in parameters (`cost_models.gpu_efficiency`): the A100 fit above but for the attention "
-               + (f"fraction, Hopper's {hopper_attention:.4g} against the A100 fit's held {efficiency.attention_fraction:.4g}, "
+               "fraction and the share of FSDP's per-layer traffic that hides under compute, "
+               + (f"Hopper's {_hopper_text(hopper)} against the A100 fit's held 1 and 1, "
                   f"fitted to the {len(fitted_runs)} dense runs marked `fitted` (`modern_split`: every other run of each "
                   f"source by GPU count); the other {len(held_runs)} dense runs and the mixtures of experts "
                   "(Megatron-Bridge's DGX-H100 MoE rows whose layout resiplan can express, priced with resiplan's "
-                  "presets) are held out, never fitted:" if hopper_attention is not None
-                  else "fraction, not fitted: every run held out:"), ""]
-    report += modern_table(efficiency_for, frozenset(run.label for run in fitted_runs) if hopper_attention else frozenset())
-    if hopper_attention is not None:
+                  "presets) are held out, never fitted:" if hopper
+                  else "not fitted: every run held out:"), ""]
+    report += modern_table(efficiency_for, frozenset(run.label for run in fitted_runs) if hopper else frozenset())
+    if hopper:
         report += swapped_halves_report(efficiency, fitted_runs, held_runs)
     report += ["", "Calibrated per stack: each source's runs sorted by GPU count and split alternately in two; each half "
                "calibrated as a user calibrates their stack (`planner.calibration.calibrate`, POST /v1/calibrations' "

@@ -36,6 +36,12 @@ class EfficiencyParams:
         reaches. 1 in the A100 fit, whose runs ran unfused attention, which this does not touch;
         GPUs with FP8 tensor cores (Hopper or newer) take the value fitted to half of the published
         2023+ H100/H200 runs (`cost_models.gpu_efficiency`); a user's calibration fits their own.
+    shard_overlap_fraction: fraction of ZeRO-3/FSDP's per-layer collectives (and ZeRO-2's reduce-scatters)
+        that can run under the layer's compute; the rest runs exposed (`cost_models.sharded_dp.with_sharded_comm`).
+        1 in the built-in parameters, as the frameworks are designed to run (prefetch one layer ahead); a
+        stack whose prefetches are issued late (a host that does not run ahead of the GPU: per-microbatch host
+        syncs, CPU-bound dispatch) or whose collectives slow the compute they share SMs and HBM with hides
+        less, which a user's calibration measures.
     """
 
     gemm_peak_fraction: float = 0.80
@@ -45,6 +51,7 @@ class EfficiencyParams:
     network_fraction: float = 0.80
     layer_overhead_ms: float = 0.05
     attention_fraction: float = 1.0
+    shard_overlap_fraction: float = 1.0
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -66,6 +73,8 @@ EFFICIENCY_BOUNDS: dict[str, tuple[float, float]] = {
     "layer_overhead_ms": (0.005, 0.3),
     # Not fitted to the A100 runs, which price no fused attention: held at the kernels' published speed.
     "attention_fraction": (1.0, 1.0),
+    # Not fitted either: the A100 runs shard nothing per layer (ZeRO-1 at most).
+    "shard_overlap_fraction": (1.0, 1.0),
 }
 
 # The link efficiencies, as NCCL's maintainers published them, held at these values by the built-in fit
@@ -95,6 +104,8 @@ CALIBRATION_BOUNDS: dict[str, tuple[float, float]] = {
     "network_fraction": (0.1, 0.95),
     "layer_overhead_ms": (0.001, 5.0),
     "attention_fraction": (0.2, 1.2),
+    # Down to nearly none of the per-layer collectives hidden; never more than all of them.
+    "shard_overlap_fraction": (0.02, 1.0),
 }
 
 
@@ -107,17 +118,29 @@ def _fitted_file() -> dict:
 @cache
 def fitted_efficiency() -> EfficiencyParams:
     """The parameters last fitted by `benchmarks/fidelity.py --fit`, the measured ones among them (package data):
-    the A100 fit, which every GPU shares but for Hopper's attention (`cost_models.gpu_efficiency`)."""
+    the A100 fit, which every GPU shares but for Hopper's `HOPPER_FITTED` (`cost_models.gpu_efficiency`)."""
     values = _fitted_file().get("params")
     if values is None:
         return EfficiencyParams()
     return EfficiencyParams(**{name: float(values[name]) for name in EfficiencyParams.field_names() if name in values})
 
 
+# What the published 2023+ H100/H200 runs are fitted for (`benchmarks.fidelity --fit`), taken by GPUs with FP8
+# tensor cores in place of the A100 fit's values (`cost_models.gpu_efficiency`): the A100 runs ran unfused
+# attention and sharded nothing per layer, so they cannot say how fast fused attention runs or how much of
+# FSDP's traffic hides.
+HOPPER_FITTED = ("attention_fraction", "shard_overlap_fraction")
+
+
+def fitted_hopper_params() -> dict[str, float]:
+    """Hopper's fitted values of `HOPPER_FITTED` (those the stored fit holds); empty: not fitted."""
+    hopper = _fitted_file().get("hopper", {})
+    return {name: float(hopper[name]) for name in HOPPER_FITTED if name in hopper}
+
+
 def fitted_hopper_attention_fraction() -> float | None:
     """Hopper's `attention_fraction`, fitted to half of the published 2023+ H100/H200 runs; None: not fitted."""
-    value = _fitted_file().get("hopper", {}).get("attention_fraction")
-    return None if value is None else float(value)
+    return fitted_hopper_params().get("attention_fraction")
 
 
 # Megatron token dispatchers of a mixture of experts (`SoftwareConfig.moe_dispatcher`).

@@ -1,4 +1,5 @@
-"""The built-in efficiency parameters of one GPU: the A100 fit, with Hopper's attention on Hopper or newer.
+"""The built-in efficiency parameters of one GPU: the A100 fit, with Hopper's attention and FSDP overlap on
+Hopper or newer.
 
 The A100 runs the parameters are fitted on (SC'21, Korthikanti et al.) ran unfused attention, so they say
 nothing of how fast fused attention runs (`attention_fraction`, held at 1 there). The published 2023+
@@ -10,6 +11,12 @@ not GEMM widths. Kernel benchmarks time one attention call on large, even shapes
 attention also pays causal tiles cut at the diagonal, rotary embeddings, layout copies and, with context
 parallelism, the merge of partial results, which is where the fitted fraction reads as an effective value.
 
+The A100 runs shard nothing per layer either (ZeRO-1 at most), so they cannot say how much of ZeRO-3/FSDP's
+per-layer traffic hides under compute (`shard_overlap_fraction`): the published FSDP runs (llm-foundry's MPT
+table, KempnerForge's) say, fitted with attention to the same half. They hide about half of it, not all:
+KempnerForge's 7B step grows from one node to eight by nearly its whole FSDP traffic at the network's rate, and
+MPT-7B's by more than a design that hides it would allow. A stack that overlaps as designed calibrates back to 1.
+
 A GPU with FP8 tensor cores (Hopper or newer: H100, H200, GH200, B200, MI300X, or a GPU given by its figures
 with `peak_fp8_tflops`) takes Hopper's value, the same line `training.attention_kernel: "fa2"` draws; the
 others keep the A100 fit whole.
@@ -20,7 +27,9 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import cache
 
-from cost_models.efficiency import EfficiencyParams, fitted_efficiency, fitted_hopper_attention_fraction
+from collections.abc import Mapping
+
+from cost_models.efficiency import EfficiencyParams, fitted_efficiency, fitted_hopper_params
 from cost_models.hardware import GpuSpec
 
 
@@ -29,14 +38,15 @@ def is_hopper_class(gpu: GpuSpec) -> bool:
     return gpu.peak_fp8_tflops is not None
 
 
-def efficiency_for_gpu(gpu: GpuSpec, base: EfficiencyParams, hopper_attention_fraction: float | None) -> EfficiencyParams:
-    """`base` (the A100 fit), with `hopper_attention_fraction` on a Hopper-class GPU; `base` without one."""
-    if hopper_attention_fraction is None or not is_hopper_class(gpu):
+def efficiency_for_gpu(gpu: GpuSpec, base: EfficiencyParams, hopper: Mapping[str, float] | None) -> EfficiencyParams:
+    """`base` (the A100 fit), with `hopper`'s values (`cost_models.efficiency.HOPPER_FITTED`) on a Hopper-class GPU;
+    `base` without them."""
+    if not hopper or not is_hopper_class(gpu):
         return base
-    return replace(base, attention_fraction=hopper_attention_fraction)
+    return replace(base, **hopper)
 
 
 @cache
 def builtin_efficiency(gpu: GpuSpec) -> EfficiencyParams:
     """What the service prices `gpu` with when no calibration is named (the stored fits)."""
-    return efficiency_for_gpu(gpu, fitted_efficiency(), fitted_hopper_attention_fraction())
+    return efficiency_for_gpu(gpu, fitted_efficiency(), fitted_hopper_params())

@@ -25,7 +25,14 @@ reduce-scatters m times; so does FSDP, which has no unsharded gradient either.
 Timing: the per-layer collectives run on their own stream, a layer ahead (DeepSpeed's prefetch,
 FSDP's `forward_prefetch`/`backward_prefetch`, Megatron-FSDP's bucketed all-gather), so a layer costs
 max(compute, collectives): the exposed excess max(0, collectives - compute) is added to the layer's
-forward and backward (`LayerTime.forward_shard_comm_ms`, `backward_shard_comm_ms`). It is priced at full
+forward and backward (`LayerTime.forward_shard_comm_ms`, `backward_shard_comm_ms`). That is the design;
+a stack may hide less. FSDP2 prefetches implicitly: a layer's all-gather is issued when the host reaches
+that layer, so it overlaps only as far as the host runs ahead of the GPU (torch.distributed.fsdp's
+`FSDPModule.set_modules_to_forward_prefetch` exists for when it does not), and NCCL's kernels share SMs and
+HBM with the GEMMs they overlap. `EfficiencyParams.shard_overlap_fraction` h says how much can hide:
+exposed = (1 - h) x collectives + max(0, h x collectives - compute); 1 in the built-in parameters, a
+calibration measures a stack's. KempnerForge's published FSDP2 runs (benchmarks/calibration/modern_runs.json)
+grow from one node to eight by about their whole FSDP traffic at the network's rate. It is priced at full
 speed: a slow GPU's longer compute hides more of it, which this leaves out (the price is then high, never
 low). The step's first gather and last reduce-scatter have nothing to hide under: they are the
 ZeRO-1-style step-end terms (`cost_models.stage_costs.sync_bytes_per_param`, `gather_bytes_per_param`),
@@ -87,16 +94,24 @@ def shards_every_microbatch(zero_stage: int) -> bool:
     return zero_stage >= 2
 
 
-def with_sharded_comm(time: LayerTime, zero_stage: int, gather_ms: float, reduce_scatter_ms: float) -> LayerTime:
+def with_sharded_comm(time: LayerTime, zero_stage: int, gather_ms: float, reduce_scatter_ms: float,
+                      overlap_fraction: float = 1.0) -> LayerTime:
     """`time` with the exposed part of ZeRO-2/3's per-microbatch collectives of one part (a layer, the
     embedding or the head): `gather_ms` is its weights' all-gather, `reduce_scatter_ms` its gradients'
-    reduce-scatter, both over the data-parallel group. Unchanged below stage 2."""
+    reduce-scatter, both over the data-parallel group. Of each pass's collectives, `overlap_fraction`
+    (`EfficiencyParams.shard_overlap_fraction`) can hide under the pass's compute and the rest is exposed.
+    Unchanged below stage 2."""
     if not shards_every_microbatch(zero_stage):
         return time
     forward_comm = gather_ms if zero_stage >= 3 else 0.0
     backward_comm = reduce_scatter_ms + (gather_ms if zero_stage >= 3 else 0.0)
+
+    def exposed_ms(comm_ms: float, compute_ms: float) -> float:
+        hideable_ms = overlap_fraction * comm_ms
+        return comm_ms - hideable_ms + max(0.0, hideable_ms - compute_ms)
+
     return replace(
         time,
-        forward_shard_comm_ms=max(0.0, forward_comm - time.forward_ms),
-        backward_shard_comm_ms=max(0.0, backward_comm - time.backward_ms),
+        forward_shard_comm_ms=exposed_ms(forward_comm, time.forward_ms),
+        backward_shard_comm_ms=exposed_ms(backward_comm, time.backward_ms),
     )

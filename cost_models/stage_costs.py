@@ -335,9 +335,11 @@ def stage_cost_terms(
         dense_group = (1.0 - expert_share, dense_ranks, min(dense_ranks, groups_per_node))
         expert_group = (expert_share, *expert_sync_group(dense_ranks, shape.expert_span, groups_per_node))
         links = (lambda per_node: nvlink_group_gb_s(hardware, per_node) * efficiency.nvlink_fraction, dp_inter_gb_s)
-        layer = _sharded_part(layer, workload.zero_stage, software.grad_reduce_bytes, (dense_group, expert_group), *links)
+        overlap = efficiency.shard_overlap_fraction
+        layer = _sharded_part(layer, workload.zero_stage, software.grad_reduce_bytes, (dense_group, expert_group),
+                              overlap, *links)
         embedding, head = (_sharded_part(part, workload.zero_stage, software.grad_reduce_bytes,
-                                         ((1.0, *dense_group[1:]),), *links) for part in (embedding, head))
+                                         ((1.0, *dense_group[1:]),), overlap, *links) for part in (embedding, head))
     p2p_ms = pipeline_p2p_ms(workload, hardware, shape, efficiency, software)
 
     # The step updates the optimizer state each GPU holds: at the layers' mix of expert and replicated weights.
@@ -375,8 +377,8 @@ def stage_cost_terms(
 
 
 def _sharded_part(part: PartCosts, zero_stage: int, grad_reduce_bytes: int,
-                  groups: tuple[tuple[float, int, int], ...], intra_gb_s: Callable[[int], float],
-                  inter_gb_s: float) -> PartCosts:
+                  groups: tuple[tuple[float, int, int], ...], overlap_fraction: float,
+                  intra_gb_s: Callable[[int], float], inter_gb_s: float) -> PartCosts:
     """`part` with ZeRO-2/3's per-microbatch collectives of its weights, the part compute does not hide
     (`cost_models.sharded_dp.with_sharded_comm`): each (share of the weights, ranks, ranks per node) of
     `groups` over its own ranks, one after the other, in a node at `intra_gb_s(ranks per node)`."""
@@ -386,7 +388,8 @@ def _sharded_part(part: PartCosts, zero_stage: int, grad_reduce_bytes: int,
                                       inter_gb_s)
             for share, ranks, per_node in groups if share)
 
-    time = with_sharded_comm(part.time, zero_stage, collective_ms(PARAM_GATHER_BYTES), collective_ms(grad_reduce_bytes))
+    time = with_sharded_comm(part.time, zero_stage, collective_ms(PARAM_GATHER_BYTES), collective_ms(grad_reduce_bytes),
+                             overlap_fraction)
     return replace(part, time=time)
 
 

@@ -25,8 +25,8 @@ class GpuPreset(BaseModel):
     matmul_ceiling_source: str | None = Field(description="The measurement the matmul ceilings are read from.")
     efficiency: dict[str, float] = Field(
         description="The cost model's built-in efficiency parameters on this GPU, what a request without "
-                    "options.calibration_id is priced with: the A100 fit, with Hopper's fitted attention_fraction "
-                    "on GPUs with FP8 tensor cores (README, Efficiency parameters).")
+                    "options.calibration_id is priced with: the A100 fit, with Hopper's fitted attention_fraction and "
+                    "shard_overlap_fraction on GPUs with FP8 tensor cores (README, Efficiency parameters).")
 
 
 def gpu_presets() -> list[GpuPreset]:
