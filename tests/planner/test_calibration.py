@@ -50,6 +50,26 @@ def test_a_slower_gemm_is_found_and_carries_to_an_unseen_layout():
     assert abs(predicted_s(unseen, START) / unseen.measured_s - 1) > 0.05
 
 
+def _fsdp_run(truth: EfficiencyParams, nodes: int, gpus_per_node: int, seq_length: int = 512) -> MeasuredRun:
+    """ZeRO-3 over every GPU (tp 1, pp 1), 4 sequences a replica: the wider, the more traffic per layer."""
+    dp = nodes * gpus_per_node
+    layout = FixedLayout(tp=1, pp=1, micro_batch_size=1, virtual_stages=1, schedule="1f1b", recompute="none", dp=dp)
+    return _run(layout, truth, num_nodes=nodes, gpus_per_node=gpus_per_node, zero_stage=3, seq_length=seq_length,
+                global_batch=4 * dp)
+
+
+def test_a_stack_that_hides_little_of_its_fsdp_traffic_is_found_from_runs_at_several_widths():
+    """FSDP runs on 2 to 16 GPUs of a stack hiding 30% of its per-layer collectives (the built-in A100 fit hides
+    them all): the fit moves shard_overlap_fraction well down and carries to an unseen run."""
+    truth = replace(START, shard_overlap_fraction=0.3)
+    runs = [_fsdp_run(truth, nodes, gpus) for nodes, gpus in ((1, 2), (1, 4), (2, 4), (4, 4))]
+    fit = calibrate(runs, START)
+    assert "shard_overlap_fraction" in fit.fitted and fit.parameters.shard_overlap_fraction < 0.7
+    unseen = _fsdp_run(truth, 2, 4, seq_length=1024)
+    assert predicted_s(unseen, fit.parameters) == pytest.approx(unseen.measured_s, rel=0.03)
+    assert abs(predicted_s(unseen, START) / unseen.measured_s - 1) > 0.10
+
+
 def test_one_run_determines_one_parameter_and_names_the_rest():
     truth = replace(START, gemm_peak_fraction=START.gemm_peak_fraction * 0.9)
     fit = calibrate([_run(*_layouts()[0][:1], truth)], START)
