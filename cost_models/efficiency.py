@@ -1,9 +1,11 @@
-"""The physical efficiencies (four fitted, two measured), and the software settings that are not fitted.
+"""The physical efficiencies (four fitted, two measured, two fitted for Hopper), and the software settings that
+are not fitted.
 
 Four numbers are fitted to ../shared/calibration (see benchmarks/fidelity.py); the two link efficiencies
-are NCCL's published measurements (`MEASURED_EFFICIENCY`), which those runs cannot pin down; everything else
-in the cost model is counted from first principles: FLOPs, bytes moved over HBM, NVLink and the network,
-and activation bytes.
+are NCCL's published measurements (`MEASURED_EFFICIENCY`), which those runs cannot pin down; attention's speed
+and FSDP's overlap, which those runs cannot see, are fitted to published H100/H200 runs (`HOPPER_FITTED`);
+everything else in the cost model is counted from first principles: FLOPs, bytes moved over HBM, NVLink and
+the network, and activation bytes.
 """
 
 from __future__ import annotations
