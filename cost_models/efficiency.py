@@ -40,7 +40,8 @@ class EfficiencyParams:
         2023+ H100/H200 runs (`cost_models.gpu_efficiency`); a user's calibration fits their own.
     shard_overlap_fraction: fraction of ZeRO-3/FSDP's per-layer collectives (and ZeRO-2's reduce-scatters)
         that can run under the layer's compute; the rest runs exposed (`cost_models.sharded_dp.with_sharded_comm`).
-        1 in the built-in parameters, as the frameworks are designed to run (prefetch one layer ahead); a
+        1 in the A100 fit, as the frameworks are designed to run (prefetch one layer ahead); on GPUs with FP8
+        tensor cores Hopper's fitted value (`cost_models.gpu_efficiency`), about a third. A
         stack whose prefetches are issued late (a host that does not run ahead of the GPU: per-microbatch host
         syncs, CPU-bound dispatch) or whose collectives slow the compute they share SMs and HBM with hides
         less, which a user's calibration measures.

@@ -30,8 +30,8 @@ a stack may hide less. FSDP2 prefetches implicitly: a layer's all-gather is issu
 that layer, so it overlaps only as far as the host runs ahead of the GPU (torch.distributed.fsdp's
 `FSDPModule.set_modules_to_forward_prefetch` exists for when it does not), and NCCL's kernels share SMs and
 HBM with the GEMMs they overlap. `EfficiencyParams.shard_overlap_fraction` h says how much can hide:
-exposed = (1 - h) x collectives + max(0, h x collectives - compute); 1 in the built-in parameters, a
-calibration measures a stack's. KempnerForge's published FSDP2 runs (benchmarks/calibration/modern_runs.json)
+exposed = (1 - h) x collectives + max(0, h x collectives - compute); 1 in the A100 fit, Hopper's fitted value
+on GPUs with FP8 tensor cores (`cost_models.gpu_efficiency`), and a calibration measures a stack's. KempnerForge's published FSDP2 runs (benchmarks/calibration/modern_runs.json)
 grow from one node to eight by about their whole FSDP traffic at the network's rate. It is priced at full
 speed: a slow GPU's longer compute hides more of it, which this leaves out (the price is then high, never
 low). The step's first gather and last reduce-scatter have nothing to hide under: they are the

@@ -133,7 +133,7 @@ class Calibration(BaseModel):
         description="Mean absolute relative error of each run predicted by a fit to the others; null with one run.")
     covers: CalibrationCoverage | None = Field(
         default=None, description="What the runs span: inside it the fitted parameters interpolate, outside they "
-        "extrapolate (published stacks: held-out runs inside 7.2% off on average, outside 6.9%, 6.4% where CP or "
+        "extrapolate (published stacks: held-out runs inside 6.6% off on average, outside 6.6%, 6.7% where CP or "
         "EP differ). A calibration stored before this field gets it the next time it is read or used, where the service "
         "kept its runs.")
     notes: list[str] = Field(

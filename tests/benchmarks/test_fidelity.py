@@ -141,8 +141,8 @@ def test_a_held_out_runs_measurement_never_reaches_the_fit(monkeypatch):
 
 
 def test_hoppers_parameters_predict_the_held_out_runs_better_than_the_a100_fits():
-    """The held-out dense runs, never fitted: 17-18% off with the A100 fit's attention and FSDP overlap, about 7%
-    with Hopper's."""
+    """The held-out dense runs, never fitted: about 16% off with the A100 fit's attention and FSDP overlap, about
+    7% with Hopper's."""
     _fitted, held = modern_split()
 
     def mean_error(params) -> float:
