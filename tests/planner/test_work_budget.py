@@ -117,7 +117,9 @@ def _cut_plan() -> dict:
 
 def test_a_search_cut_by_its_work_budget_gives_the_same_plan_on_a_loaded_machine(monkeypatch):
     idle = _cut_plan()
-    _loaded(monkeypatch, 2.5)  # within the safety net's factor of 4: the work clock leads
+    # 2x, within the safety net's factor of 4 with room for the shared CI machine's own slowness (it ran 1.6-1.8x
+    # slower on some days, and 2.5x on top of that crossed 4 on 2026-12-06): the work clock leads.
+    _loaded(monkeypatch, 2.0)
     assert _cut_plan() == idle
 
 
