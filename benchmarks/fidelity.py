@@ -41,7 +41,7 @@ from cost_models.iteration import estimate_iteration
 from cost_models.layout import Hardware, ParallelShape, Workload
 from cost_models.model_spec import ModelSpec
 from cost_models.stage_costs import stage_cost_terms
-from planner.calibration_span import CalibrationSpan, extrapolations, joined_span
+from planner.calibration_span import CalibrationSpan, extrapolations, joined_span, shard_reach
 
 CALIBRATION_DIR = Path(__file__).with_name("calibration")
 FITTED_PATH = Path(__file__).resolve().parent.parent / "cost_models" / "presets" / "fitted_efficiency.json"
@@ -383,8 +383,9 @@ def _published_s(published: PublishedRun, efficiency: EfficiencyParams) -> float
 def run_span(run) -> CalibrationSpan:
     """A 2023+ run's span, as a calibration on it would cover (`planner.calibration_span`)."""
     shape, workload = run.shape, run.workload
+    reach = shard_reach(workload.zero_stage, shape.dp_shard or shape.dp, shape.tp, shape.cp, run.hardware.gpus_per_node)
     return CalibrationSpan.of(run.hardware, run.precision, (shape.tp,), (shape.cp,), shape.ep,
-                              workload.model.total_params, shape.micro_batch_size * workload.seq_length)
+                              workload.model.total_params, shape.micro_batch_size * workload.seq_length, reach)
 
 
 def stack_folds(runs: list) -> list[tuple[list, list]]:
@@ -413,6 +414,7 @@ def stack_calibration_report(start_for: Callable[[GpuSpec], EfficiencyParams]) -
     inside: list[float] = []  # held-out errors of runs inside their fold's calibrated span
     outside: list[float] = []
     parallel_outside: list[float] = []  # of those outside, runs whose CP or EP degree the fold's runs lack
+    sharding_outside: list[float] = []  # of those outside, runs sharding ZeRO-2/3 where the fold's runs did not
     for source, runs in by_source.items():
         start = start_for(runs[0].hardware.gpu)
         for k, (train, held) in enumerate(stack_folds(runs), start=1):
@@ -431,6 +433,8 @@ def stack_calibration_report(start_for: Callable[[GpuSpec], EfficiencyParams]) -
                     (outside if named else inside).append(error)
                     if any(line.startswith(("cp ", "ep ")) for line in named):
                         parallel_outside.append(error)
+                    if any(line.startswith("ZeRO-2/3 sharding") for line in named):
+                        sharding_outside.append(error)
             fitted_errors += fit_errors
             held_errors += errors
             fit_text = f"{100 * sum(fit_errors) / len(fit_errors):.1f}%" if fit_errors else "-"
@@ -440,11 +444,14 @@ def stack_calibration_report(start_for: Callable[[GpuSpec], EfficiencyParams]) -
     lines += ["", f"Calibrated per stack: fit MAPE {fit_mape} ({len(fitted_errors)} run fits), held-out MAPE "
               f"{100 * sum(held_errors) / len(held_errors):.1f}% ({len(held_errors)} predictions: each run once).",
               "Held-out runs inside their fold's calibrated span (GPU, NVLink topology, precision, TP, CP and EP "
-              f"degrees, model size, tokens per microbatch: `planner.calibration_span`): {_mean_text(inside)}; "
+              "degrees, model size, tokens per microbatch, where ZeRO-2/3 shards: `planner.calibration_span`): "
+              f"{_mean_text(inside)}; "
               "outside it, which a plan "
               f"reports as `predicted.calibration_extrapolates`: {_mean_text(outside)}; of those, with a CP or EP "
               f"degree outside the calibrated runs': {_mean_text(parallel_outside)}"
-              + (f", {100 * min(parallel_outside):.0f}-{100 * max(parallel_outside):.0f}%." if parallel_outside else ".")]
+              + (f", {100 * min(parallel_outside):.0f}-{100 * max(parallel_outside):.0f}%" if parallel_outside else "")
+              + f"; with ZeRO-2/3 sharding over links the calibrated runs' did not shard over: {_mean_text(sharding_outside)}"
+              + (f", {100 * min(sharding_outside):.0f}-{100 * max(sharding_outside):.0f}%." if sharding_outside else ".")]
     return lines
 
 

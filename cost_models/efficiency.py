@@ -110,6 +110,9 @@ CALIBRATION_BOUNDS: dict[str, tuple[float, float]] = {
     # Down to nearly none of the per-layer collectives hidden; never more than all of them.
     "shard_overlap_fraction": (0.02, 1.0),
 }
+# Bounds that are a parameter's design rather than the edge of plausibility: a fit that ends on one has found the
+# stack working as designed (all of its per-layer collectives hidden), not an effect the model misses.
+DESIGN_BOUNDS: dict[str, float] = {"shard_overlap_fraction": 1.0}
 
 
 @cache

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cost_models.efficiency import CALIBRATION_BOUNDS, EfficiencyParams
+from cost_models.efficiency import CALIBRATION_BOUNDS, DESIGN_BOUNDS, EfficiencyParams
 from cost_models.layout import ParallelShape
 from cost_models.stage_costs import PartCosts, part_costs
 from planner.estimate import FixedLayout, bubble_model_s, estimate_layout
@@ -131,6 +131,7 @@ def exact_predicted_s(run: MeasuredRun | MeasuredCompute, parameters: Efficiency
 Predictor = Callable[[MeasuredRun, EfficiencyParams], float]
 _NAMES = tuple(EfficiencyParams.field_names())
 _LOG_BOUNDS = {name: (math.log(lo), math.log(hi)) for name, (lo, hi) in CALIBRATION_BOUNDS.items()}
+_LOG_DESIGN_BOUNDS = {name: math.log(value) for name, value in DESIGN_BOUNDS.items()}
 
 
 def _with(start: EfficiencyParams, names: Sequence[str], logs: Sequence[float]) -> EfficiencyParams:
@@ -268,7 +269,7 @@ def calibrate(runs: Sequence[MeasuredRun | MeasuredCompute], start: EfficiencyPa
             held_out.append(RunError(runs[i].measured_s, pricer.exact_s(i, without)))
     at_bound = tuple(name for name in fitted
                      if any(math.isclose(math.log(getattr(parameters, name)), edge, abs_tol=1e-6)
-                            for edge in _LOG_BOUNDS[name]))
+                            for edge in _LOG_BOUNDS[name] if edge != _LOG_DESIGN_BOUNDS.get(name)))
     return CalibrationFit(
         parameters=parameters,
         fitted=fitted,

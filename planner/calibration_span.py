@@ -12,8 +12,10 @@ of their numbers to trust less.
 The span's dimensions are what the parameters stand in for: the GPU (its kernels' efficiencies), how its node's
 GPUs are linked (`cluster.nvlink_topology`: a fitted NVLink fraction measured through a switch says little about
 peer links, and the other way round), the precision (FP8 GEMMs), the TP, CP and EP degrees (the links the
-parameters price), the model's size (GEMM widths, per-layer overheads) and the tokens one microbatch holds
-(kernel efficiency, overhead per microbatch).
+parameters price), the model's size (GEMM widths, per-layer overheads), the tokens one microbatch holds
+(kernel efficiency, overhead per microbatch), and where ZeRO-2/3's per-layer collectives run, inside a node or
+across nodes (`shard_reach`: what a fitted `shard_overlap_fraction` was measured over; it moves little of a
+one-node run's time, whose collectives ride NVLink, and much of a multi-node one's).
 """
 
 from __future__ import annotations
@@ -22,13 +24,29 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cost_models.layout import Hardware
+from cost_models.sharded_dp import shards_every_microbatch
 from planner.calibration import MeasuredCompute, MeasuredRun
+from planner.devices import slot_inventory
 from planner.estimate_replicas import ReplicaLayout
+
+# `shard_reach`'s words. No per-layer collectives: ZeRO-0/1, or a shard group of one TP group.
+UNSHARDED = "none"
+SHARDED_IN_NODE = "within a node"
+SHARDED_ACROSS_NODES = "across nodes"
 
 
 def nvlink_topology(hardware: Hardware) -> str:
     """`cluster.nvlink_topology`'s word for how `hardware`'s node links its GPUs."""
     return "mesh" if hardware.nvlink_mesh else "switch"
+
+
+def shard_reach(zero_stage: int, shard_replicas: int, tp: int, cp: int, gpus_per_node: int) -> str:
+    """Where ZeRO-2/3's per-layer collectives run: over the shard group's TP groups, `shard_replicas` replicas' CP
+    ranks (`cost_models.stage_costs.StageCostTerms`), consecutive, so inside one node while they fit."""
+    ranks = shard_replicas * cp
+    if not shards_every_microbatch(zero_stage) or ranks <= 1:
+        return UNSHARDED
+    return SHARDED_IN_NODE if ranks * tp <= gpus_per_node else SHARDED_ACROSS_NODES
 
 
 @dataclass(frozen=True)
@@ -41,15 +59,16 @@ class CalibrationSpan:
     ep: tuple[int, int]
     parameters: tuple[int, int]  # the model's, all experts counted
     microbatch_tokens: tuple[int, int]
+    shard_reaches: frozenset[str] = frozenset({UNSHARDED})  # `shard_reach` of each run
 
     @classmethod
     def of(cls, hardware: Hardware, precision: str, tps: Iterable[int], cps: Iterable[int], ep: int, parameters: int,
-           microbatch_tokens: int) -> CalibrationSpan:
+           microbatch_tokens: int, reach: str = UNSHARDED) -> CalibrationSpan:
         """One run's (or one plan's) span: its stages' TP and CP degrees, the rest single values."""
         tps, cps = tuple(tps), tuple(cps)
         return cls(frozenset({hardware.gpu.name}), frozenset({nvlink_topology(hardware)}), frozenset({precision}),
                    (min(tps), max(tps)), (min(cps), max(cps)), (ep, ep), (parameters, parameters),
-                   (microbatch_tokens, microbatch_tokens))
+                   (microbatch_tokens, microbatch_tokens), frozenset({reach}))
 
     def joined(self, other: CalibrationSpan) -> CalibrationSpan:
         def both(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
@@ -59,7 +78,8 @@ class CalibrationSpan:
                                self.precisions | other.precisions, both(self.tp, other.tp),
                                both(self.cp, other.cp), both(self.ep, other.ep),
                                both(self.parameters, other.parameters),
-                               both(self.microbatch_tokens, other.microbatch_tokens))
+                               both(self.microbatch_tokens, other.microbatch_tokens),
+                               self.shard_reaches | other.shard_reaches)
 
 
 def joined_span(spans: Iterable[CalibrationSpan]) -> CalibrationSpan | None:
@@ -89,20 +109,31 @@ def extrapolations(covered: CalibrationSpan, plan: CalibrationSpan) -> list[str]
     ):
         if wanted[0] < seen[0] or wanted[1] > seen[1]:
             out.append(f"{name} {_range(wanted, scale, unit)}: the calibration's runs span {_range(seen, scale, unit)}")
+    # A plan without per-layer collectives does not use shard_overlap_fraction, whatever the runs measured it over.
+    if not plan.shard_reaches - {UNSHARDED} <= covered.shard_reaches:
+        seen = sorted(covered.shard_reaches - {UNSHARDED})
+        out.append(f"ZeRO-2/3 sharding {', '.join(sorted(plan.shard_reaches - covered.shard_reaches))}: the "
+                   f"calibration's runs sharded {' and '.join(seen) if seen else 'nothing per layer'}")
     return out
 
 
 def measured_span(run: MeasuredRun | MeasuredCompute) -> CalibrationSpan:
-    """What one calibration run covers: its layout's stages (a measured role: its stage shape)."""
+    """What one calibration run covers: its layout's stages (a measured role: its stage shape, compute alone)."""
     problem = run.problem
+    reach = UNSHARDED
     if isinstance(run, MeasuredCompute):
         shape = run.shape
         tps, cps, ep, micro_batch = (shape.tp,), (shape.cp,), shape.ep, shape.micro_batch_size
-    elif isinstance(run.layout, ReplicaLayout):
+    elif isinstance(run.layout, ReplicaLayout):  # ZeRO-0/1 alone: ZeRO-2/3 run equal replicas
         tps = tuple(len(stage.devices) for replica in run.layout.replicas for stage in replica.stages)
         cps, ep, micro_batch = (1,), 1, run.layout.micro_batch_size
     else:
-        tps, cps, ep, micro_batch = (run.layout.tp,), (run.layout.cp,), run.layout.ep, run.layout.micro_batch_size
+        layout = run.layout
+        tps, cps, ep, micro_batch = (layout.tp,), (layout.cp,), layout.ep, layout.micro_batch_size
+        dp = layout.dp if layout.dp is not None else slot_inventory(problem.cluster, layout.group_size).total // layout.pp
+        zero_stage = problem.workload.zero_stage
+        reach = shard_reach(zero_stage, layout.shape_dp_shard(dp, zero_stage) or dp, layout.tp, layout.cp,
+                            problem.hardware.gpus_per_node)
     workload = problem.workload
     return CalibrationSpan.of(problem.hardware, problem.precision, tps, cps, ep, workload.model.total_params,
-                              micro_batch * workload.seq_length)
+                              micro_batch * workload.seq_length, reach)

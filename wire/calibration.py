@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cost_models.efficiency import CALIBRATION_BOUNDS, EfficiencyParams
-from planner.calibration_span import CalibrationSpan, extrapolations
+from planner.calibration_span import UNSHARDED, CalibrationSpan, extrapolations, shard_reach
 from planner.problem import PlanningProblem
 from wire.schemas import EstimateRequest, Plan
 
@@ -100,18 +100,25 @@ class CalibrationCoverage(BaseModel):
     ep: tuple[int, int]
     model_parameters: tuple[int, int] = Field(description="Least and most parameters of the runs' models.")
     microbatch_tokens: tuple[int, int] = Field(description="Least and most tokens in one microbatch.")
+    zero_sharding: list[str] | None = Field(
+        default=None, description="Where the runs' ZeRO-2/3 per-layer collectives ran (what a fitted "
+        "shard_overlap_fraction was measured over): \"none\" (ZeRO-0/1, or nothing sharded), \"within a node\", "
+        "\"across nodes\". Null in a coverage stored before this field: the service fills it in the next time it "
+        "reads the calibration.")
 
     @classmethod
     def of(cls, span: CalibrationSpan) -> CalibrationCoverage:
         return cls(gpus=sorted(span.gpus), nvlink_topologies=sorted(span.nvlink_topologies),
                    precisions=sorted(span.precisions), tp=span.tp, cp=span.cp, ep=span.ep,
-                   model_parameters=span.parameters, microbatch_tokens=span.microbatch_tokens)
+                   model_parameters=span.parameters, microbatch_tokens=span.microbatch_tokens,
+                   zero_sharding=sorted(span.shard_reaches))
 
     def span(self) -> CalibrationSpan:
-        # Null only until the service next reads the stored calibration and fills it in: the default meanwhile.
+        # Null only until the service next reads the stored calibration and fills it in: the defaults meanwhile.
         return CalibrationSpan(frozenset(self.gpus), frozenset(self.nvlink_topologies or ["switch"]),
                                frozenset(self.precisions), self.tp, self.cp, self.ep,
-                               self.model_parameters, self.microbatch_tokens)
+                               self.model_parameters, self.microbatch_tokens,
+                               frozenset(self.zero_sharding or [UNSHARDED]))
 
 
 class Calibration(BaseModel):
@@ -125,7 +132,8 @@ class Calibration(BaseModel):
                                     "scale identify more.")
     at_bound: list[str] = Field(description="Fitted parameters stopped at the edge of their physical range: the "
                                 "runs ask for more than the parameter can mean, so the model misses an effect "
-                                "of this stack.")
+                                "of this stack. shard_overlap_fraction at 1 (every per-layer collective hidden) is "
+                                "the frameworks' design, not such an edge, and is not listed.")
     bounds: dict[str, list[float]] = Field(description="Each parameter's physical range.")
     runs: list[CalibratedRun]
     fit_mape: float = Field(description="Mean absolute relative error of the fitted predictions.")
@@ -171,9 +179,12 @@ def with_calibration_scope(plan: Plan, problem: PlanningProblem, calibration: Ap
     if not stages:
         return plan
     workload = problem.workload
+    # ZeRO-2/3 plans run equal replicas (`planner.zero_choice`): any stage's group stands for all.
+    reach = shard_reach(plan.zero_stage, plan.dp_shard or len(plan.replicas), stages[0].tp, stages[0].cp,
+                        problem.hardware.gpus_per_node)
     span = CalibrationSpan.of(problem.hardware, problem.precision, (s.tp for s in stages),
                               (s.cp for s in stages), plan.ep, workload.model.total_params,
-                              plan.micro_batch_size * workload.seq_length)
+                              plan.micro_batch_size * workload.seq_length, reach)
     predicted = plan.predicted.model_copy(update={"calibration_extrapolates": extrapolations(calibration.covers, span)})
     return plan.model_copy(update={"predicted": predicted})
 

@@ -189,9 +189,10 @@ def refreshed_calibration(calibration_json: str, runs_json: str) -> str | None:
     moved = [exact_predicted_s(run, parameters) / fitted.predicted_s - 1 for run, fitted in zip(runs, stored.runs)]
     largest = max(range(len(moved)), key=lambda i: abs(moved[i]))
     if abs(moved[largest]) <= STALE_PREDICTION_REL:
-        if stored.covers is not None and stored.covers.nvlink_topologies is not None:
+        if stored.covers is not None and None not in (stored.covers.nvlink_topologies, stored.covers.zero_sharding):
             return None
-        # Stored before fits said what their runs span (or how their nodes were linked): the same fit, now with it.
+        # Stored before fits said what their runs span (or how their nodes were linked, or where they sharded):
+        # the same fit, now with it.
         covers = CalibrationCoverage.of(joined_span(measured_span(run) for run in runs))
         return stored.model_copy(update={"covers": covers}).model_dump_json()
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.api.support import estimate_request, small_request
 from tests.api.test_calibrations import _rewrite_stored, _runs
 
@@ -26,6 +28,7 @@ def test_the_calibration_covers_what_its_runs_span(client):
     assert covers["nvlink_topologies"] == ["switch"]
     assert covers["tp"] == [1, 4] and covers["cp"] == [1, 1] and covers["ep"] == [1, 1]
     assert covers["microbatch_tokens"] == [2048, 4096]
+    assert covers["zero_sharding"] == ["none"]  # ZeRO-1 (the default): no per-layer collectives
     low, high = covers["model_parameters"]
     assert abs(low / LLAMA2_7B_PARAMETERS - 1) < 0.01 and abs(high / LLAMA2_13B_PARAMETERS - 1) < 0.01
 
@@ -75,10 +78,47 @@ def test_a_calibration_stored_without_its_span_gets_it_when_read(client, db_url)
     assert read["parameters"] == calibration["parameters"] and read["refit"] is None
 
 
-def test_a_span_stored_without_its_topology_gets_it_when_read(client, db_url):
+@pytest.mark.parametrize("missing", ["nvlink_topologies", "zero_sharding"])
+def test_a_span_stored_without_a_later_field_gets_it_when_read(client, db_url, missing):
     calibration = _calibration(client)
-    covers = {key: value for key, value in calibration["covers"].items() if key != "nvlink_topologies"}
+    covers = {key: value for key, value in calibration["covers"].items() if key != missing}
     _rewrite_stored(db_url, "update calibrations set calibration_json = :json where calibration_id = :id",
                     json=json.dumps({**calibration, "covers": covers}), id=calibration["calibration_id"])
     read = client.get(f"/v1/calibrations/{calibration['calibration_id']}").json()
-    assert read["covers"]["nvlink_topologies"] == ["switch"] and read["covers"] == calibration["covers"]
+    assert read["covers"][missing] is not None and read["covers"] == calibration["covers"]
+
+
+def _zero3_run(client, nodes: int, model: str) -> dict:
+    """ZeRO-3 over every GPU of `nodes` nodes of 8 (tp 1, pp 1), measured 30% slower than predicted."""
+    body = estimate_request({"tp": 1, "pp": 1, "micro_batch_size": 1, "recompute": "full"}, model=model,
+                            cluster={"num_nodes": nodes, "gpus_per_node": 8, "gpu": "A100-80GB"},
+                            training={"global_batch_size": 16 * nodes, "seq_length": 2048, "zero_stage": 3})
+    answer = client.post("/v1/estimate", json=body)
+    assert answer.status_code == 200, answer.text
+    return {**body, "measured_iteration_time_s": round(answer.json()["predicted"]["iteration_time_s"] * 1.3, 6)}
+
+
+def test_zero3_fitted_inside_a_node_extrapolates_to_sharding_across_nodes(client):
+    """shard_overlap_fraction measured over NVLink says little about collectives over the network: a plan that
+    shards across nodes says so; one that shards nothing per layer, or only inside nodes, does not."""
+    runs = [_zero3_run(client, 1, "llama2-7b"), _zero3_run(client, 1, "llama2-13b")]
+    response = client.post("/v1/calibrations", json={"name": "one-node FSDP", "runs": runs})
+    assert response.status_code == 201, response.text
+    calibration = response.json()
+    assert calibration["covers"]["zero_sharding"] == ["within a node"]
+    options = {"calibration_id": calibration["calibration_id"]}
+
+    def named(layout: dict, zero_stage: int) -> list[str]:
+        body = estimate_request(layout, options=options, cluster={"num_nodes": 2, "gpus_per_node": 8, "gpu": "A100-80GB"},
+                                training={"global_batch_size": 32, "seq_length": 2048, "zero_stage": zero_stage})
+        answer = client.post("/v1/estimate", json=body)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["predicted"]["calibration_extrapolates"]
+
+    full = {"tp": 1, "pp": 1, "micro_batch_size": 1, "recompute": "full"}
+    assert named(full, 3) == ["ZeRO-2/3 sharding across nodes: the calibration's runs sharded within a node"]
+    assert named(full, 1) == []  # ZeRO-1 runs no per-layer collectives
+    assert named({**full, "dp_shard": 8}, 3) == []  # hybrid: each shard group fills one node
+    # 8 replicas of tp 2 to a shard group: 16 GPUs, two nodes (and a TP degree the runs did not have)
+    assert named({**full, "tp": 2, "dp_shard": 8}, 3) == [
+        "tp 2: the calibration's runs span 1", "ZeRO-2/3 sharding across nodes: the calibration's runs sharded within a node"]

@@ -70,6 +70,16 @@ def test_a_stack_that_hides_little_of_its_fsdp_traffic_is_found_from_runs_at_sev
     assert abs(predicted_s(unseen, START) / unseen.measured_s - 1) > 0.10
 
 
+def test_a_fit_ending_where_every_fsdp_collective_hides_is_not_reported_at_a_bound():
+    """shard_overlap_fraction 1 is the frameworks' design, not the edge of what the model can mean: a stack whose FSDP
+    runs ask for it (here faster than even that prices them) is working as designed, so `at_bound` stays empty."""
+    start = replace(START, shard_overlap_fraction=0.8)
+    runs = [_fsdp_run(START, nodes, gpus) for nodes, gpus in ((1, 2), (1, 4), (2, 4), (4, 4))]
+    fit = calibrate([replace(run, measured_s=run.measured_s * 0.9) for run in runs], start)
+    assert "shard_overlap_fraction" in fit.fitted and fit.parameters.shard_overlap_fraction == pytest.approx(1.0)
+    assert fit.at_bound == ()
+
+
 def test_one_run_determines_one_parameter_and_names_the_rest():
     truth = replace(START, gemm_peak_fraction=START.gemm_peak_fraction * 0.9)
     fit = calibrate([_run(*_layouts()[0][:1], truth)], START)
