@@ -78,6 +78,7 @@ class CalibrationFit:
     fit_mape: float
     cross_validated_mape: float | None  # leave-one-out; None with one run
     cross_validated: tuple[RunError, ...]  # each run as predicted by the fit on the others
+    default_mape: float = 0.0  # the starting parameters' mean absolute error on the runs
 
 
 def predicted_s(run: MeasuredRun, parameters: EfficiencyParams) -> float:
@@ -152,7 +153,8 @@ class _Pricer:
         self._fast = fast
         self._exact = exact
         self._memo: dict[tuple[int, EfficiencyParams], float] = {}
-        self._shift = [math.log(exact(run, start)) - math.log(fast(run, start)) for run in runs]
+        self.start_s = [exact(run, start) for run in runs]
+        self._shift = [math.log(start_s) - math.log(fast(run, start)) for run, start_s in zip(runs, self.start_s)]
 
     def log_times(self, indices: Sequence[int], parameters: EfficiencyParams) -> np.ndarray:
         out = []
@@ -279,4 +281,5 @@ def calibrate(runs: Sequence[MeasuredRun | MeasuredCompute], start: EfficiencyPa
         fit_mape=sum(abs(e.error) for e in errors) / len(errors),
         cross_validated_mape=sum(abs(e.error) for e in held_out) / len(held_out) if held_out else None,
         cross_validated=tuple(held_out),
+        default_mape=sum(abs(start_s / run.measured_s - 1) for run, start_s in zip(runs, pricer.start_s)) / len(runs),
     )

@@ -113,6 +113,12 @@ def _fitted(request: CalibrationRequest, calibration_id: str, plans: Mapping[str
         raise PlanningError(
             "the runs cannot determine any efficiency parameter (unidentified: " + ", ".join(fit.unidentified)
             + "): their predicted times barely depend on them; measure runs that differ in model size or layout")
+    if fit.cross_validated_mape is not None and fit.cross_validated_mape > fit.default_mape:
+        notes.append(
+            f"each run predicted by a fit to the others is {fit.cross_validated_mape:.1%} off on average, more than "
+            f"the default parameters price them ({fit.default_mape:.1%}): what these runs teach does not carry from "
+            "some of them to the others, so plans priced with this calibration may be further off than uncalibrated "
+            "ones; calibrate on more runs, or on runs like the layouts you will plan")
     held_out = fit.cross_validated or (None,) * len(fit.runs)
     return Calibration(
         calibration_id=calibration_id,
@@ -130,6 +136,7 @@ def _fitted(request: CalibrationRequest, calibration_id: str, plans: Mapping[str
               for source, run, other in zip(sources, fit.runs, held_out)],
         fit_mape=round(fit.fit_mape, 5),
         cross_validated_mape=round(fit.cross_validated_mape, 5) if fit.cross_validated_mape is not None else None,
+        default_mape=round(fit.default_mape, 5),
         covers=CalibrationCoverage.of(joined_span(measured_span(run) for run in runs)),
         notes=notes,
     )

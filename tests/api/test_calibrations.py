@@ -41,6 +41,9 @@ def test_a_calibration_fits_the_runs_is_stored_and_prices_plans(client):
     assert calibration["fitted"] and set(calibration["fitted"]) | set(calibration["unidentified"]) == set(
         calibration["parameters"])
     assert calibration["fit_mape"] < 0.02 and calibration["cross_validated_mape"] < 0.05
+    # Every run measured 1.25x its default prediction: the defaults are 1 - 1 / 1.25 = 20% off each.
+    assert calibration["default_mape"] == pytest.approx(0.2, abs=2e-5)
+    assert not any("further off" in note for note in calibration["notes"])
     for run in calibration["runs"]:
         assert run["predicted_s"] == pytest.approx(run["measured_s"], rel=0.02)
     assert client.get(f"/v1/calibrations/{calibration['calibration_id']}").json() == calibration
@@ -249,3 +252,19 @@ def test_a_calibration_from_roles_is_refitted_from_its_stored_plans(client, db_u
     refitted = client.get(f"/v1/calibrations/{fresh['calibration_id']}").json()
     assert refitted["refit"]["previous_parameters"] == fresh["default_parameters"]
     assert refitted["parameters"] == fresh["parameters"] and refitted["runs"] == fresh["runs"]
+
+
+def test_runs_whose_fits_do_not_carry_between_them_are_flagged(client):
+    """Runs scattered 8% either side of the default predictions (what a layout-specific effect the model lacks looks
+    like): a fit to some chases that scatter and predicts the others worse than the defaults do, and the answer says
+    so rather than presenting the fit as an improvement."""
+    runs = _runs(client)
+    scattered = [{**run, "measured_iteration_time_s": round(run["measured_iteration_time_s"] / SLOWER * factor, 6)}
+                 for run, factor in zip(runs, (1.08, 0.92, 1.08))]
+    response = client.post("/v1/calibrations", json={"name": "scattered", "runs": scattered})
+    assert response.status_code == 201, response.text
+    calibration = response.json()
+    # measured = default x factor, so each default prediction is |1 / factor - 1| off
+    assert calibration["default_mape"] == pytest.approx((2 * (1 - 1 / 1.08) + (1 / 0.92 - 1)) / 3, abs=2e-5)
+    assert calibration["cross_validated_mape"] > calibration["default_mape"]
+    assert any("further off than uncalibrated" in note for note in calibration["notes"])

@@ -80,6 +80,16 @@ def test_a_fit_ending_where_every_fsdp_collective_hides_is_not_reported_at_a_bou
     assert fit.at_bound == ()
 
 
+def test_the_fit_reports_the_starting_parameters_error_on_its_runs():
+    runs = [_run(layout, START, **extra) for layout, extra in _layouts()]
+    factors = (1.08, 0.92, 1.08, 0.92)
+    fit = calibrate([replace(run, measured_s=run.measured_s * f) for run, f in zip(runs, factors)], START)
+    # measured = start's prediction x factor: the start is |1 / factor - 1| off on each
+    assert fit.default_mape == pytest.approx(sum(abs(1 / f - 1) for f in factors) / len(factors), rel=1e-6)
+    # Scatter no parameter explains: fits to three runs predict the fourth worse than the start does.
+    assert fit.cross_validated_mape > fit.default_mape
+
+
 def test_one_run_determines_one_parameter_and_names_the_rest():
     truth = replace(START, gemm_peak_fraction=START.gemm_peak_fraction * 0.9)
     fit = calibrate([_run(*_layouts()[0][:1], truth)], START)
