@@ -78,7 +78,7 @@ class CalibrationFit:
     fit_mape: float
     cross_validated_mape: float | None  # leave-one-out; None with one run
     cross_validated: tuple[RunError, ...]  # each run as predicted by the fit on the others
-    default_mape: float = 0.0  # the starting parameters' mean absolute error on the runs
+    default_mape: float  # the starting parameters' mean absolute error on the runs
 
 
 def predicted_s(run: MeasuredRun, parameters: EfficiencyParams) -> float:
