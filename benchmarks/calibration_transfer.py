@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
+from dataclasses import dataclass
 
 from benchmarks.fidelity import CalibrationRun, _sc21_model_flops, load_runs
 from benchmarks.modern_runs import ModernRun, balanced_split, load_modern_runs
 from cost_models.efficiency import EfficiencyParams
 from cost_models.gpu_efficiency import builtin_efficiency
-from planner.calibration import MeasuredRun, calibrate, predicted_s
+from planner.calibration import RUN_NOISE_LOG, MeasuredRun, calibrate, predicted_s
 from planner.devices import build_cluster_state
 from planner.errors import PlanningError
 from planner.estimate import FixedLayout
@@ -109,35 +111,71 @@ TABLE_HEAD = ["| runs calibrated on | subsets | MAPE on the others within 10% | 
               "|---:|---:|---:|---:|---:|---:|---|"]
 
 
-def modern_stack_report() -> list[str]:
-    """Per stack of the 2023+ runs: uncalibrated error, then the transfer table."""
+@dataclass(frozen=True)
+class PricedStack:
+    """One software stack's published runs that the model can price, from its GPU's built-in parameters."""
+
+    name: str
+    start: EfficiencyParams
+    runs: list[MeasuredRun]
+    published: list[ModernRun]  # the same runs, as published
+    refused: list[str]  # runs the memory model says cannot fit, yet ran: reported, not priced
+
+
+def priced_stacks() -> list[PricedStack]:
     by_stack: dict[str, list[ModernRun]] = {}
     for run in load_modern_runs():
         by_stack.setdefault(run.source_id, []).append(run)
-    lines = []
-    for stack, published in by_stack.items():
+    stacks = []
+    for name, published in by_stack.items():
         start = builtin_efficiency(published[0].hardware.gpu)
         runs, kept, refused = [], [], []
         for published_run in published:
             run = measured_modern_run(published_run)
             try:
                 predicted_s(run, start)
-            except PlanningError as error:  # the memory model says it cannot fit, yet it ran: reported
+            except PlanningError as error:
                 refused.append(f"{published_run.label}: {error}")
                 continue
             runs.append(run)
             kept.append(published_run)
-        if refused:
-            lines += ["", f"{stack}: left out, not priceable: " + "; ".join(refused)]
-        if len(runs) < 2:
+        stacks.append(PricedStack(name, start, runs, kept, refused))
+    return stacks
+
+
+def run_noise_log(stacks: list[PricedStack]) -> tuple[float, int, int]:
+    """The cost model's error per run (standard deviation of log-time) on each stack of two or more runs fitted on
+    all its runs, whole (no shrinkage): (sigma, runs, parameters fitted over all stacks)."""
+    residuals: list[float] = []
+    fitted = 0
+    for stack in stacks:
+        if len(stack.runs) < 2:
             continue
-        published = kept
-        before = [abs(predicted_s(run, start) / run.measured_s - 1) for run in runs]
-        lines += ["", f"{stack} ({len(runs)} runs): uncalibrated mean |error| {100 * sum(before) / len(before):.1f}%, "
-                  f"worst {100 * max(before):.1f}%.", ""] + TABLE_HEAD
+        whole = calibrate(stack.runs, stack.start, noise_log=0.0)
+        residuals += [math.log(run.predicted_s / run.measured_s) for run in whole.runs]
+        fitted += len(whole.fitted)
+    return math.sqrt(sum(r * r for r in residuals) / (len(residuals) - fitted)), len(residuals), fitted
+
+
+def modern_stack_report() -> list[str]:
+    """Per stack of the 2023+ runs: uncalibrated error, then the transfer table; then the model's error per run."""
+    stacks = priced_stacks()
+    lines = []
+    for stack in stacks:
+        if stack.refused:
+            lines += ["", f"{stack.name}: left out, not priceable: " + "; ".join(stack.refused)]
+        if len(stack.runs) < 2:
+            continue
+        before = [abs(predicted_s(run, stack.start) / run.measured_s - 1) for run in stack.runs]
+        lines += ["", f"{stack.name} ({len(stack.runs)} runs): uncalibrated mean |error| "
+                  f"{100 * sum(before) / len(before):.1f}%, worst {100 * max(before):.1f}%.", ""] + TABLE_HEAD
         labels = [r.label.split(",")[0] + f" ({r.shape.devices} GPUs{', ' + r.precision if r.precision != 'bf16' else ''}"
-                  f"{', async TP' if r.software.async_tp else ''})" for r in published]
-        lines += transfer_rows(runs, start, labels)
+                  f"{', async TP' if r.software.async_tp else ''})" for r in stack.published]
+        lines += transfer_rows(stack.runs, stack.start, labels)
+    noise_log, runs, fitted = run_noise_log(stacks)
+    lines += ["", f"The cost model's own error per run on a stack fitted on all its runs (whole fits, no shrinkage): "
+              f"{noise_log:.3f} in log-time ({runs} runs less {fitted} fitted parameters; "
+              f"`planner.calibration.RUN_NOISE_LOG` is {RUN_NOISE_LOG})."]
     return lines
 
 
@@ -153,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     published = load_runs()
     sc21 = [measured_run(r) for r in published if r.source == "sc21"]
-    start = calibrate([measured_run(r) for r in published if r.source == "korthikanti"], EfficiencyParams()).parameters
+    # Taken whole (no shrinkage), as the built-in fit is: a model fitted elsewhere.
+    start = calibrate([measured_run(r) for r in published if r.source == "korthikanti"], EfficiencyParams(),
+                      noise_log=0.0).parameters
     before = [abs(predicted_s(run, start) / run.measured_s - 1) for run in sc21]
     lines = [f"Starting parameters (fitted to Korthikanti et al. only): "
              + ", ".join(f"{k} = {v:.4g}" for k, v in start.to_dict().items()),

@@ -14,8 +14,17 @@ every parameter moves by factors:
    names them.
 3. Damped Gauss-Newton on the chosen parameters, each kept inside its physical range
    (`CALIBRATION_BOUNDS`); a parameter that ends on a bound is reported as such.
-4. Leave-one-out: every run predicted by a fit (steps 1-3) on the others; their mean absolute error
-   is the calibration's honest error on runs it has not seen.
+4. Shrinkage toward the start. A fit to a few runs also fits the cost model's own error on them, and
+   carries it to other layouts. Noise of variance sigma^2 per run (`RUN_NOISE_LOG`, in log-time) moves
+   a fit of k parameters by k sigma^2 in squared log-time over the runs, on average (its projection onto
+   the k directions the parameters span). So the answer takes the share 1 - k sigma^2 / |move|^2 of the
+   fit's move from the start (none when the move is within the noise), where |move| is the norm of the
+   runs' log-time change from the start's predictions to the fit's: positive-part James-Stein. One run
+   5% off the start moves nothing, one 10% off 31% of the way, one 30% off 91%. Published stacks, their other
+   runs predicted from 1 to 3 calibrated: KempnerForge 10.5-10.7% -> 9.3-9.6% median, torchtitan 2024
+   10.2-11.0% -> 9.1-9.3% (BENCHMARKS.md, calibration transfer).
+5. Leave-one-out: every run predicted by steps 1-4 on the others; their mean absolute error is the
+   calibration's honest error on runs it has not seen.
 
 A run may instead be one role's compute per microbatch that `/v1/detect` measured from a job's telemetry
 (`MeasuredCompute`: its time model at one microbatch of the plan's sequences), priced as the cost model's
@@ -48,6 +57,11 @@ MIN_EFFECT = 0.05  # least unexplained d log(time) / d log(parameter) over the r
 _STEP = math.log(1.1)  # finite-difference step in log-parameter
 _MAX_ITERATIONS = 12
 _CONVERGED = 1e-4  # largest log-parameter step that still counts as moving
+# The cost model's error per run (standard deviation of log-time) on a stack calibrated on all its runs: the
+# published 2023+ stacks' residuals, over 75 runs less 27 fitted parameters (`python -m
+# benchmarks.calibration_transfer` prints it). A run's deviation from the start within this says nothing
+# about the stack's parameters.
+RUN_NOISE_LOG = 0.079
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,7 @@ class CalibrationFit:
     cross_validated_mape: float | None  # leave-one-out; None with one run
     cross_validated: tuple[RunError, ...]  # each run as predicted by the fit on the others
     default_mape: float  # the starting parameters' mean absolute error on the runs
+    fit_weight: float  # share of the move from the start to the runs' best fit that `parameters` take
 
 
 def predicted_s(run: MeasuredRun, parameters: EfficiencyParams) -> float:
@@ -255,19 +270,40 @@ def _fit(pricer: _Pricer, indices: Sequence[int], measured: np.ndarray, start: E
     return current, tuple(names)
 
 
+def _toward(start: EfficiencyParams, fit: EfficiencyParams, weight: float) -> EfficiencyParams:
+    """`weight` of the way from `start` to `fit`, in log-parameter."""
+    moved = [name for name in _NAMES if getattr(fit, name) != getattr(start, name)]
+    if weight in (0.0, 1.0):
+        return fit if weight else start
+    return _with(start, moved, [(1 - weight) * math.log(getattr(start, name)) + weight * math.log(getattr(fit, name))
+                                for name in moved])
+
+
+def _shrunk(pricer: _Pricer, indices: Sequence[int], measured: np.ndarray, start: EfficiencyParams,
+            noise_log: float) -> tuple[EfficiencyParams, tuple[str, ...], float]:
+    """Steps 1-4 on the runs `indices`: (parameters, names fitted, share of the fit's move taken)."""
+    fit, names = _fit(pricer, indices, measured, start)
+    moved = pricer.log_times(indices, fit) - pricer.log_times(indices, start)
+    moved_squared = float(moved @ moved)
+    noise_squared = len(names) * noise_log ** 2
+    weight = max(0.0, 1.0 - noise_squared / moved_squared) if moved_squared > 0 else 0.0
+    return _toward(start, fit, weight), names, weight
+
+
 def calibrate(runs: Sequence[MeasuredRun | MeasuredCompute], start: EfficiencyParams, fast: Predictor = _fast_s,
-              exact: Predictor = exact_predicted_s) -> CalibrationFit:
-    """The parameters that best predict `runs`, starting from (and defaulting to) `start`."""
+              exact: Predictor = exact_predicted_s, noise_log: float = RUN_NOISE_LOG) -> CalibrationFit:
+    """The parameters that best predict `runs`, starting from (and shrunk toward) `start`; `noise_log` 0 takes
+    the whole fit."""
     pricer = _Pricer(runs, start, fast, exact)
     measured = np.array([run.measured_s for run in runs])
     everything = list(range(len(runs)))
-    parameters, fitted = _fit(pricer, everything, measured, start)
+    parameters, fitted, fit_weight = _shrunk(pricer, everything, measured, start, noise_log)
     errors = tuple(RunError(run.measured_s, pricer.exact_s(i, parameters)) for i, run in enumerate(runs))
     held_out: list[RunError] = []
     if len(runs) > 1:
         for i in everything:
             others = [j for j in everything if j != i]
-            without, _ = _fit(pricer, others, measured[others], start)
+            without, _, _ = _shrunk(pricer, others, measured[others], start, noise_log)
             held_out.append(RunError(runs[i].measured_s, pricer.exact_s(i, without)))
     at_bound = tuple(name for name in fitted
                      if any(math.isclose(math.log(getattr(parameters, name)), edge, abs_tol=1e-6)
@@ -282,4 +318,5 @@ def calibrate(runs: Sequence[MeasuredRun | MeasuredCompute], start: EfficiencyPa
         cross_validated_mape=sum(abs(e.error) for e in held_out) / len(held_out) if held_out else None,
         cross_validated=tuple(held_out),
         default_mape=sum(abs(start_s / run.measured_s - 1) for run, start_s in zip(runs, pricer.start_s)) / len(runs),
+        fit_weight=fit_weight,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,14 @@ from api.tasks.planning import new_plan_id
 from cost_models.efficiency import fitted_efficiency
 from cost_models.gpu_efficiency import builtin_efficiency
 from cost_models.layout import ParallelShape
-from planner.calibration import MeasuredCompute, MeasuredRun, calibrate, exact_predicted_s, predicted_s
+from planner.calibration import (
+    RUN_NOISE_LOG,
+    MeasuredCompute,
+    MeasuredRun,
+    calibrate,
+    exact_predicted_s,
+    predicted_s,
+)
 from planner.calibration_span import joined_span, measured_span
 from planner.errors import PlanningError
 from wire.calibration import (
@@ -119,6 +127,8 @@ def _fitted(request: CalibrationRequest, calibration_id: str, plans: Mapping[str
             f"the default parameters price them ({fit.default_mape:.1%}): what these runs teach does not carry from "
             "some of them to the others, so plans priced with this calibration may be further off than uncalibrated "
             "ones; calibrate on more runs, or on runs like the layouts you will plan")
+    if fit.fit_weight < 1:
+        notes.append(_shrinkage_note(fit.fit_weight, len(fit.runs)))
     held_out = fit.cross_validated or (None,) * len(fit.runs)
     return Calibration(
         calibration_id=calibration_id,
@@ -137,9 +147,19 @@ def _fitted(request: CalibrationRequest, calibration_id: str, plans: Mapping[str
         fit_mape=round(fit.fit_mape, 5),
         cross_validated_mape=round(fit.cross_validated_mape, 5) if fit.cross_validated_mape is not None else None,
         default_mape=round(fit.default_mape, 5),
+        fit_weight=round(fit.fit_weight, 5),
         covers=CalibrationCoverage.of(joined_span(measured_span(run) for run in runs)),
         notes=notes,
     )
+
+
+def _shrinkage_note(fit_weight: float, runs: int) -> str:
+    noise = f"the cost model's own error per run (about {math.expm1(RUN_NOISE_LOG):.0%} on a calibrated published stack)"
+    if fit_weight == 0:
+        return (f"the parameters stay at their defaults: the runs are within {noise} of the default predictions, so "
+                "a fit to them would chase that error; runs further off, or more of them, move the parameters")
+    return (f"the parameters take {fit_weight:.0%} of the move that fits the runs best: {runs} run"
+            f"{'s' if runs > 1 else ''} this far off the defaults could owe the rest to {noise}; more runs take more")
 
 
 def _unmeasured_attention(request: CalibrationRequest) -> list[str]:

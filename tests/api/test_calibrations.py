@@ -40,12 +40,16 @@ def test_a_calibration_fits_the_runs_is_stored_and_prices_plans(client):
     assert calibration["name"] == "lab A100s" and len(calibration["runs"]) == 3
     assert calibration["fitted"] and set(calibration["fitted"]) | set(calibration["unidentified"]) == set(
         calibration["parameters"])
-    assert calibration["fit_mape"] < 0.02 and calibration["cross_validated_mape"] < 0.05
+    assert calibration["fit_mape"] < 0.03 and calibration["cross_validated_mape"] < 0.05
     # Every run measured 1.25x its default prediction: the defaults are 1 - 1 / 1.25 = 20% off each.
     assert calibration["default_mape"] == pytest.approx(0.2, abs=2e-5)
     assert not any("further off" in note for note in calibration["notes"])
+    # Three runs 22% off in log-time, one parameter: most of the move is taken, and the answer says why not all.
+    assert 0.8 < calibration["fit_weight"] < 1
+    assert any(f"take {calibration['fit_weight']:.0%} of the move" in note for note in calibration["notes"])
     for run in calibration["runs"]:
-        assert run["predicted_s"] == pytest.approx(run["measured_s"], rel=0.02)
+        assert run["measured_s"] / 1.25 < run["predicted_s"] < run["measured_s"]
+        assert run["predicted_s"] == pytest.approx(run["measured_s"], rel=0.05)
     assert client.get(f"/v1/calibrations/{calibration['calibration_id']}").json() == calibration
 
     # Applied: an estimate under the calibration predicts what the calibration said, and names it.
@@ -218,16 +222,20 @@ def test_a_calibration_says_which_roles_rest_on_the_cost_models_attention(client
     assert {role["source"] for role in detected["time_models"]} == {"prior"}
     calibration = client.post("/v1/calibrations", json={
         "name": "detected", "roles": [{"plan_id": plan["plan_id"], "time_models": detected["time_models"]}]}).json()
-    assert [note.split(":")[0] for note in calibration["notes"]] == ["roles[0].time_models[0]",
-                                                                      "roles[0].time_models[1]"]
-    assert all("not measured" in note for note in calibration["notes"])
+    assert _role_notes(calibration) == ["roles[0].time_models[0]", "roles[0].time_models[1]"]
+    assert all("not measured" in note for note in calibration["notes"] if note.startswith("roles["))
     measured = [{**role, "source": "role"} for role in detected["time_models"]]
     mixed = [measured[0], detected["time_models"][1]]
-    assert client.post("/v1/calibrations", json={
-        "name": "measured", "roles": [{"plan_id": plan["plan_id"], "time_models": measured}]}).json()["notes"] == []
-    assert [note.split(":")[0] for note in client.post("/v1/calibrations", json={
-        "name": "mixed", "roles": [{"plan_id": plan["plan_id"], "time_models": mixed}]}).json()["notes"]] == [
+    assert _role_notes(client.post("/v1/calibrations", json={
+        "name": "measured", "roles": [{"plan_id": plan["plan_id"], "time_models": measured}]}).json()) == []
+    assert _role_notes(client.post("/v1/calibrations", json={
+        "name": "mixed", "roles": [{"plan_id": plan["plan_id"], "time_models": mixed}]}).json()) == [
         "roles[0].time_models[1]"]
+
+
+def _role_notes(calibration: dict) -> list[str]:
+    """The sources the notes name among the roles (other notes, such as the shrinkage's, name no run)."""
+    return [note.split(":")[0] for note in calibration["notes"] if note.startswith("roles[")]
 
 
 def test_roles_naming_no_plan_or_no_stage_and_empty_requests_are_422(client):
@@ -255,16 +263,27 @@ def test_a_calibration_from_roles_is_refitted_from_its_stored_plans(client, db_u
 
 
 def test_runs_whose_fits_do_not_carry_between_them_are_flagged(client):
-    """Runs scattered 8% either side of the default predictions (what a layout-specific effect the model lacks looks
-    like): a fit to some chases that scatter and predicts the others worse than the defaults do, and the answer says
-    so rather than presenting the fit as an improvement."""
-    runs = _runs(client)
-    scattered = [{**run, "measured_iteration_time_s": round(run["measured_iteration_time_s"] / SLOWER * factor, 6)}
-                 for run, factor in zip(runs, (1.08, 0.92, 1.08))]
-    response = client.post("/v1/calibrations", json={"name": "scattered", "runs": scattered})
-    assert response.status_code == 201, response.text
-    calibration = response.json()
+    """Runs scattered 40% either side of the default predictions (what a layout-specific effect the model lacks
+    looks like, or runs from different stacks): a fit to some chases that scatter and predicts the others worse than
+    the defaults do, and the answer says so rather than presenting the fit as an improvement."""
+    calibration = _scattered(client, (1.4, 0.7, 1.4))
     # measured = default x factor, so each default prediction is |1 / factor - 1| off
-    assert calibration["default_mape"] == pytest.approx((2 * (1 - 1 / 1.08) + (1 / 0.92 - 1)) / 3, abs=2e-5)
+    assert calibration["default_mape"] == pytest.approx((2 * (1 - 1 / 1.4) + (1 / 0.7 - 1)) / 3, abs=2e-5)
     assert calibration["cross_validated_mape"] > calibration["default_mape"]
     assert any("further off than uncalibrated" in note for note in calibration["notes"])
+
+
+def test_runs_within_the_models_own_error_of_the_defaults_keep_them_and_say_so(client):
+    calibration = _scattered(client, (1.05, 0.96, 1.05))
+    assert calibration["fit_weight"] == 0 and calibration["parameters"] == pytest.approx(
+        calibration["default_parameters"], rel=1e-5)
+    assert any("stay at their defaults" in note for note in calibration["notes"])
+
+
+def _scattered(client, factors: tuple[float, ...]) -> dict:
+    runs = _runs(client)
+    scattered = [{**run, "measured_iteration_time_s": round(run["measured_iteration_time_s"] / SLOWER * factor, 6)}
+                 for run, factor in zip(runs, factors)]
+    response = client.post("/v1/calibrations", json={"name": "scattered", "runs": scattered})
+    assert response.status_code == 201, response.text
+    return response.json()

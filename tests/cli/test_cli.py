@@ -263,11 +263,14 @@ def test_calibrate_prints_a_calibration_that_estimate_applies(tmp_path, capsys):
     measured = plain["predicted"]["iteration_time_s"] * 1.2
     runs = {"name": "cli", "runs": [{**request, "measured_iteration_time_s": measured}]}
     calibration = json.loads(run_ok(capsys, ["calibrate", "--runs", write(tmp_path, runs, "runs.json")]))
-    assert calibration["fitted"] and calibration["runs"][0]["predicted_s"] == pytest.approx(measured, rel=0.01)
+    # One run 20% off: the calibration takes most of the move to it (fit_weight), not all.
+    predicted = calibration["runs"][0]["predicted_s"]
+    assert calibration["fitted"] and plain["predicted"]["iteration_time_s"] < predicted < measured
+    assert predicted == pytest.approx(measured, rel=0.05)
     path = write(tmp_path, calibration, "calibration.json")
     calibrated = json.loads(run_ok(capsys, ["estimate", "--request", write(tmp_path, request), "--calibration", path]))
     assert calibrated["predicted"]["calibration_id"] == calibration["calibration_id"]
-    assert calibrated["predicted"]["iteration_time_s"] == pytest.approx(measured, rel=0.01)
+    assert calibrated["predicted"]["iteration_time_s"] == pytest.approx(predicted, rel=1e-5)  # parameters: 6 decimals
     # A request naming another calibration than the file's is refused.
     other = {**request, "options": {"calibration_id": "0" * 32}}
     assert "calibration_id" in run_error(capsys, ["estimate", "--request", write(tmp_path, other), "--calibration", path])
@@ -278,7 +281,7 @@ def test_calibrate_prints_a_calibration_that_estimate_applies(tmp_path, capsys):
     runs_path = write(tmp_path, runs, "runs.json")
     fitted_now = json.loads(run_ok(capsys, ["estimate", "--request", write(tmp_path, request), "--calibration",
                                             runs_path]))
-    assert fitted_now["predicted"]["iteration_time_s"] == pytest.approx(measured, rel=0.01)
+    assert fitted_now["predicted"]["iteration_time_s"] == pytest.approx(predicted, rel=1e-5)
     assert fitted_now["predicted"]["calibration_id"] not in (None, calibration["calibration_id"])
     # A calibration fitted by an earlier version applies as printed: its parameters, not this model's fit.
     earlier = {**calibration, "parameters": calibration["default_parameters"]}
