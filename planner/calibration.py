@@ -20,7 +20,7 @@ every parameter moves by factors:
    the k directions the parameters span). So the answer takes the share 1 - k sigma^2 / |move|^2 of the
    fit's move from the start (none when the move is within the noise), where |move| is the norm of the
    runs' log-time change from the start's predictions to the fit's: positive-part James-Stein. One run
-   5% off the start moves nothing, one 10% off 31% of the way, one 30% off 91%. Published stacks, their other
+   measured 1.05x the start's prediction moves nothing, 1.1x 31% of the way, 1.3x 91%. Published stacks, their other
    runs predicted from 1 to 3 calibrated: KempnerForge 10.5-10.7% -> 9.3-9.6% median, torchtitan 2024
    10.2-11.0% -> 9.1-9.3% (BENCHMARKS.md, calibration transfer).
 5. Leave-one-out: every run predicted by steps 1-4 on the others; their mean absolute error is the
@@ -85,9 +85,9 @@ class RunError:
 @dataclass(frozen=True)
 class CalibrationFit:
     parameters: EfficiencyParams
-    fitted: tuple[str, ...]  # moved by the fit
+    fitted: tuple[str, ...]  # identified by the runs, and moved `fit_weight` of the whole fit's way
     unidentified: tuple[str, ...]  # kept at the starting value: the runs cannot determine them
-    at_bound: tuple[str, ...]  # fitted, but stopped at the edge of the physical range
+    at_bound: tuple[str, ...]  # fitted, but the whole fit stopped at the edge of the physical range
     runs: tuple[RunError, ...]
     fit_mape: float
     cross_validated_mape: float | None  # leave-one-out; None with one run
@@ -280,14 +280,14 @@ def _toward(start: EfficiencyParams, fit: EfficiencyParams, weight: float) -> Ef
 
 
 def _shrunk(pricer: _Pricer, indices: Sequence[int], measured: np.ndarray, start: EfficiencyParams,
-            noise_log: float) -> tuple[EfficiencyParams, tuple[str, ...], float]:
-    """Steps 1-4 on the runs `indices`: (parameters, names fitted, share of the fit's move taken)."""
+            noise_log: float) -> tuple[EfficiencyParams, tuple[str, ...], float, EfficiencyParams]:
+    """Steps 1-4 on the runs `indices`: (parameters, names fitted, share of the fit's move taken, the whole fit)."""
     fit, names = _fit(pricer, indices, measured, start)
     moved = pricer.log_times(indices, fit) - pricer.log_times(indices, start)
     moved_squared = float(moved @ moved)
     noise_squared = len(names) * noise_log ** 2
     weight = max(0.0, 1.0 - noise_squared / moved_squared) if moved_squared > 0 else 0.0
-    return _toward(start, fit, weight), names, weight
+    return _toward(start, fit, weight), names, weight, fit
 
 
 def calibrate(runs: Sequence[MeasuredRun | MeasuredCompute], start: EfficiencyParams, fast: Predictor = _fast_s,
@@ -297,16 +297,17 @@ def calibrate(runs: Sequence[MeasuredRun | MeasuredCompute], start: EfficiencyPa
     pricer = _Pricer(runs, start, fast, exact)
     measured = np.array([run.measured_s for run in runs])
     everything = list(range(len(runs)))
-    parameters, fitted, fit_weight = _shrunk(pricer, everything, measured, start, noise_log)
+    parameters, fitted, fit_weight, whole = _shrunk(pricer, everything, measured, start, noise_log)
     errors = tuple(RunError(run.measured_s, pricer.exact_s(i, parameters)) for i, run in enumerate(runs))
     held_out: list[RunError] = []
     if len(runs) > 1:
         for i in everything:
             others = [j for j in everything if j != i]
-            without, _, _ = _shrunk(pricer, others, measured[others], start, noise_log)
+            without, _, _, _ = _shrunk(pricer, others, measured[others], start, noise_log)
             held_out.append(RunError(runs[i].measured_s, pricer.exact_s(i, without)))
+    # Where the whole fit stopped: shrinking it moves a pinned parameter off its bound, not the runs' demand.
     at_bound = tuple(name for name in fitted
-                     if any(math.isclose(math.log(getattr(parameters, name)), edge, abs_tol=1e-6)
+                     if any(math.isclose(math.log(getattr(whole, name)), edge, abs_tol=1e-6)
                             for edge in _LOG_BOUNDS[name] if edge != _LOG_DESIGN_BOUNDS.get(name)))
     return CalibrationFit(
         parameters=parameters,

@@ -126,11 +126,13 @@ class Calibration(BaseModel):
     name: str
     parameters: dict[str, float] = Field(description="Fitted efficiency parameters (README, \"The cost model\").")
     default_parameters: dict[str, float] = Field(description="The built-in parameters the fit started from.")
-    fitted: list[str] = Field(description="Parameters the runs determined.")
+    fitted: list[str] = Field(description="Parameters the runs determined: `parameters` move them `fit_weight` of "
+                              "the way to their best fit (0: not at all).")
     unidentified: list[str] = Field(description="Parameters the runs cannot tell apart from the fitted ones: kept "
                                     "at their built-in values. More runs that differ in model size, TP, PP or "
                                     "scale identify more.")
-    at_bound: list[str] = Field(description="Fitted parameters stopped at the edge of their physical range: the "
+    at_bound: list[str] = Field(description="Fitted parameters whose best fit stopped at the edge of their physical "
+                                "range (`parameters`, shrunk by `fit_weight`, sit just inside it): the "
                                 "runs ask for more than the parameter can mean, so the model misses an effect "
                                 "of this stack. shard_overlap_fraction at 1 (every per-layer collective hidden) is "
                                 "the frameworks' design, not such an edge, and is not listed.")
@@ -147,8 +149,9 @@ class Calibration(BaseModel):
         default=None, ge=0, le=1, description="Share of the move from `default_parameters` to the parameters that "
         "fit the runs best that `parameters` take: 1 - k sigma^2 / |move|^2 (k parameters fitted, sigma the cost "
         "model's own error per run on a calibrated published stack, 7.9% in log-time, |move| the runs' log-time "
-        "change), at least 0. Runs within the model's error of the defaults move nothing; one run 10% off moves "
-        "31% of the way, 30% off 91%. Null in a calibration stored before this field.")
+        "change), at least 0. A fit whose change to the runs' predictions is within that error moves nothing (0: "
+        "`parameters` are the defaults); one run measured 1.1x its default prediction moves 31% of the way, 1.3x "
+        "91%. Null in a calibration stored before this field, which took the whole fit.")
     covers: CalibrationCoverage | None = Field(
         default=None, description="What the runs span: inside it the fitted parameters interpolate, outside they "
         "extrapolate (published stacks: held-out runs inside 7.4% off on average, outside 5.9%, 6.8% where CP or "

@@ -54,4 +54,9 @@ async def read_calibration(calibration_id: str, settings: SettingsDep, store: St
     stored = await current_calibration_json(store, pool, calibration_id, settings.max_time_limit_s)
     if stored is None:
         raise HTTPException(status_code=404, detail=f"no calibration with id {calibration_id!r}")
-    return Response(stored, media_type=JSON)
+    # Through the model, so that one stored before a field was added answers it as null, as documented.
+    return Response(await run_in_threadpool(_as_current, stored), media_type=JSON)
+
+
+def _as_current(calibration_json: str) -> str:
+    return Calibration.model_validate_json(calibration_json).model_dump_json()

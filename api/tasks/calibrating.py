@@ -127,8 +127,8 @@ def _fitted(request: CalibrationRequest, calibration_id: str, plans: Mapping[str
             f"the default parameters price them ({fit.default_mape:.1%}): what these runs teach does not carry from "
             "some of them to the others, so plans priced with this calibration may be further off than uncalibrated "
             "ones; calibrate on more runs, or on runs like the layouts you will plan")
-    if fit.fit_weight < 1:
-        notes.append(_shrinkage_note(fit.fit_weight, len(fit.runs)))
+    if round(fit.fit_weight, 5) < 1:
+        notes.append(_shrinkage_note(round(fit.fit_weight, 5), len(fit.runs)))
     held_out = fit.cross_validated or (None,) * len(fit.runs)
     return Calibration(
         calibration_id=calibration_id,
@@ -156,9 +156,11 @@ def _fitted(request: CalibrationRequest, calibration_id: str, plans: Mapping[str
 def _shrinkage_note(fit_weight: float, runs: int) -> str:
     noise = f"the cost model's own error per run (about {math.expm1(RUN_NOISE_LOG):.0%} on a calibrated published stack)"
     if fit_weight == 0:
-        return (f"the parameters stay at their defaults: the runs are within {noise} of the default predictions, so "
-                "a fit to them would chase that error; runs further off, or more of them, move the parameters")
-    return (f"the parameters take {fit_weight:.0%} of the move that fits the runs best: {runs} run"
+        return ("the parameters stay at their defaults: the change the best fit makes to these runs' predictions is "
+                f"within what {noise} explains for the parameters fitted, so the fit would chase that error; runs "
+                "further off, or more of them, move the parameters")
+    share = "under 1%" if fit_weight < 0.005 else "over 99%" if fit_weight >= 0.995 else f"{fit_weight:.0%}"
+    return (f"the parameters take {share} of the move that fits the runs best: {runs} run"
             f"{'s' if runs > 1 else ''} this far off the defaults could owe the rest to {noise}; more runs take more")
 
 

@@ -78,6 +78,21 @@ def test_a_calibration_stored_without_its_span_gets_it_when_read(client, db_url)
     assert read["parameters"] == calibration["parameters"] and read["refit"] is None
 
 
+def test_a_calibration_stored_before_fit_weight_is_read_and_applied_as_stored(client, db_url):
+    """Stored before calibrations shrank (its fit taken whole): no fit_weight, and its parameters apply as they are,
+    without a refit (the cost model prices its runs as it did)."""
+    calibration = _calibration(client)
+    earlier = {key: value for key, value in calibration.items() if key != "fit_weight"}
+    _rewrite_stored(db_url, "update calibrations set calibration_json = :json where calibration_id = :id",
+                    json=json.dumps(earlier), id=calibration["calibration_id"])
+    read = client.get(f"/v1/calibrations/{calibration['calibration_id']}").json()
+    assert read["fit_weight"] is None and read["parameters"] == calibration["parameters"] and read["refit"] is None
+    body = {**_runs(client)[0], "options": {"calibration_id": calibration["calibration_id"]}}
+    del body["measured_iteration_time_s"]
+    applied = client.post("/v1/estimate", json=body).json()["predicted"]["iteration_time_s"]
+    assert applied == pytest.approx(calibration["runs"][0]["predicted_s"], abs=1.01e-6)
+
+
 @pytest.mark.parametrize("missing", ["nvlink_topologies", "zero_sharding"])
 def test_a_span_stored_without_a_later_field_gets_it_when_read(client, db_url, missing):
     calibration = _calibration(client)

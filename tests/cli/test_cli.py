@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -264,6 +265,7 @@ def test_calibrate_prints_a_calibration_that_estimate_applies(tmp_path, capsys):
     runs = {"name": "cli", "runs": [{**request, "measured_iteration_time_s": measured}]}
     calibration = json.loads(run_ok(capsys, ["calibrate", "--runs", write(tmp_path, runs, "runs.json")]))
     # One run 20% off: the calibration takes most of the move to it (fit_weight), not all.
+    assert calibration["fit_weight"] == pytest.approx(1 - (0.079 / math.log(1.2)) ** 2, abs=0.02)
     predicted = calibration["runs"][0]["predicted_s"]
     assert calibration["fitted"] and plain["predicted"]["iteration_time_s"] < predicted < measured
     assert predicted == pytest.approx(measured, rel=0.05)

@@ -146,6 +146,31 @@ def test_the_share_taken_grows_with_how_far_one_run_is_from_the_start():
     assert 0 < weights[0] < weights[1] < weights[2] < 1
 
 
+def test_one_runs_share_is_james_steins_and_taken_in_log_parameter():
+    """Computed here from the predictions alone: the whole fit moves the run's log-time by d; the answer takes
+    1 - (sigma / d)^2 of that move, and each parameter start^(1 - w) x whole^w."""
+    run = _gemm_run(0.35)
+    whole = calibrate([run], START, noise_log=0.0).parameters
+    moved = math.log(predicted_s(run, whole) / predicted_s(run, START))
+    fit = calibrate([run], START)
+    assert fit.fit_weight == pytest.approx(1 - (RUN_NOISE_LOG / moved) ** 2, abs=0.01)
+    w = fit.fit_weight
+    (name,) = fit.fitted
+    assert getattr(whole, name) != getattr(START, name)
+    expected = getattr(START, name) ** (1 - w) * getattr(whole, name) ** w
+    assert getattr(fit.parameters, name) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_fit_pinned_at_a_bound_is_reported_though_the_answer_sits_inside_it():
+    """Runs 20x slower than any efficiency in range explains: the whole fit stops at the bounds, and the shrunk
+    answer just inside them still says the runs asked for more than the parameters can mean."""
+    runs = [_run(layout, START, **extra) for layout, extra in _layouts()[:3]]
+    fit = calibrate([replace(run, measured_s=run.measured_s * 20) for run in runs], START)
+    assert 0 < fit.fit_weight < 1 and fit.at_bound
+    assert set(fit.at_bound) == set(calibrate([replace(run, measured_s=run.measured_s * 20) for run in runs], START,
+                                              noise_log=0.0).at_bound)
+
+
 def test_a_parameter_the_runs_do_not_move_is_not_fitted():
     # No run here crosses nodes: the network's efficiency cannot change any prediction.
     truth = replace(START, gemm_peak_fraction=START.gemm_peak_fraction * 0.85)
