@@ -21,6 +21,7 @@ from cost_models.flops import (
     attention_executed_fraction,
     layer_attention_forward_flops,
     layer_projection_gemms,
+    mlp_projection_gemms,
 )
 from cost_models.hardware import FIT_REFERENCE_GPU, GpuSpec, gpu_preset
 from cost_models.model_spec import ModelSpec
@@ -162,17 +163,36 @@ def _attention_core_forward_s(
     return gemm_time_s(flops, model.qk_head_width, gpu, efficiency) + hbm_time_s(score_elements * score_bytes, gpu, efficiency)
 
 
+def _activation_elements_per_token(model: ModelSpec) -> float:
+    """The MLP's activation function (SwiGLU reads two inputs), in units of h elements per token."""
+    return (3.0 if model.swiglu else 2.0) * model.mlp_width_per_token / model.hidden_size
+
+
 def _elementwise_forward_s(
     model: ModelSpec, tokens: int, tp: int, gpu: GpuSpec, efficiency: EfficiencyParams, software: SoftwareConfig
 ) -> float:
     h = model.hidden_size
     replicated = NORM_RESIDUAL_ELEMENTS + (DROPOUT_ELEMENTS if software.dropout else 0.0)
-    activation_fn = (3.0 if model.swiglu else 2.0) * model.mlp_width_per_token / h
+    activation_fn = _activation_elements_per_token(model)
     # A mixture of experts copies each token to its experts and back (permute, unpermute).
     replicated += MOE_COPY_ELEMENTS * model.experts_per_token
     sp_divisor = tp if software.sequence_parallel else 1
     elements = tokens * h * (replicated / sp_divisor + activation_fn / tp)
     return hbm_time_s(elements * BYTES_PER_ELEMENT, gpu, efficiency)
+
+
+def mlp_forward_ms(
+    model: ModelSpec, tokens: float, tp: int, gpu: GpuSpec, efficiency: EfficiencyParams, software: SoftwareConfig,
+    expert_tp: int | None = None,
+) -> float:
+    """The MLP's part of a layer's forward compute on one GPU (its two GEMMs and the activation between them;
+    a mixture of experts' routed and shared experts): what Megatron's EP overlap schedules apart from the rest
+    of the layer (`cost_models.expert_parallel.overlapped_all_to_all_ms`)."""
+    gemms_s = sum(gemm_time_s(flops, width, gpu, efficiency, software.fp8)
+                  for flops, width in mlp_projection_gemms(model, tokens, tp, expert_tp))
+    activation_s = hbm_time_s(tokens * model.hidden_size * _activation_elements_per_token(model) / tp
+                              * BYTES_PER_ELEMENT, gpu, efficiency)
+    return 1e3 * (gemms_s + activation_s)
 
 
 def tp_all_reduce_ms(

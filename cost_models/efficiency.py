@@ -185,8 +185,9 @@ class SoftwareConfig:
         dispatcher, one copy per routed expert) or "flex" (DeepEP/HybridEP kernels: one network copy per
         remote node; `cost_models.expert_parallel`).
     moe_a2a_overlap: Megatron's batch-level EP overlap (--overlap-moe-expert-parallel-comm): the forward of
-        one microbatch and the backward of another run as one step, each one's all-to-alls under the other's
-        computation, where megatron-core allows it (`cost_models.expert_parallel.a2a_overlap_applies`).
+        one microbatch and the backward of another run as one step, each one's all-to-alls under the block of the
+        other's computation run beside it (`cost_models.expert_parallel.overlapped_all_to_all_ms`), where
+        megatron-core allows it (`cost_models.expert_parallel.a2a_overlap_applies`).
     attention_kernel: which fused attention kernels run (with flash_attention): "fused", Transformer Engine's
         cuDNN attention or FlashAttention-3 on Hopper and newer, FlashAttention-2 on Ampere (their own best);
         or "fa2", FlashAttention-2 kernels (flash-attn 2, PyTorch SDPA's flash backend) on Hopper or newer,

@@ -26,18 +26,24 @@ def layer_projection_gemms(model: ModelSpec, tokens: float, tp: int,
     expert a token runs (`mlp_width_per_token`) over tp: with expert-TP below TP a GPU runs whole (wider)
     expert shards on the routed tokens of tp / expert_tp TP ranks, the same FLOPs."""
     h, out = model.hidden_size, model.attention_output_width
-    gate_up = 2 if model.swiglu else 1
-    per_token = model.mlp_width_per_token / tp
-    one_gemm = model.ffn_hidden_size / (expert_tp if model.is_moe and expert_tp else tp)
-    gemms = _qkv_gemms(model, tokens, tp) + (
-        (2 * tokens * (out / tp) * h, min(h, out / tp)),
-        (2 * tokens * h * gate_up * per_token, min(h, gate_up * one_gemm)),
-        (2 * tokens * per_token * h, min(h, one_gemm)),
-    )
+    gemms = (_qkv_gemms(model, tokens, tp) + ((2 * tokens * (out / tp) * h, min(h, out / tp)),)
+             + mlp_projection_gemms(model, tokens, tp, expert_tp))
     if model.is_moe:  # replicated on every TP rank, as Megatron's router is; per mean layer (dense ones have none)
         share = model.expert_layers / model.num_layers
         gemms += ((2 * tokens * h * model.num_experts * share, min(h, model.num_experts)),)
     return gemms
+
+
+def mlp_projection_gemms(model: ModelSpec, tokens: float, tp: int,
+                         expert_tp: int | None = None) -> tuple[tuple[float, float], ...]:
+    """(FLOPs, narrow width) of the MLP's two GEMMs (`layer_projection_gemms`): a mixture of experts' the
+    routed and shared experts'."""
+    h = model.hidden_size
+    gate_up = 2 if model.swiglu else 1
+    per_token = model.mlp_width_per_token / tp
+    one_gemm = model.ffn_hidden_size / (expert_tp if model.is_moe and expert_tp else tp)
+    return ((2 * tokens * h * gate_up * per_token, min(h, gate_up * one_gemm)),
+            (2 * tokens * per_token * h, min(h, one_gemm)))
 
 
 def _qkv_gemms(model: ModelSpec, tokens: float, tp: int) -> tuple[tuple[float, float], ...]:

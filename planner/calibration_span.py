@@ -3,10 +3,11 @@
 A calibration fits a handful of efficiency parameters to a few measured runs. Inside the kinds of layout those
 runs exercised, the fitted parameters predict the stack's other runs well; outside them they extrapolate, and the
 published runs show by how much (`python -m benchmarks.fidelity`, "Calibrated per stack", each stack calibrated
-on half its runs, 2026-12-06 15:54 UTC: a held-out run inside its calibration's span was predicted to 7.4% on
-average, one outside to 5.9%, and the eight whose CP or EP degree lay outside the calibrated runs' to 6.8%, 1-14%;
-6.6%, 6.6% and 6.7% before calibrations shrank toward the built-in parameters; before Hopper's attention fraction
-was fitted, 12.2% outside and 19%, 10-33%, for those eight). A plan priced with a
+on half its runs, 2026-12-06 18:23 UTC: a held-out run inside its calibration's span was predicted to 7.4% on
+average, one outside to 5.6%, and the eight whose CP or EP degree lay outside the calibrated runs' to 5.7%, 1-10%
+(5.9% and 6.8%, 1-14%, before Megatron's EP overlap was priced block by block); 6.6%, 6.6% and 6.7% before
+calibrations shrank toward the built-in parameters; before Hopper's attention fraction was fitted, 12.2% outside
+and 19%, 10-33%, for those eight). A plan priced with a
 calibration names every way it leaves the span (`predicted.calibration_extrapolates`), so that a user knows which
 of their numbers to trust less.
 

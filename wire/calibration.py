@@ -154,7 +154,7 @@ class Calibration(BaseModel):
         "91%. Null in a calibration stored before this field, which took the whole fit.")
     covers: CalibrationCoverage | None = Field(
         default=None, description="What the runs span: inside it the fitted parameters interpolate, outside they "
-        "extrapolate (published stacks: held-out runs inside 7.4% off on average, outside 5.9%, 6.8% where CP or "
+        "extrapolate (published stacks: held-out runs inside 7.4% off on average, outside 5.6%, 5.7% where CP or "
         "EP differ). A calibration stored before this field gets it the next time it is read or used, where the service "
         "kept its runs.")
     notes: list[str] = Field(

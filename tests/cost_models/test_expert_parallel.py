@@ -232,28 +232,76 @@ def test_expert_tp_1_keeps_the_flops_and_expert_memory_and_widens_the_expert_gem
     assert [width for _, width in whole[:2]] == [width for _, width in split[:2]]  # attention: over TP either way
 
 
-def test_megatrons_batch_level_overlap_hides_the_all_to_alls_under_the_paired_computation():
-    """Megatron's EP overlap runs one microbatch's forward with another's backward, each one's all-to-alls under
-    the other's computation. Written from the rule: of the merged share of ops, min(all-to-all, computation) hides;
-    the warmup forwards run alone (one without pipelining; (p - 1) + (v - 1) p chunk forwards of m v with an
-    interleaved pipeline, on average over ranks: 3 + 4 = 7 of 16 x 2 for p 4, v 2, m 16)."""
+def test_megatrons_batch_level_overlap_hides_each_all_to_all_under_the_block_beside_it():
+    """Megatron's EP overlap runs one microbatch's layer forward with another's backward
+    (model_chunk_schedule_plan.py, `TransformerLayerSchedulePlan.run`): communication combine-bwd | dispatch-fwd,
+    dispatch-bwd | combine-fwd beside computation attention-fwd | MLP-bwd, MLP-fwd | attention-bwd, each
+    waiting for its input. Timelines worked by hand below. The warmup forwards run alone (one without
+    pipelining; (p - 1) + (v - 1) p chunk forwards of m v with an interleaved pipeline, on average over ranks:
+    3 + 4 = 7 of 16 x 2 for p 4, v 2, m 16)."""
     from cost_models.expert_parallel import a2a_overlap_applies, merged_share, overlapped_all_to_all_ms
 
     assert merged_share(1, 1, 8) == pytest.approx(7 / 8)
     assert merged_share(4, 2, 16) == pytest.approx(1 - 7 / 32)
     assert merged_share(4, 2, 2) == 0.0  # all warmup
-    # computation longer than the all-to-alls: only the unmerged share stays, split as forward 1 : backward 2
-    forward, backward = overlapped_all_to_all_ms(1.0, 2.0, 4.0, 8.0, 0.75)
+    # all-to-alls 0.5 each forward, 1 each backward; attention 3 forward, 6 backward; MLP 1 (backward 1 + 1):
+    # combine-bwd 0-1 | attention-fwd 0-3; dispatch-fwd 3-3.5 | MLP-bwd (input and weight gradients) 3-5;
+    # dispatch-bwd 5-6 | MLP-fwd 5-6; combine-fwd 6-6.5 | attention-bwd 6-12: 12 = the computation, all hidden. Only the
+    # unmerged quarter stays, split as forward 1 : backward 2.
+    forward, backward = overlapped_all_to_all_ms(1.0, 2.0, 4.0, 8.0, 1.0, 0.75)
     assert (forward, backward) == pytest.approx((0.25, 0.5))
-    # all-to-alls longer than the computation: what the computation cannot cover stays exposed too
-    forward, backward = overlapped_all_to_all_ms(3.0, 6.0, 1.0, 2.0, 1.0)
-    assert forward + backward == pytest.approx(9.0 - 3.0) and forward / backward == pytest.approx(0.5)
-    assert overlapped_all_to_all_ms(0.0, 0.0, 1.0, 1.0, 1.0) == (0.0, 0.0)
+    # all-to-alls 2 each; attention 2 forward, 4 backward; MLP 1. The computation (9) outlasts the all-to-alls (8),
+    # but each waits for its block: combine-bwd 0-2 | attention-fwd 0-2; dispatch-fwd 2-4 | MLP-bwd 2-4;
+    # dispatch-bwd 4-6 | MLP-fwd 4-5; combine-fwd 6-8 | attention-bwd 6-10: 1 ms exposed.
+    forward, backward = overlapped_all_to_all_ms(4.0, 4.0, 3.0, 6.0, 1.0, 1.0)
+    assert (forward, backward) == pytest.approx((0.5, 0.5))
+    # no computation: the four all-to-alls run back to back, all exposed
+    forward, backward = overlapped_all_to_all_ms(3.0, 6.0, 0.0, 0.0, 0.0, 1.0)
+    assert (forward, backward) == pytest.approx((3.0, 6.0))
+    assert overlapped_all_to_all_ms(0.0, 0.0, 1.0, 1.0, 0.5, 1.0) == (0.0, 0.0)
     # where megatron-core runs it (TransformerConfig.__post_init__): EP, no full recompute, pp 1 or interleaved
     assert a2a_overlap_applies(4, 1, 1, "none") and a2a_overlap_applies(4, 4, 2, "selective")
     assert not a2a_overlap_applies(1, 1, 1, "none")
     assert not a2a_overlap_applies(4, 4, 1, "none")
     assert not a2a_overlap_applies(4, 1, 1, "full")
+
+
+def _two_streams_ms(ops: list[tuple[str, str, float, tuple[str, ...]]]) -> float:
+    """Oracle: ops issued in order, each on its stream (in order there), each starting once its stream is free
+    and its inputs are done; when the last one ends."""
+    stream_free: dict[str, float] = {}
+    done: dict[str, float] = {}
+    for name, stream, ms, inputs in ops:
+        start = max([stream_free.get(stream, 0.0)] + [done[i] for i in inputs])
+        done[name] = stream_free[stream] = start + ms
+    return max(done.values())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_ep_overlap_matches_megatrons_two_stream_schedule(seed):
+    """`overlapped_all_to_all_ms` against a simulation of `TransformerLayerSchedulePlan.run`'s issue order (the
+    forward layer's attention, dispatch, MLP, combine; the backward layer's combine, MLP, dispatch, attention),
+    at random sizes: the pair's time beyond its computation is what stays exposed."""
+    import random
+
+    from cost_models.expert_parallel import overlapped_all_to_all_ms
+
+    rng = random.Random(seed)
+    a2a_f, a2a_b, attention_f, mlp_f, attention_b = (rng.uniform(0.0, 3.0) for _ in range(5))
+    ops = [
+        ("combine-bwd", "comm", a2a_b, ()),
+        ("attention-fwd", "comp", attention_f, ()),
+        ("mlp-bwd", "comp", 2 * mlp_f, ("combine-bwd",)),
+        ("dispatch-fwd", "comm", a2a_f, ("attention-fwd",)),
+        ("dispatch-bwd", "comm", a2a_b, ("mlp-bwd",)),
+        ("mlp-fwd", "comp", mlp_f, ("dispatch-fwd",)),
+        ("combine-fwd", "comm", a2a_f, ("mlp-fwd",)),
+        ("attention-bwd", "comp", attention_b, ("dispatch-bwd",)),
+    ]
+    forward_compute, backward_compute = attention_f + mlp_f, attention_b + 2 * mlp_f
+    exposed = _two_streams_ms(ops) - forward_compute - backward_compute
+    forward, backward = overlapped_all_to_all_ms(2 * a2a_f, 2 * a2a_b, forward_compute, backward_compute, mlp_f, 1.0)
+    assert forward + backward == pytest.approx(exposed, abs=1e-9)
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
