@@ -181,18 +181,24 @@ def _elementwise_forward_s(
     return hbm_time_s(elements * BYTES_PER_ELEMENT, gpu, efficiency)
 
 
-def mlp_forward_ms(
+def routed_experts_forward_ms(
     model: ModelSpec, tokens: float, tp: int, gpu: GpuSpec, efficiency: EfficiencyParams, software: SoftwareConfig,
     expert_tp: int | None = None,
 ) -> float:
-    """The MLP's part of a layer's forward compute on one GPU (its two GEMMs and the activation between them;
-    a mixture of experts' routed and shared experts): what Megatron's EP overlap schedules apart from the rest
-    of the layer (`cost_models.expert_parallel.overlapped_all_to_all_ms`)."""
+    """A mixture of experts' routed experts' part of a layer's forward compute on one GPU, per mean layer: their
+    GEMMs and the activation between them, what Megatron's EP overlap runs as the MLP node between the dispatch
+    and the combine (`cost_models.expert_parallel.overlapped_all_to_all_ms`). Shared experts run with the
+    attention before the dispatch (megatron/core/models/gpt/fine_grained_callables.py), and dense layers have
+    no routed experts: both are left out, at their share of `mlp_width_per_token`."""
+    if not model.is_moe:
+        return 0.0
+    routed_share = (model.expert_layers * model.experts_per_token * model.ffn_hidden_size
+                    / (model.num_layers * model.mlp_width_per_token))
     gemms_s = sum(gemm_time_s(flops, width, gpu, efficiency, software.fp8)
                   for flops, width in mlp_projection_gemms(model, tokens, tp, expert_tp))
     activation_s = hbm_time_s(tokens * model.hidden_size * _activation_elements_per_token(model) / tp
                               * BYTES_PER_ELEMENT, gpu, efficiency)
-    return 1e3 * (gemms_s + activation_s)
+    return 1e3 * routed_share * (gemms_s + activation_s)
 
 
 def tp_all_reduce_ms(

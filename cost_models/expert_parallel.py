@@ -233,7 +233,8 @@ def a2a_overlap_applies(ep: int, pp: int, virtual_stages: int, recompute: str) -
 
 
 def overlapped_all_to_all_ms(forward_ms: float, backward_ms: float, forward_compute_ms: float,
-                             backward_compute_ms: float, mlp_forward_ms: float, share: float) -> tuple[float, float]:
+                             backward_compute_ms: float, mlp_forward_ms: float, mlp_backward_ms: float,
+                             share: float) -> tuple[float, float]:
     """(forward, backward) all-to-all time left exposed per layer by Megatron's batch-level EP overlap
     (`--overlap-moe-expert-parallel-comm`, megatron/core/transformer/moe/README.md "EP A2A Overlap").
 
@@ -247,32 +248,38 @@ def overlapped_all_to_all_ms(forward_ms: float, backward_ms: float, forward_comp
     each waiting for its input: the forward's dispatch for its attention (and router), its MLP for its
     dispatch, its combine for its MLP; the backward's MLP for its combine, its dispatch for its MLP, its
     attention for its dispatch (`_paired_layer_ms`). So an all-to-all hides only under the block of
-    computation that runs beside it, not under the pair's whole computation. "Attention" is the layer's
-    computation other than the MLP (`mlp_forward_ms`; the MLP's backward is twice its forward: input and
-    weight gradients, computed together: `--delay-wgrad-compute`, which lets the backward's dispatch start
-    after the input gradients, is not modelled). Of the `share` of ops merged into pairs, what the pair takes
-    beyond its computation stays exposed; the unmerged ops' all-to-alls stay whole. Both split between forward
-    and backward as their all-to-alls are. Before 2026-12-06 the all-to-alls hid under as much of the pair's
+    computation that runs beside it, not under the pair's whole computation. The MLP node is the routed
+    experts and whatever runs between the dispatch and the combine on the compute stream (expert-TP collectives
+    included: `mlp_forward_ms`, `mlp_backward_ms`, its input and weight gradients together:
+    `--delay-wgrad-compute`, which lets the backward's dispatch start after the input gradients, is not
+    modelled); "attention" is the rest of the layer's computation, shared experts included. Each pair ends when
+    both streams have: the next pair's combine backward waits for this one's attention backward, its attention
+    forward for this one's combine forward. Of the `share` of ops merged into pairs, what the pair takes beyond
+    its computation stays exposed; the unmerged ops' all-to-alls stay whole. Both split between forward and
+    backward as their all-to-alls are. Before 2026-12-06 the all-to-alls hid under as much of the pair's
     computation as there was: Qwen3-235B-A22B's published run (`benchmarks.fidelity`) priced 25% fast, now 19%.
     """
     total = forward_ms + backward_ms
     if total <= 0.0:
         return 0.0, 0.0
-    mlp_ms = min(mlp_forward_ms, forward_compute_ms, backward_compute_ms / 2)
+    mlp_forward_ms = min(mlp_forward_ms, forward_compute_ms)
+    mlp_backward_ms = min(mlp_backward_ms, backward_compute_ms)
     paired_ms = _paired_layer_ms(forward_ms / ALL_TO_ALLS_PER_PASS, backward_ms / ALL_TO_ALLS_PER_PASS,
-                                 forward_compute_ms - mlp_ms, mlp_ms, backward_compute_ms - 2 * mlp_ms)
-    exposed = share * (paired_ms - forward_compute_ms - backward_compute_ms) + (1 - share) * total
+                                 forward_compute_ms - mlp_forward_ms, mlp_forward_ms, mlp_backward_ms,
+                                 backward_compute_ms - mlp_backward_ms)
+    # Never below zero, which rounding would otherwise give where the computation covers every block.
+    exposed = max(0.0, share * (paired_ms - forward_compute_ms - backward_compute_ms) + (1 - share) * total)
     return forward_ms * exposed / total, backward_ms * exposed / total
 
 
 def _paired_layer_ms(forward_a2a_ms: float, backward_a2a_ms: float, attention_forward_ms: float,
-                     mlp_forward_ms: float, attention_backward_ms: float) -> float:
+                     mlp_forward_ms: float, mlp_backward_ms: float, attention_backward_ms: float) -> float:
     """One merged forward-backward step of a layer (`overlapped_all_to_all_ms`): when both streams are done."""
     combine_backward_end = backward_a2a_ms
     attention_forward_end = attention_forward_ms
     ready = max(combine_backward_end, attention_forward_end)
     dispatch_forward_end = ready + forward_a2a_ms
-    mlp_backward_end = ready + 2 * mlp_forward_ms  # input and weight gradients
+    mlp_backward_end = ready + mlp_backward_ms  # input and weight gradients
     dispatch_backward_end = max(dispatch_forward_end, mlp_backward_end) + backward_a2a_ms
     mlp_forward_end = max(mlp_backward_end, dispatch_forward_end) + mlp_forward_ms
     combine_forward_end = max(dispatch_backward_end, mlp_forward_end) + forward_a2a_ms

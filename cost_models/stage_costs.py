@@ -19,7 +19,15 @@ from cost_models.comm import (
 )
 from cost_models.context_parallel import ring_link
 from cost_models.choices import Recompute
-from cost_models.compute import LayerTime, embedding_time, gemm_time_s, head_time, layer_time, mlp_forward_ms
+from cost_models.compute import (
+    LayerTime,
+    embedding_time,
+    gemm_time_s,
+    head_time,
+    layer_time,
+    mlp_tp_comm_ms,
+    routed_experts_forward_ms,
+)
 from cost_models.efficiency import FLEX, EfficiencyParams, SoftwareConfig
 from cost_models.flops import BACKWARD_TO_FORWARD
 from cost_models.expert_parallel import (
@@ -211,10 +219,15 @@ def part_costs(
         forward_ms, backward_ms = all_to_all_ms, all_to_all_ms + recomputed
         if software.moe_a2a_overlap and a2a_overlap_applies(shape.ep, shape.pp, shape.virtual_stages, shape.recompute):
             share = merged_share(shape.pp, shape.virtual_stages, shape.num_microbatches(workload.global_batch_size))
-            mlp_ms = mlp_forward_ms(model, local_seq * mbs, tp, gpu, efficiency, software, shape.expert_tp)
+            # The MLP node: the routed experts, and the expert-TP collectives around them (`mlp_tp_comm_ms`).
+            experts_ms = routed_experts_forward_ms(model, local_seq * mbs, tp, gpu, efficiency, software,
+                                                   shape.expert_tp)
+            _, expert_tp_ms = mlp_tp_comm_ms(model, local_seq * mbs, tp, intra, efficiency, shape.expert_tp,
+                                             software.moe_dispatcher, nvlink_group_gb_s(hardware, shape.expert_tp))
             forward_ms, backward_ms = overlapped_all_to_all_ms(
                 forward_ms, backward_ms, time.forward_compute_ms + time.forward_tp_comm_ms,
-                time.backward_compute_ms + time.backward_tp_comm_ms, mlp_ms, share)
+                time.backward_compute_ms + time.backward_tp_comm_ms, experts_ms + expert_tp_ms,
+                BACKWARD_TO_FORWARD * experts_ms + expert_tp_ms, share)
         time = replace(time, forward_ep_comm_ms=forward_ms, backward_ep_comm_ms=backward_ms)
     params = layer_params_per_gpu(model, tp, shape.ep, shape.expert_tp)
     layer = PartCosts(

@@ -161,9 +161,9 @@ class Training(_Strict):
     )
     moe_a2a_overlap: bool = Field(
         default=False,
-        description="Let Megatron's batch-level expert-parallel overlap (--overlap-moe-expert-parallel-comm "
-                    "--delay-wgrad-compute) hide a mixture of experts' all-to-alls: the forward of one microbatch and "
-                    "the backward of another run as one step, each one's all-to-alls under the other's computation. "
+        description="Let Megatron's batch-level expert-parallel overlap (--overlap-moe-expert-parallel-comm) hide "
+                    "a mixture of experts' all-to-alls: the forward of one microbatch and the backward of another "
+                    "run as one step, each all-to-all under the block of the other's computation run beside it. "
                     "Priced, and exported, for the layouts megatron-core runs it on (ep > 1, no full recompute, one "
                     "pipeline stage or an interleaved pipeline); other layouts pay their all-to-alls exposed. "
                     "Plans say whether theirs uses it (moe_a2a_overlap).",

@@ -8,6 +8,8 @@ not from the code under test.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cost_models.compute import BYTES_PER_ELEMENT
@@ -248,17 +250,17 @@ def test_megatrons_batch_level_overlap_hides_each_all_to_all_under_the_block_bes
     # combine-bwd 0-1 | attention-fwd 0-3; dispatch-fwd 3-3.5 | MLP-bwd (input and weight gradients) 3-5;
     # dispatch-bwd 5-6 | MLP-fwd 5-6; combine-fwd 6-6.5 | attention-bwd 6-12: 12 = the computation, all hidden. Only the
     # unmerged quarter stays, split as forward 1 : backward 2.
-    forward, backward = overlapped_all_to_all_ms(1.0, 2.0, 4.0, 8.0, 1.0, 0.75)
+    forward, backward = overlapped_all_to_all_ms(1.0, 2.0, 4.0, 8.0, 1.0, 2.0, 0.75)
     assert (forward, backward) == pytest.approx((0.25, 0.5))
     # all-to-alls 2 each; attention 2 forward, 4 backward; MLP 1. The computation (9) outlasts the all-to-alls (8),
     # but each waits for its block: combine-bwd 0-2 | attention-fwd 0-2; dispatch-fwd 2-4 | MLP-bwd 2-4;
     # dispatch-bwd 4-6 | MLP-fwd 4-5; combine-fwd 6-8 | attention-bwd 6-10: 1 ms exposed.
-    forward, backward = overlapped_all_to_all_ms(4.0, 4.0, 3.0, 6.0, 1.0, 1.0)
+    forward, backward = overlapped_all_to_all_ms(4.0, 4.0, 3.0, 6.0, 1.0, 2.0, 1.0)
     assert (forward, backward) == pytest.approx((0.5, 0.5))
     # no computation: the four all-to-alls run back to back, all exposed
-    forward, backward = overlapped_all_to_all_ms(3.0, 6.0, 0.0, 0.0, 0.0, 1.0)
+    forward, backward = overlapped_all_to_all_ms(3.0, 6.0, 0.0, 0.0, 0.0, 0.0, 1.0)
     assert (forward, backward) == pytest.approx((3.0, 6.0))
-    assert overlapped_all_to_all_ms(0.0, 0.0, 1.0, 1.0, 0.5, 1.0) == (0.0, 0.0)
+    assert overlapped_all_to_all_ms(0.0, 0.0, 1.0, 1.0, 0.5, 0.5, 1.0) == (0.0, 0.0)
     # where megatron-core runs it (TransformerConfig.__post_init__): EP, no full recompute, pp 1 or interleaved
     assert a2a_overlap_applies(4, 1, 1, "none") and a2a_overlap_applies(4, 4, 2, "selective")
     assert not a2a_overlap_applies(1, 1, 1, "none")
@@ -281,27 +283,59 @@ def _two_streams_ms(ops: list[tuple[str, str, float, tuple[str, ...]]]) -> float
 def test_the_ep_overlap_matches_megatrons_two_stream_schedule(seed):
     """`overlapped_all_to_all_ms` against a simulation of `TransformerLayerSchedulePlan.run`'s issue order (the
     forward layer's attention, dispatch, MLP, combine; the backward layer's combine, MLP, dispatch, attention),
-    at random sizes: the pair's time beyond its computation is what stays exposed."""
+    at random sizes, over three consecutive layer pairs (each waits for the last: its backward's combine for the
+    previous attention backward, its forward's attention for the previous combine forward): the pairs' time
+    beyond their computation is what stays exposed, a third of it per layer."""
     import random
 
     from cost_models.expert_parallel import overlapped_all_to_all_ms
 
     rng = random.Random(seed)
-    a2a_f, a2a_b, attention_f, mlp_f, attention_b = (rng.uniform(0.0, 3.0) for _ in range(5))
-    ops = [
-        ("combine-bwd", "comm", a2a_b, ()),
-        ("attention-fwd", "comp", attention_f, ()),
-        ("mlp-bwd", "comp", 2 * mlp_f, ("combine-bwd",)),
-        ("dispatch-fwd", "comm", a2a_f, ("attention-fwd",)),
-        ("dispatch-bwd", "comm", a2a_b, ("mlp-bwd",)),
-        ("mlp-fwd", "comp", mlp_f, ("dispatch-fwd",)),
-        ("combine-fwd", "comm", a2a_f, ("mlp-fwd",)),
-        ("attention-bwd", "comp", attention_b, ("dispatch-bwd",)),
-    ]
-    forward_compute, backward_compute = attention_f + mlp_f, attention_b + 2 * mlp_f
-    exposed = _two_streams_ms(ops) - forward_compute - backward_compute
-    forward, backward = overlapped_all_to_all_ms(2 * a2a_f, 2 * a2a_b, forward_compute, backward_compute, mlp_f, 1.0)
-    assert forward + backward == pytest.approx(exposed, abs=1e-9)
+    a2a_f, a2a_b, attention_f, mlp_f, mlp_b, attention_b = (rng.uniform(0.0, 3.0) for _ in range(6))
+    ops = []
+    for layer in range(3):
+        before = (f"attention-bwd{layer - 1}",) if layer else ()
+        after_forward = (f"combine-fwd{layer - 1}",) if layer else ()
+        ops += [
+            (f"combine-bwd{layer}", "comm", a2a_b, before),
+            (f"attention-fwd{layer}", "comp", attention_f, after_forward),
+            (f"mlp-bwd{layer}", "comp", mlp_b, (f"combine-bwd{layer}",)),
+            (f"dispatch-fwd{layer}", "comm", a2a_f, (f"attention-fwd{layer}",)),
+            (f"dispatch-bwd{layer}", "comm", a2a_b, (f"mlp-bwd{layer}",)),
+            (f"mlp-fwd{layer}", "comp", mlp_f, (f"dispatch-fwd{layer}",)),
+            (f"combine-fwd{layer}", "comm", a2a_f, (f"mlp-fwd{layer}",)),
+            (f"attention-bwd{layer}", "comp", attention_b, (f"dispatch-bwd{layer}",)),
+        ]
+    forward_compute, backward_compute = attention_f + mlp_f, attention_b + mlp_b
+    exposed = _two_streams_ms(ops) / 3 - forward_compute - backward_compute
+    share = rng.uniform(0.5, 1.0)
+    forward, backward = overlapped_all_to_all_ms(2 * a2a_f, 2 * a2a_b, forward_compute, backward_compute, mlp_f,
+                                                 mlp_b, share)
+    assert forward + backward == pytest.approx(share * exposed + (1 - share) * 2 * (a2a_f + a2a_b), abs=1e-9)
+
+
+def test_the_ep_overlaps_mlp_node_is_the_routed_experts():
+    """Megatron runs shared experts with the attention before the dispatch (fine_grained_callables.py), so the
+    block between the dispatch and the combine is the routed experts alone: adding a shared expert leaves it,
+    and it scales with the routed experts a token runs."""
+    from cost_models.compute import layer_time, routed_experts_forward_ms
+    from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+    from cost_models.hardware import gpu_preset
+
+    gpu, efficiency, software = gpu_preset("H100-SXM"), EfficiencyParams(), SoftwareConfig()
+    routed = ModelSpec("routed", num_layers=4, hidden_size=2048, ffn_hidden_size=768, num_attention_heads=16,
+                       num_kv_heads=4, vocab_size=1000, swiglu=True, tied_embeddings=False, num_experts=64,
+                       experts_per_token=4)
+    shared = replace(routed, shared_expert_ffn_hidden_size=4 * 768)
+    doubled = replace(routed, experts_per_token=8)
+    ms = {name: routed_experts_forward_ms(m, 4096, 1, gpu, efficiency, software)
+          for name, m in (("routed", routed), ("shared", shared), ("doubled", doubled))}
+    assert ms["shared"] == pytest.approx(ms["routed"])
+    assert ms["doubled"] == pytest.approx(2 * ms["routed"])
+    layer = layer_time(routed, 4096, 1, 1, "none", gpu, 450.0, efficiency, software)
+    assert 0.0 < ms["routed"] < layer.forward_compute_ms
+    dense = replace(routed, num_experts=0, experts_per_token=0)
+    assert routed_experts_forward_ms(dense, 4096, 1, gpu, efficiency, software) == 0.0
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
