@@ -338,6 +338,48 @@ def test_the_ep_overlaps_mlp_node_is_the_routed_experts():
     assert routed_experts_forward_ms(dense, 4096, 1, gpu, efficiency, software) == 0.0
 
 
+def test_a_stages_ep_overlap_runs_the_routed_experts_and_their_expert_tp_collectives_as_the_mlp_node():
+    """Wiring: Mixtral at tp 2 (experts split over the same 2 ranks, all-to-all dispatcher, so the expert-TP
+    collectives run in the MLP node), ep 8 over two nodes, an interleaved pipeline, under the EP overlap. The layer's exposed
+    all-to-alls equal the two-stream simulation of one layer pair with the MLP node built here from its pieces:
+    the routed experts' GEMMs (backward: input and weight gradients) plus the expert-TP collectives each way; the
+    attention block the rest of the layer's compute and TP traffic."""
+    from cost_models.compute import mlp_tp_comm_ms, routed_experts_forward_ms
+    from cost_models.efficiency import EfficiencyParams, SoftwareConfig
+    from cost_models.hardware import gpu_preset
+    from cost_models.layout import Hardware, ParallelShape, Workload, nvlink_group_gb_s
+    from cost_models.stage_costs import part_costs
+
+    # A slow network (10 GB/s a GPU), so that the all-to-alls outlast some of the blocks beside them, not all.
+    hardware, efficiency = Hardware(gpu_preset("H100-SXM"), 8, 900.0, 10.0), EfficiencyParams()
+    workload = Workload(MIXTRAL, 4096, 256)
+    shape = ParallelShape(tp=2, pp=4, dp=8, micro_batch_size=1, recompute="selective", schedule="interleaved",
+                          virtual_stages=2, ep=8)
+    exposed = part_costs(workload, hardware, shape, efficiency, SoftwareConfig()).layer.time
+    overlapped = part_costs(workload, hardware, shape, efficiency, SoftwareConfig(moe_a2a_overlap=True)).layer.time
+    a2a_ms = exposed.forward_ep_comm_ms / 2  # one dispatch or combine, the same each way
+    forward_ms = exposed.forward_compute_ms + exposed.forward_tp_comm_ms
+    backward_ms = exposed.backward_compute_ms + exposed.backward_tp_comm_ms
+    experts_ms = routed_experts_forward_ms(MIXTRAL, 4096, 2, hardware.gpu, efficiency, SoftwareConfig())
+    _, expert_tp_ms = mlp_tp_comm_ms(MIXTRAL, 4096, 2, nvlink_group_gb_s(hardware, 2), efficiency, 2)
+    assert expert_tp_ms > 0.0
+    mlp_forward_ms, mlp_backward_ms = experts_ms + expert_tp_ms, 2 * experts_ms + expert_tp_ms
+    pair_ms = _two_streams_ms([
+        ("combine-bwd", "comm", a2a_ms, ()),
+        ("attention-fwd", "comp", forward_ms - mlp_forward_ms, ()),
+        ("mlp-bwd", "comp", mlp_backward_ms, ("combine-bwd",)),
+        ("dispatch-fwd", "comm", a2a_ms, ("attention-fwd",)),
+        ("dispatch-bwd", "comm", a2a_ms, ("mlp-bwd",)),
+        ("mlp-fwd", "comp", mlp_forward_ms, ("dispatch-fwd",)),
+        ("combine-fwd", "comm", a2a_ms, ("mlp-fwd",)),
+        ("attention-bwd", "comp", backward_ms - mlp_backward_ms, ("dispatch-bwd",)),
+    ])
+    share = 1 - ((4 - 1) + (2 - 1) * 4) / (shape.num_microbatches(256) * 2)  # megatron-core's warmup, averaged
+    expected = share * (pair_ms - forward_ms - backward_ms) + (1 - share) * 4 * a2a_ms
+    assert pair_ms > forward_ms + backward_ms and expected < 4 * a2a_ms
+    assert overlapped.forward_ep_comm_ms + overlapped.backward_ep_comm_ms == pytest.approx(expected, rel=1e-9)
+
+
 @pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
 def test_each_kind_of_weight_keeps_its_state_over_the_ranks_that_share_it(zero_stage):
     """Mixtral on 8 replicas of tp 2, pp 4 with ep 8: each GPU holds one expert per layer, which no other replica
